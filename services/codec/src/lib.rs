@@ -1,0 +1,183 @@
+//! Avro single-object encoding of every ksched record.
+//!
+//! A value on any ksched topic is `C3 01`, the 8-byte little-endian CRC-64-AVRO fingerprint of
+//! the writer schema, then the Avro binary body. Decoding looks the fingerprint up in the
+//! [`Registry`] of known writer schemas and resolves the body to the current reader schema, so
+//! records written by older producers keep decoding after a schema evolves. Bad input of any
+//! kind yields an [`Error`] that names the problem; decoding never panics.
+
+mod error;
+mod registry;
+mod resolve;
+
+use std::sync::OnceLock;
+
+use apache_avro::from_value;
+use ksched_core::events::JournalEntry;
+use ksched_core::records::{
+    ApproveJob, CancelDispatch, CancelJob, DeadLetter, Dispatch, Heartbeat, JobProgress,
+    JobRequest, JobResult, JobStarted, RejectJob, Tick,
+};
+use serde::{Serialize, de::DeserializeOwned};
+
+pub use error::{Error, Result, fingerprint_hex};
+pub use registry::{NAMESPACE, Registry, SchemaEntry, TOP_LEVEL, current_self_contained};
+
+use crate::resolve::Resolver;
+
+/// Most bytes a single decoded string, bytes or collection may claim; protects against a
+/// corrupt length prefix asking for gigabytes.
+pub const MAX_ALLOCATION_BYTES: usize = 64 * 1024 * 1024;
+
+/// A record type that travels on a topic with its own schema.
+pub trait Record: Serialize + DeserializeOwned {
+    /// Full Avro name, e.g. `io.ksched.JobRequest`.
+    const NAME: &'static str;
+}
+
+macro_rules! records {
+    ($($ty:ident),* $(,)?) => {
+        $(impl Record for $ty { const NAME: &'static str = concat!("io.ksched.", stringify!($ty)); })*
+
+        /// Any top-level record, for topics that carry several types.
+        #[derive(Debug, Clone, PartialEq)]
+        #[allow(clippy::large_enum_variant)]
+        pub enum AnyRecord { $($ty($ty)),* }
+
+        impl AnyRecord {
+            /// Short record name, e.g. `JobRequest`.
+            pub fn name(&self) -> &'static str {
+                match self { $(AnyRecord::$ty(_) => stringify!($ty)),* }
+            }
+        }
+
+        impl Registry {
+            /// Decodes a record of whichever top-level type its header names.
+            pub fn decode_any(&self, bytes: &[u8]) -> Result<AnyRecord> {
+                let (entry, _) = self.split(bytes)?;
+                match entry.name.as_str() {
+                    $(concat!("io.ksched.", stringify!($ty)) => Ok(AnyRecord::$ty(self.decode(bytes)?)),)*
+                    other => Err(Error::Malformed {
+                        schema: other.to_owned(),
+                        detail: "not a top-level ksched record".into(),
+                    }),
+                }
+            }
+        }
+    };
+}
+
+records!(
+    JobRequest,
+    JobStarted,
+    JobProgress,
+    JobResult,
+    Heartbeat,
+    CancelJob,
+    ApproveJob,
+    RejectJob,
+    Tick,
+    Dispatch,
+    CancelDispatch,
+    DeadLetter,
+    JournalEntry,
+);
+
+/// The registry of the schemas built into this binary, shared by the whole process.
+///
+/// # Panics
+/// If the embedded schemas are invalid, which the codec's tests rule out before release.
+pub fn registry() -> &'static Registry {
+    static REGISTRY: OnceLock<Registry> = OnceLock::new();
+    REGISTRY.get_or_init(|| {
+        apache_avro::util::max_allocation_bytes(MAX_ALLOCATION_BYTES);
+        Registry::builtin().unwrap_or_else(|e| panic!("built-in schemas are invalid: {e}"))
+    })
+}
+
+/// Encodes with the built-in registry.
+pub fn encode<T: Record>(value: &T) -> Result<Vec<u8>> {
+    registry().encode(value)
+}
+
+/// Decodes with the built-in registry.
+pub fn decode<T: Record>(bytes: &[u8]) -> Result<T> {
+    registry().decode(bytes)
+}
+
+/// Decodes any top-level record with the built-in registry.
+pub fn decode_any(bytes: &[u8]) -> Result<AnyRecord> {
+    registry().decode_any(bytes)
+}
+
+impl Registry {
+    /// Encodes `value` with the current schema of its type.
+    pub fn encode<T: Record>(&self, value: &T) -> Result<Vec<u8>> {
+        let mut buf = Vec::with_capacity(256);
+        self.encode_into(value, &mut buf)?;
+        Ok(buf)
+    }
+
+    /// Appends the encoding of `value` to `buf`.
+    pub fn encode_into<T: Record>(&self, value: &T, buf: &mut Vec<u8>) -> Result<()> {
+        let entry = self.current(T::NAME).ok_or_else(|| Error::Encode {
+            schema: T::NAME.to_owned(),
+            detail: "no current schema of that name".into(),
+        })?;
+        let start = buf.len();
+        buf.extend_from_slice(&entry.header());
+        entry.writer.write_ser(buf, value).map_err(|e| {
+            buf.truncate(start);
+            Error::Encode {
+                schema: T::NAME.to_owned(),
+                detail: e.to_string(),
+            }
+        })?;
+        Ok(())
+    }
+
+    /// Decodes a `T`, resolving an older writer schema to the current one.
+    pub fn decode<T: Record>(&self, bytes: &[u8]) -> Result<T> {
+        let (writer, body) = self.split(bytes)?;
+        if writer.name != T::NAME {
+            return Err(Error::SchemaMismatch {
+                expected: T::NAME,
+                found: writer.name.clone(),
+            });
+        }
+        let reader = self.current(T::NAME).ok_or_else(|| Error::Malformed {
+            schema: T::NAME.to_owned(),
+            detail: "no current schema of that name".into(),
+        })?;
+        let malformed = |detail: String| Error::Malformed {
+            schema: writer.name.clone(),
+            detail,
+        };
+        let mut cursor = body;
+        let value = writer
+            .reader
+            .read_value(&mut cursor)
+            .map_err(|e| malformed(e.to_string()))?;
+        if !cursor.is_empty() {
+            return Err(Error::TrailingBytes {
+                schema: writer.name.clone(),
+                count: cursor.len(),
+            });
+        }
+        let value = if writer.fingerprint == reader.fingerprint {
+            value
+        } else {
+            Resolver {
+                writer_names: &writer.names,
+                reader_names: &reader.names,
+            }
+            .resolve(value, writer.schema, reader.schema)
+            .map_err(|detail| Error::Resolution {
+                schema: T::NAME.to_owned(),
+                writer_fingerprint: writer.fingerprint,
+                detail,
+            })?
+        };
+        from_value::<T>(&value).map_err(|e| malformed(e.to_string()))
+    }
+}

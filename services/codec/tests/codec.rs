@@ -1,0 +1,237 @@
+//! Round trips, schema evolution and error handling of the single-object codec.
+
+mod samples;
+
+use std::fmt::Debug;
+
+use apache_avro::{Schema, types::Value, writer::datum::GenericDatumWriter};
+use ksched_codec::{AnyRecord, Error, Record, Registry, TOP_LEVEL, decode, decode_any, encode};
+use ksched_core::events::{Cause, JournalEntry};
+use ksched_core::records::JobRequest;
+
+fn round_trip<T: Record + PartialEq + Debug>(value: T) {
+    let bytes = encode(&value).unwrap_or_else(|e| panic!("encode {}: {e}", T::NAME));
+    assert_eq!(&bytes[..2], &[0xC3, 0x01], "single-object marker");
+    let back: T = decode(&bytes).unwrap_or_else(|e| panic!("decode {}: {e}", T::NAME));
+    assert_eq!(back, value, "{} round trip", T::NAME);
+    let any = decode_any(&bytes).unwrap_or_else(|e| panic!("decode_any {}: {e}", T::NAME));
+    assert_eq!(format!("io.ksched.{}", any.name()), T::NAME);
+}
+
+#[test]
+fn every_top_level_record_round_trips() {
+    round_trip(samples::job_request());
+    round_trip(samples::job_started());
+    round_trip(samples::job_progress());
+    round_trip(samples::job_result());
+    round_trip(samples::heartbeat());
+    round_trip(samples::cancel_job());
+    round_trip(samples::approve_job());
+    round_trip(samples::reject_job());
+    round_trip(samples::tick());
+    round_trip(samples::dispatch());
+    round_trip(samples::cancel_dispatch());
+    round_trip(samples::dead_letter());
+}
+
+#[test]
+fn every_input_and_every_event_round_trips_in_a_journal_entry() {
+    let events = samples::every_event();
+    assert_eq!(events.len(), 30, "a new event needs a sample here");
+    for (i, input) in samples::every_input().into_iter().enumerate() {
+        round_trip(JournalEntry {
+            cause: Cause {
+                topic: "job.default".into(),
+                partition: 2,
+                offset: i as i64,
+            },
+            log_time: 1_700_000_000_000 + i as i64,
+            input,
+            events: events.clone(),
+        });
+    }
+}
+
+#[test]
+fn optional_fields_left_empty_round_trip() {
+    let mut r = samples::job_request();
+    r.principal_id = None;
+    r.compensation = None;
+    r.workflow_id = None;
+    r.step_index = None;
+    r.labels.clear();
+    r.env.clear();
+    r.payload.clear();
+    r.budget = Default::default();
+    r.meta = Default::default();
+    round_trip(r);
+}
+
+#[test]
+fn encoding_is_deterministic() {
+    let a = encode(&samples::dispatch()).unwrap();
+    let b = encode(&samples::dispatch()).unwrap();
+    assert_eq!(a, b);
+}
+
+/// The current JobRequest schema minus the fields added after "v0", as a producer that has
+/// not upgraded would still write it.
+fn job_request_v0_schema() -> String {
+    let current = ksched_codec::current_self_contained().unwrap();
+    let mut json: serde_json::Value =
+        serde_json::from_str(&current["io.ksched.JobRequest"]).unwrap();
+    let fields = json["fields"].as_array_mut().unwrap();
+    fields.retain(|f| {
+        !matches!(
+            f["name"].as_str(),
+            Some("workflow_id" | "step_index" | "compensation")
+        )
+    });
+    serde_json::to_string(&json).unwrap()
+}
+
+#[test]
+fn a_record_written_with_an_older_schema_decodes_through_the_current_reader() {
+    let v0_json = job_request_v0_schema();
+    let registry = Registry::with_extra_writers(&[&v0_json]).unwrap();
+    let v0 = Schema::parse_str(&v0_json).unwrap();
+    let v0_entry = registry
+        .writers()
+        .find(|e| e.json == v0_json)
+        .expect("v0 registered");
+    assert_ne!(
+        v0_entry.fingerprint,
+        registry.current(JobRequest::NAME).unwrap().fingerprint
+    );
+
+    // Write a v0 record the way an old producer would: generic value, old schema, header.
+    let sample = samples::job_request();
+    let mut full = apache_avro::to_value(&sample).unwrap();
+    if let Value::Record(fields) = &mut full {
+        fields
+            .retain(|(n, _)| !matches!(n.as_str(), "workflow_id" | "step_index" | "compensation"));
+    }
+    let full = full.resolve(&v0).unwrap();
+    let mut bytes = v0_entry.header().to_vec();
+    GenericDatumWriter::builder(&v0)
+        .build()
+        .unwrap()
+        .write_value(&mut bytes, full)
+        .unwrap();
+
+    let decoded: JobRequest = registry.decode(&bytes).unwrap();
+    let mut expected = sample;
+    expected.workflow_id = None;
+    expected.step_index = None;
+    expected.compensation = None;
+    assert_eq!(decoded, expected, "missing fields take their defaults");
+
+    // The built-in registry does not know v0 and says so.
+    match decode::<JobRequest>(&bytes) {
+        Err(Error::UnknownFingerprint { fingerprint }) => {
+            assert_eq!(fingerprint, v0_entry.fingerprint)
+        }
+        other => panic!("expected UnknownFingerprint, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_newer_writer_with_an_extra_field_decodes_through_the_current_reader() {
+    let current = ksched_codec::current_self_contained().unwrap();
+    let mut json: serde_json::Value =
+        serde_json::from_str(&current["io.ksched.JobStarted"]).unwrap();
+    json["fields"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({
+            "name": "host", "type": "string", "default": "", "doc": "added later"
+        }));
+    let v2_json = serde_json::to_string(&json).unwrap();
+    let registry = Registry::with_extra_writers(&[&v2_json]).unwrap();
+    let v2 = Schema::parse_str(&v2_json).unwrap();
+    let entry = registry.writers().find(|e| e.json == v2_json).unwrap();
+    let mut value = apache_avro::to_value(samples::job_started()).unwrap();
+    if let Value::Record(fields) = &mut value {
+        fields.push(("host".into(), Value::String("box-7".into())));
+    }
+    let value = value.resolve(&v2).unwrap();
+    let mut bytes = entry.header().to_vec();
+    GenericDatumWriter::builder(&v2)
+        .build()
+        .unwrap()
+        .write_value(&mut bytes, value)
+        .unwrap();
+    let decoded: ksched_core::records::JobStarted = registry.decode(&bytes).unwrap();
+    assert_eq!(decoded, samples::job_started());
+}
+
+#[test]
+fn errors_name_the_problem() {
+    assert_eq!(
+        decode::<JobRequest>(&[0xC3, 0x01, 1]),
+        Err(Error::Truncated { len: 3 })
+    );
+    assert_eq!(
+        decode::<JobRequest>(b"{\"job_id\":\"x\"}"),
+        Err(Error::BadMagic {
+            found: [b'{', b'"']
+        })
+    );
+    let unknown = [0xC3, 0x01, 1, 2, 3, 4, 5, 6, 7, 8, 0];
+    assert!(matches!(
+        decode::<JobRequest>(&unknown),
+        Err(Error::UnknownFingerprint { fingerprint }) if fingerprint == 0x0807060504030201
+    ));
+    let tick = encode(&samples::tick()).unwrap();
+    assert_eq!(
+        decode::<JobRequest>(&tick),
+        Err(Error::SchemaMismatch {
+            expected: "io.ksched.JobRequest",
+            found: "io.ksched.Tick".into()
+        })
+    );
+    let mut truncated = encode(&samples::job_request()).unwrap();
+    truncated.truncate(truncated.len() - 5);
+    assert!(matches!(
+        decode::<JobRequest>(&truncated),
+        Err(Error::Malformed { .. })
+    ));
+    let mut trailing = encode(&samples::tick()).unwrap();
+    trailing.extend_from_slice(&[0, 0]);
+    assert_eq!(
+        decode::<ksched_core::records::Tick>(&trailing),
+        Err(Error::TrailingBytes {
+            schema: "io.ksched.Tick".into(),
+            count: 2
+        })
+    );
+    // Messages are for people.
+    let msg = Error::BadMagic { found: [0, 0] }.to_string();
+    assert!(msg.contains("single-object"), "{msg}");
+}
+
+#[test]
+fn a_huge_length_prefix_is_an_error_not_an_allocation() {
+    let mut bytes = encode(&samples::tick()).unwrap()[..10].to_vec();
+    // "source" string length: zig-zag varint of ~2^62.
+    bytes.extend_from_slice(&[0xFE, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x7F]);
+    assert!(decode::<ksched_core::records::Tick>(&bytes).is_err());
+}
+
+#[test]
+fn decode_any_reports_the_writer_type() {
+    let bytes = encode(&samples::heartbeat()).unwrap();
+    assert!(matches!(decode_any(&bytes), Ok(AnyRecord::Heartbeat(_))));
+}
+
+#[test]
+fn every_top_level_schema_has_a_distinct_fingerprint() {
+    let reg = ksched_codec::registry();
+    let mut fps: Vec<u64> = TOP_LEVEL
+        .iter()
+        .map(|n| reg.current(n).unwrap().fingerprint)
+        .collect();
+    fps.sort_unstable();
+    fps.dedup();
+    assert_eq!(fps.len(), TOP_LEVEL.len());
+}

@@ -1,0 +1,425 @@
+//! One populated value of every record and every journal event, shared by the codec tests.
+
+use std::collections::BTreeMap;
+
+use ksched_core::events::*;
+use ksched_core::records::*;
+
+fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
+pub fn template() -> JobTemplate {
+    JobTemplate {
+        topic: "job.default".into(),
+        priority: Priority::Interactive,
+        labels: map(&[("undo", "true")]),
+        env: map(&[("$TOKEN", "s3cret")]),
+        payload: b"rollback".to_vec(),
+        budget: Budget {
+            deadline_ms: Some(60_000),
+            max_runtime_ms: None,
+        },
+        meta: JobMeta::default(),
+    }
+}
+
+pub fn job_request() -> JobRequest {
+    JobRequest {
+        job_id: "job-1".into(),
+        topic: "job.default".into(),
+        tenant_id: "acme".into(),
+        principal_id: Some("alice".into()),
+        priority: Priority::Critical,
+        labels: map(&[("preferred_pool", "default"), ("placement.zone", "eu")]),
+        env: map(&[("MODE", "fast"), ("$API_KEY", "k")]),
+        payload: vec![0, 1, 2, 255],
+        budget: Budget {
+            deadline_ms: Some(300_000),
+            max_runtime_ms: Some(10_000),
+        },
+        meta: JobMeta {
+            idempotency_key: Some("idem-1".into()),
+            capability: Some("shell.exec".into()),
+            risk_tags: vec!["prod".into()],
+            requires: vec!["gpu".into()],
+            actor_id: Some("svc".into()),
+        },
+        workflow_id: Some("wf-1".into()),
+        step_index: Some(2),
+        compensation: Some(template()),
+        submitted_at: 1_700_000_000_123,
+    }
+}
+
+pub fn job_started() -> JobStarted {
+    JobStarted {
+        job_id: "job-1".into(),
+        attempt: 1,
+        worker_id: "w-1".into(),
+        started_at: 1_700_000_000_500,
+    }
+}
+
+pub fn job_progress() -> JobProgress {
+    JobProgress {
+        job_id: "job-1".into(),
+        attempt: 1,
+        worker_id: "w-1".into(),
+        progress: 0.5,
+        message: Some("half".into()),
+        sent_at: 1_700_000_000_600,
+    }
+}
+
+pub fn job_result() -> JobResult {
+    JobResult {
+        job_id: "job-1".into(),
+        attempt: 1,
+        worker_id: "w-1".into(),
+        status: ResultStatus::FailedFatal,
+        error_code: Some("bad_input".into()),
+        error_message: Some("no".into()),
+        result_ptr: Some("s3://bucket/out".into()),
+        result_meta: ResultMeta {
+            size_bytes: Some(42),
+            content_type: Some("application/json".into()),
+            labels: map(&[("contains_pii", "false")]),
+        },
+        execution_ms: 77,
+        finished_at: 1_700_000_001_000,
+    }
+}
+
+pub fn heartbeat() -> Heartbeat {
+    Heartbeat {
+        worker_id: "w-1".into(),
+        pool: "default".into(),
+        active_jobs: 1,
+        max_parallel_jobs: 4,
+        cpu_load: 12.5,
+        gpu_utilization: 0.0,
+        memory_load: 40.0,
+        memory_free_bytes: Some(1 << 30),
+        capabilities: vec!["gpu".into()],
+        labels: map(&[("zone", "eu")]),
+        owned_partitions: vec![0, 3],
+        active_job_ids: vec!["job-1".into()],
+        draining: false,
+        sent_at: 1_700_000_000_700,
+    }
+}
+
+pub fn cancel_job() -> CancelJob {
+    CancelJob {
+        job_id: "job-1".into(),
+        tenant_id: Some("acme".into()),
+        principal_id: "alice".into(),
+        reason: Some("changed my mind".into()),
+        requested_at: 1_700_000_000_800,
+    }
+}
+
+pub fn approve_job() -> ApproveJob {
+    ApproveJob {
+        job_id: "job-1".into(),
+        job_hash: "ab".repeat(32),
+        policy_snapshot: "snap".into(),
+        approver: "bob".into(),
+        comment: None,
+        requested_at: 1_700_000_000_900,
+    }
+}
+
+pub fn reject_job() -> RejectJob {
+    RejectJob {
+        job_id: "job-1".into(),
+        approver: "bob".into(),
+        reason: Some("too risky".into()),
+        requested_at: 1_700_000_000_950,
+    }
+}
+
+pub fn tick() -> Tick {
+    Tick {
+        source: "ticker-1".into(),
+        issued_at: 1_700_000_001_000,
+    }
+}
+
+pub fn constraints() -> Constraints {
+    Constraints {
+        max_retries: Some(2),
+        max_concurrent_jobs: Some(10),
+        max_runtime_ms: Some(5_000),
+        deadline_ms: None,
+        labels: map(&[("policy", "strict")]),
+    }
+}
+
+pub fn dispatch() -> Dispatch {
+    Dispatch {
+        job: job_request(),
+        attempt: 2,
+        worker_id: "w-1".into(),
+        pool: "default".into(),
+        constraints: constraints(),
+        deadline_at: Some(1_700_000_300_123),
+        dispatched_at: 1_700_000_000_400,
+    }
+}
+
+pub fn cancel_dispatch() -> CancelDispatch {
+    CancelDispatch {
+        job_id: "job-1".into(),
+        attempt: 2,
+        worker_id: "w-1".into(),
+        pool: "default".into(),
+        reason: "cancelled".into(),
+        at: 1_700_000_000_999,
+    }
+}
+
+pub fn dead_letter() -> DeadLetter {
+    DeadLetter {
+        job_id: "job-1".into(),
+        topic: "job.default".into(),
+        tenant_id: "acme".into(),
+        reason_code: "max_retries_exceeded".into(),
+        reason: "3 attempts failed".into(),
+        last_state: "RUNNING".into(),
+        attempts: 3,
+        cause_topic: "ksched.results".into(),
+        cause_partition: 0,
+        cause_offset: 99,
+        at: 1_700_000_002_000,
+    }
+}
+
+fn candidate(score: Option<f64>) -> Candidate {
+    Candidate {
+        worker_id: "w-1".into(),
+        pool: "default".into(),
+        score,
+        skipped: score
+            .is_none()
+            .then(|| "overloaded: cpu_load 95 >= 90".to_owned()),
+    }
+}
+
+pub fn reconfigure() -> Reconfigure {
+    Reconfigure {
+        rules_json: "{\"pools\":{}}".into(),
+        policy_modules: map(&[("input.rego", "package ksched.input\nallow := true\n")]),
+        policy_data_json: "{}".into(),
+        policy_snapshot: "snap".into(),
+        rules_id: "rules".into(),
+    }
+}
+
+/// One of every event, in union order.
+pub fn every_event() -> Vec<Event> {
+    vec![
+        Event::JobAccepted(JobAccepted {
+            job_id: "job-1".into(),
+            request: job_request(),
+            job_hash: "ab".repeat(32),
+            pools: vec!["default".into()],
+            routing_notes: vec!["pool gpu lacks gpu".into()],
+        }),
+        Event::JobDuplicate(JobDuplicate {
+            job_id: "job-2".into(),
+            existing_job_id: "job-1".into(),
+            kind: DuplicateKind::IdempotencyKey,
+            idempotency_key: Some("idem-1".into()),
+        }),
+        Event::PolicyEvaluated(PolicyEvaluated {
+            job_id: "job-1".into(),
+            snapshot_id: "snap".into(),
+            verdict: Verdict::RequireApproval,
+            reasons: vec!["prod".into()],
+            constraints: constraints(),
+        }),
+        Event::JobQueued(JobQueued {
+            job_id: "job-1".into(),
+            pools: vec!["default".into()],
+            priority: Priority::Batch,
+        }),
+        Event::JobWaiting(JobWaiting {
+            job_id: "job-1".into(),
+            reason_code: "no_workers".into(),
+            detail: "no alive worker in default".into(),
+            candidates: vec![candidate(None)],
+        }),
+        Event::JobScheduled(JobScheduled {
+            job_id: "job-1".into(),
+            attempt: 1,
+            pool: "default".into(),
+            worker_id: "w-1".into(),
+            strategy: "least_loaded".into(),
+            candidates: vec![candidate(Some(1.25)), candidate(None)],
+            notes: vec!["preferred_worker_id w-9 is not alive".into()],
+        }),
+        Event::JobDispatched(JobDispatched {
+            job_id: "job-1".into(),
+            attempt: 1,
+            pool: "default".into(),
+            worker_id: "w-1".into(),
+            partition: 3,
+            deadline_at: Some(1_700_000_300_123),
+        }),
+        Event::JobRunning(JobRunning {
+            job_id: "job-1".into(),
+            attempt: 1,
+            worker_id: "w-2".into(),
+            reassigned_from: Some("w-1".into()),
+        }),
+        Event::JobProgressed(JobProgressed {
+            job_id: "job-1".into(),
+            attempt: 1,
+            progress: 0.25,
+            message: None,
+        }),
+        Event::JobSucceeded(JobSucceeded {
+            job_id: "job-1".into(),
+            attempt: 1,
+            worker_id: "w-1".into(),
+            result_ptr: None,
+            result_meta: ResultMeta::default(),
+            execution_ms: 10,
+        }),
+        Event::JobQuarantined(JobQuarantined {
+            job_id: "job-1".into(),
+            snapshot_id: "snap".into(),
+            reasons: vec!["pii".into()],
+        }),
+        Event::JobRetrying(JobRetrying {
+            job_id: "job-1".into(),
+            attempt: 1,
+            error_code: "worker_lost".into(),
+            error_message: None,
+            backoff_ms: 1_100,
+            retry_at: 1_700_000_010_000,
+        }),
+        Event::JobFailed(JobFailed {
+            job_id: "job-1".into(),
+            attempt: 3,
+            reason_code: "max_retries_exceeded".into(),
+            error_message: Some("boom".into()),
+        }),
+        Event::JobCancelled(JobCancelled {
+            job_id: "job-1".into(),
+            principal_id: "alice".into(),
+            reason: None,
+        }),
+        Event::JobTimedOut(JobTimedOut {
+            job_id: "job-1".into(),
+            attempt: 1,
+            reason_code: "deadline_exceeded".into(),
+            detail: "deadline 300000 ms passed".into(),
+        }),
+        Event::JobDenied(JobDenied {
+            job_id: "job-1".into(),
+            reason_code: "safety_denied".into(),
+            reasons: vec!["no prod on fridays".into()],
+            by: None,
+        }),
+        Event::ApprovalRequested(ApprovalRequested {
+            job_id: "job-1".into(),
+            job_hash: "ab".repeat(32),
+            snapshot_id: "snap".into(),
+            reasons: vec!["prod".into()],
+        }),
+        Event::JobApproved(JobApproved {
+            job_id: "job-1".into(),
+            approver: "bob".into(),
+            comment: Some("ok".into()),
+        }),
+        Event::DispatchCancelled(DispatchCancelled {
+            job_id: "job-1".into(),
+            attempt: 1,
+            pool: "default".into(),
+            worker_id: "w-1".into(),
+            partition: -1,
+            reason: "cancelled".into(),
+        }),
+        Event::DeadLettered(DeadLettered {
+            dead_letter: dead_letter(),
+        }),
+        Event::CommandRejected(CommandRejected {
+            job_id: "job-1".into(),
+            input_kind: "JobResult".into(),
+            reason_code: "stale_attempt".into(),
+            reason: "attempt 1 < current 2".into(),
+            state: Some(JobState::Running),
+        }),
+        Event::WorkerUpdated(WorkerUpdated {
+            worker_id: "w-1".into(),
+            heartbeat: heartbeat(),
+            joined: true,
+        }),
+        Event::WorkerLost(WorkerLost {
+            worker_id: "w-1".into(),
+            pool: "default".into(),
+            last_seen: 1_700_000_000_700,
+            job_ids: vec!["job-1".into()],
+        }),
+        Event::CircuitChanged(CircuitChanged {
+            pool: "default".into(),
+            from: CircuitState::Closed,
+            to: CircuitState::Open,
+            reason: "5 consecutive failures".into(),
+        }),
+        Event::SagaStepRecorded(SagaStepRecorded {
+            workflow_id: "wf-1".into(),
+            job_id: "job-1".into(),
+            compensation: template(),
+        }),
+        Event::SagaRollbackStarted(SagaRollbackStarted {
+            workflow_id: "wf-1".into(),
+            failed_job_id: "job-3".into(),
+            steps: 2,
+        }),
+        Event::SagaCompensationSubmitted(SagaCompensationSubmitted {
+            workflow_id: "wf-1".into(),
+            job_id: "wf-1~comp~1".into(),
+            for_job_id: "job-1".into(),
+        }),
+        Event::SagaFinished(SagaFinished {
+            workflow_id: "wf-1".into(),
+            outcome: SagaOutcome::Compensated,
+            detail: "2 compensations succeeded".into(),
+        }),
+        Event::IdempotencyPruned(IdempotencyPruned {
+            before: 1_699_000_000_000,
+            count: 3,
+        }),
+        Event::ConfigApplied(ConfigApplied {
+            config: reconfigure(),
+        }),
+    ]
+}
+
+/// One of every input, in union order.
+pub fn every_input() -> Vec<Input> {
+    vec![
+        Input::Submit(job_request()),
+        Input::Started(job_started()),
+        Input::Progress(job_progress()),
+        Input::Result(job_result()),
+        Input::Heartbeat(heartbeat()),
+        Input::Cancel(cancel_job()),
+        Input::Approve(approve_job()),
+        Input::Reject(reject_job()),
+        Input::Tick(tick()),
+        Input::Malformed(MalformedRecord {
+            key: Some("job-9".into()),
+            size_bytes: 3,
+            error: "record is 3 bytes".into(),
+        }),
+        Input::Reconfigure(reconfigure()),
+    ]
+}

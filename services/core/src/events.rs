@@ -1,0 +1,690 @@
+//! Inputs, events and the journal entry that binds them.
+//!
+//! The journal holds one [`JournalEntry`] per processed input record: the input itself, where
+//! it came from, the log time the decision used, and every event `decide` produced for it, in
+//! order. `apply` folds events into state; replaying the entries from offset 0 rebuilds every
+//! projection, and re-running `decide` over the recorded inputs must reproduce the recorded
+//! events exactly (audit verify).
+//!
+//! Enum variant order is part of the Avro contract (union branch and enum symbol indexes):
+//! append new variants at the end, never reorder. See docs/schema-evolution.md.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::records::{
+    ApproveJob, CancelJob, Constraints, DeadLetter, Heartbeat, JobProgress, JobRequest, JobResult,
+    JobStarted, JobTemplate, Millis, Priority, RejectJob, ResultMeta, Tick,
+};
+
+/// Where an input record came from.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Cause {
+    pub topic: String,
+    pub partition: i32,
+    pub offset: i64,
+}
+
+/// An input record that could not be decoded.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct MalformedRecord {
+    /// The record key as UTF-8 (lossy), if it had one; usually the job_id.
+    pub key: Option<String>,
+    pub size_bytes: i32,
+    /// What the decoder said.
+    pub error: String,
+}
+
+/// New routing rules, settings and policy bundle for the decisions that follow.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Reconfigure {
+    /// The decision settings (pools, topics, timeouts, thresholds) as canonical JSON.
+    pub rules_json: String,
+    /// Rego modules by file name.
+    pub policy_modules: BTreeMap<String, String>,
+    /// Policy data document as JSON.
+    pub policy_data_json: String,
+    /// Hash of `policy_modules` and `policy_data_json`.
+    pub policy_snapshot: String,
+    /// Hash of `rules_json`.
+    pub rules_id: String,
+}
+
+/// A command as the journal records it.
+// Inputs are decoded one at a time and moved, never stored in bulk; boxing the large
+// variants would only add allocations on the hot path.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Input {
+    Submit(JobRequest),
+    Started(JobStarted),
+    Progress(JobProgress),
+    Result(JobResult),
+    Heartbeat(Heartbeat),
+    Cancel(CancelJob),
+    Approve(ApproveJob),
+    Reject(RejectJob),
+    Tick(Tick),
+    Malformed(MalformedRecord),
+    Reconfigure(Reconfigure),
+}
+
+impl Input {
+    /// Short name for logs, metrics and rejections.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Input::Submit(_) => "JobRequest",
+            Input::Started(_) => "JobStarted",
+            Input::Progress(_) => "JobProgress",
+            Input::Result(_) => "JobResult",
+            Input::Heartbeat(_) => "Heartbeat",
+            Input::Cancel(_) => "CancelJob",
+            Input::Approve(_) => "ApproveJob",
+            Input::Reject(_) => "RejectJob",
+            Input::Tick(_) => "Tick",
+            Input::Malformed(_) => "MalformedRecord",
+            Input::Reconfigure(_) => "Reconfigure",
+        }
+    }
+
+    /// The job this input concerns, if it concerns exactly one.
+    pub fn job_id(&self) -> Option<&str> {
+        match self {
+            Input::Submit(r) => Some(&r.job_id),
+            Input::Started(r) => Some(&r.job_id),
+            Input::Progress(r) => Some(&r.job_id),
+            Input::Result(r) => Some(&r.job_id),
+            Input::Cancel(r) => Some(&r.job_id),
+            Input::Approve(r) => Some(&r.job_id),
+            Input::Reject(r) => Some(&r.job_id),
+            Input::Heartbeat(_) | Input::Tick(_) | Input::Malformed(_) | Input::Reconfigure(_) => {
+                None
+            }
+        }
+    }
+}
+
+/// The states of a job (SPEC §2).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, Default,
+)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum JobState {
+    #[default]
+    Pending,
+    ApprovalRequired,
+    Scheduled,
+    Dispatched,
+    Running,
+    Succeeded,
+    Failed,
+    Cancelled,
+    Timeout,
+    Denied,
+    OutputQuarantined,
+}
+
+impl JobState {
+    pub const ALL: [JobState; 11] = [
+        JobState::Pending,
+        JobState::ApprovalRequired,
+        JobState::Scheduled,
+        JobState::Dispatched,
+        JobState::Running,
+        JobState::Succeeded,
+        JobState::Failed,
+        JobState::Cancelled,
+        JobState::Timeout,
+        JobState::Denied,
+        JobState::OutputQuarantined,
+    ];
+
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            JobState::Succeeded
+                | JobState::Failed
+                | JobState::Cancelled
+                | JobState::Timeout
+                | JobState::Denied
+                | JobState::OutputQuarantined
+        )
+    }
+
+    /// Counted against the tenant's `max_concurrent_jobs`.
+    pub fn is_active(self) -> bool {
+        matches!(
+            self,
+            JobState::Scheduled | JobState::Dispatched | JobState::Running
+        )
+    }
+
+    /// The allowed transitions (SPEC §2). Anything else is rejected and journaled.
+    pub fn can_transition(self, to: JobState) -> bool {
+        use JobState::*;
+        match (self, to) {
+            (Pending, Scheduled | Denied | ApprovalRequired | Cancelled | Timeout | Failed) => true,
+            (ApprovalRequired, Pending | Denied | Cancelled | Timeout) => true,
+            (Scheduled, Dispatched | Cancelled | Timeout) => true,
+            // A worker may report its result without a JobStarted first; the start is implied.
+            (Dispatched, Running | Succeeded | Pending | Failed | Cancelled | Timeout) => true,
+            (Running, Succeeded | Pending | Failed | Cancelled | Timeout) => true,
+            (Succeeded, OutputQuarantined) => true,
+            _ => false,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Pending => "PENDING",
+            JobState::ApprovalRequired => "APPROVAL_REQUIRED",
+            JobState::Scheduled => "SCHEDULED",
+            JobState::Dispatched => "DISPATCHED",
+            JobState::Running => "RUNNING",
+            JobState::Succeeded => "SUCCEEDED",
+            JobState::Failed => "FAILED",
+            JobState::Cancelled => "CANCELLED",
+            JobState::Timeout => "TIMEOUT",
+            JobState::Denied => "DENIED",
+            JobState::OutputQuarantined => "OUTPUT_QUARANTINED",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<JobState> {
+        JobState::ALL
+            .into_iter()
+            .find(|st| st.as_str().eq_ignore_ascii_case(s))
+    }
+}
+
+impl std::fmt::Display for JobState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How a duplicate submission was recognised.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum DuplicateKind {
+    /// Same job_id, same content: a producer retry. Ignored.
+    SameJobId,
+    /// Same job_id, different content: dead-lettered as `duplicate_job_id`.
+    ConflictingJobId,
+    /// Same (tenant_id, idempotency_key) within the retention window. Ignored.
+    IdempotencyKey,
+}
+
+/// The safety kernel's verdict on a job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum Verdict {
+    Allow,
+    Deny,
+    RequireApproval,
+}
+
+/// A circuit breaker's position.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum CircuitState {
+    #[default]
+    Closed,
+    Open,
+    HalfOpen,
+}
+
+/// How a saga ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum SagaOutcome {
+    Compensated,
+    CompensationFailed,
+}
+
+/// One worker considered for a placement, and what the strategy made of it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Candidate {
+    pub worker_id: String,
+    pub pool: String,
+    /// The strategy's score; lower is better. None when the worker was skipped.
+    pub score: Option<f64>,
+    /// Why the worker was skipped, if it was (e.g. `overloaded: cpu_load 95 >= 90`).
+    pub skipped: Option<String>,
+}
+
+/// The job was admitted: it exists from here on, in PENDING.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobAccepted {
+    pub job_id: String,
+    pub request: JobRequest,
+    /// SHA-256 of the canonical request without `approval_*` labels (SPEC §6).
+    pub job_hash: String,
+    /// Pools the job may run in, in preference order.
+    pub pools: Vec<String>,
+    /// Why configured pools were left out (requires, preferred_pool).
+    pub routing_notes: Vec<String>,
+}
+
+/// A submission that was seen before.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobDuplicate {
+    pub job_id: String,
+    pub existing_job_id: String,
+    pub kind: DuplicateKind,
+    pub idempotency_key: Option<String>,
+}
+
+/// The input policy's decision for a job.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PolicyEvaluated {
+    pub job_id: String,
+    pub snapshot_id: String,
+    pub verdict: Verdict,
+    pub reasons: Vec<String>,
+    /// Effective constraints: policy over config defaults.
+    pub constraints: Constraints,
+}
+
+/// The job entered its pools' pending queues.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobQueued {
+    pub job_id: String,
+    pub pools: Vec<String>,
+    pub priority: Priority,
+}
+
+/// A queued job could not be placed yet.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobWaiting {
+    pub job_id: String,
+    /// `no_workers`, `pool_overloaded`, `tenant_limit` or `circuit_open`.
+    pub reason_code: String,
+    pub detail: String,
+    pub candidates: Vec<Candidate>,
+}
+
+/// The placement decision: a worker was chosen.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobScheduled {
+    pub job_id: String,
+    pub attempt: i32,
+    pub pool: String,
+    pub worker_id: String,
+    pub strategy: String,
+    pub candidates: Vec<Candidate>,
+    /// How label hints were honoured or why they were ignored.
+    pub notes: Vec<String>,
+}
+
+/// The Dispatch record was written to the worker's partition.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobDispatched {
+    pub job_id: String,
+    pub attempt: i32,
+    pub pool: String,
+    pub worker_id: String,
+    pub partition: i32,
+    pub deadline_at: Option<Millis>,
+}
+
+/// A worker started the current attempt.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobRunning {
+    pub job_id: String,
+    pub attempt: i32,
+    pub worker_id: String,
+    /// Set when another worker of the pool took the job after a rebalance.
+    pub reassigned_from: Option<String>,
+}
+
+/// Progress of the current attempt.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobProgressed {
+    pub job_id: String,
+    pub attempt: i32,
+    pub progress: f64,
+    pub message: Option<String>,
+}
+
+/// The current attempt succeeded.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobSucceeded {
+    pub job_id: String,
+    pub attempt: i32,
+    pub worker_id: String,
+    pub result_ptr: Option<String>,
+    pub result_meta: ResultMeta,
+    pub execution_ms: i64,
+}
+
+/// The output policy quarantined a succeeded job.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobQuarantined {
+    pub job_id: String,
+    pub snapshot_id: String,
+    pub reasons: Vec<String>,
+}
+
+/// An attempt failed in a way that allows another; the job waits `backoff_ms`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobRetrying {
+    pub job_id: String,
+    /// The attempt that failed.
+    pub attempt: i32,
+    pub error_code: String,
+    pub error_message: Option<String>,
+    pub backoff_ms: i64,
+    pub retry_at: Millis,
+}
+
+/// The job failed for good.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobFailed {
+    pub job_id: String,
+    pub attempt: i32,
+    /// The DLQ reason code (e.g. `max_retries_exceeded`, `no_workers`, the worker's error_code).
+    pub reason_code: String,
+    pub error_message: Option<String>,
+}
+
+/// The job was cancelled.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobCancelled {
+    pub job_id: String,
+    pub principal_id: String,
+    pub reason: Option<String>,
+}
+
+/// The job ran out of time.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobTimedOut {
+    pub job_id: String,
+    pub attempt: i32,
+    /// `timeout` (reconciler, max runtime) or `deadline_exceeded`.
+    pub reason_code: String,
+    pub detail: String,
+}
+
+/// The job was denied by policy or by an approver.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobDenied {
+    pub job_id: String,
+    /// `safety_denied` or `approval_rejected`.
+    pub reason_code: String,
+    pub reasons: Vec<String>,
+    pub by: Option<String>,
+}
+
+/// The job waits for a human: APPROVAL_REQUIRED.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ApprovalRequested {
+    pub job_id: String,
+    pub job_hash: String,
+    pub snapshot_id: String,
+    pub reasons: Vec<String>,
+}
+
+/// An approval matched: the job returns to PENDING with its stored constraints.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobApproved {
+    pub job_id: String,
+    pub approver: String,
+    pub comment: Option<String>,
+}
+
+/// A CancelDispatch was sent to the worker running an attempt.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DispatchCancelled {
+    pub job_id: String,
+    pub attempt: i32,
+    pub pool: String,
+    pub worker_id: String,
+    pub partition: i32,
+    pub reason: String,
+}
+
+/// A DeadLetter was written to the DLQ topic.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeadLettered {
+    pub dead_letter: DeadLetter,
+}
+
+/// An input was refused; the job (if any) is unchanged.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CommandRejected {
+    /// Empty when the input concerned no known job.
+    pub job_id: String,
+    pub input_kind: String,
+    /// Machine-readable: `invalid_transition`, `stale_attempt`, `unknown_job`,
+    /// `tenant_mismatch`, `stale_job_hash`, `stale_policy_snapshot`, `not_awaiting_approval`, ...
+    pub reason_code: String,
+    pub reason: String,
+    /// The job's state when the input arrived, if the job exists.
+    pub state: Option<JobState>,
+}
+
+/// A heartbeat updated the worker view.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkerUpdated {
+    pub worker_id: String,
+    pub heartbeat: Heartbeat,
+    /// First heartbeat, or first since the worker was declared lost.
+    pub joined: bool,
+}
+
+/// A worker stopped sending heartbeats for longer than `worker_ttl`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkerLost {
+    pub worker_id: String,
+    pub pool: String,
+    pub last_seen: Millis,
+    /// Jobs that were DISPATCHED or RUNNING on it.
+    pub job_ids: Vec<String>,
+}
+
+/// A pool's circuit breaker moved.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CircuitChanged {
+    pub pool: String,
+    pub from: CircuitState,
+    pub to: CircuitState,
+    pub reason: String,
+}
+
+/// A workflow step succeeded: its compensation was pushed on the workflow's stack.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SagaStepRecorded {
+    pub workflow_id: String,
+    pub job_id: String,
+    pub compensation: JobTemplate,
+}
+
+/// A workflow step failed fatally: its compensations run, last first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SagaRollbackStarted {
+    pub workflow_id: String,
+    pub failed_job_id: String,
+    pub steps: i32,
+}
+
+/// The next compensation was submitted as a new job (its JobAccepted follows).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SagaCompensationSubmitted {
+    pub workflow_id: String,
+    pub job_id: String,
+    /// The step whose compensation this is.
+    pub for_job_id: String,
+}
+
+/// The workflow's rollback ended.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SagaFinished {
+    pub workflow_id: String,
+    pub outcome: SagaOutcome,
+    pub detail: String,
+}
+
+/// Idempotency keys first seen before `before` were forgotten.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct IdempotencyPruned {
+    pub before: Millis,
+    pub count: i32,
+}
+
+/// New rules and policy took effect.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ConfigApplied {
+    pub config: Reconfigure,
+}
+
+/// Every event the scheduler journals.
+// Same trade-off as `Input`: events live briefly in per-input vectors.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Event {
+    JobAccepted(JobAccepted),
+    JobDuplicate(JobDuplicate),
+    PolicyEvaluated(PolicyEvaluated),
+    JobQueued(JobQueued),
+    JobWaiting(JobWaiting),
+    JobScheduled(JobScheduled),
+    JobDispatched(JobDispatched),
+    JobRunning(JobRunning),
+    JobProgressed(JobProgressed),
+    JobSucceeded(JobSucceeded),
+    JobQuarantined(JobQuarantined),
+    JobRetrying(JobRetrying),
+    JobFailed(JobFailed),
+    JobCancelled(JobCancelled),
+    JobTimedOut(JobTimedOut),
+    JobDenied(JobDenied),
+    ApprovalRequested(ApprovalRequested),
+    JobApproved(JobApproved),
+    DispatchCancelled(DispatchCancelled),
+    DeadLettered(DeadLettered),
+    CommandRejected(CommandRejected),
+    WorkerUpdated(WorkerUpdated),
+    WorkerLost(WorkerLost),
+    CircuitChanged(CircuitChanged),
+    SagaStepRecorded(SagaStepRecorded),
+    SagaRollbackStarted(SagaRollbackStarted),
+    SagaCompensationSubmitted(SagaCompensationSubmitted),
+    SagaFinished(SagaFinished),
+    IdempotencyPruned(IdempotencyPruned),
+    ConfigApplied(ConfigApplied),
+}
+
+impl Event {
+    /// The Avro record name of the event (also its name in logs and metrics).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Event::JobAccepted(_) => "JobAccepted",
+            Event::JobDuplicate(_) => "JobDuplicate",
+            Event::PolicyEvaluated(_) => "PolicyEvaluated",
+            Event::JobQueued(_) => "JobQueued",
+            Event::JobWaiting(_) => "JobWaiting",
+            Event::JobScheduled(_) => "JobScheduled",
+            Event::JobDispatched(_) => "JobDispatched",
+            Event::JobRunning(_) => "JobRunning",
+            Event::JobProgressed(_) => "JobProgressed",
+            Event::JobSucceeded(_) => "JobSucceeded",
+            Event::JobQuarantined(_) => "JobQuarantined",
+            Event::JobRetrying(_) => "JobRetrying",
+            Event::JobFailed(_) => "JobFailed",
+            Event::JobCancelled(_) => "JobCancelled",
+            Event::JobTimedOut(_) => "JobTimedOut",
+            Event::JobDenied(_) => "JobDenied",
+            Event::ApprovalRequested(_) => "ApprovalRequested",
+            Event::JobApproved(_) => "JobApproved",
+            Event::DispatchCancelled(_) => "DispatchCancelled",
+            Event::DeadLettered(_) => "DeadLettered",
+            Event::CommandRejected(_) => "CommandRejected",
+            Event::WorkerUpdated(_) => "WorkerUpdated",
+            Event::WorkerLost(_) => "WorkerLost",
+            Event::CircuitChanged(_) => "CircuitChanged",
+            Event::SagaStepRecorded(_) => "SagaStepRecorded",
+            Event::SagaRollbackStarted(_) => "SagaRollbackStarted",
+            Event::SagaCompensationSubmitted(_) => "SagaCompensationSubmitted",
+            Event::SagaFinished(_) => "SagaFinished",
+            Event::IdempotencyPruned(_) => "IdempotencyPruned",
+            Event::ConfigApplied(_) => "ConfigApplied",
+        }
+    }
+
+    /// The job the event concerns, if any.
+    pub fn job_id(&self) -> Option<&str> {
+        let id = match self {
+            Event::JobAccepted(e) => &e.job_id,
+            Event::JobDuplicate(e) => &e.job_id,
+            Event::PolicyEvaluated(e) => &e.job_id,
+            Event::JobQueued(e) => &e.job_id,
+            Event::JobWaiting(e) => &e.job_id,
+            Event::JobScheduled(e) => &e.job_id,
+            Event::JobDispatched(e) => &e.job_id,
+            Event::JobRunning(e) => &e.job_id,
+            Event::JobProgressed(e) => &e.job_id,
+            Event::JobSucceeded(e) => &e.job_id,
+            Event::JobQuarantined(e) => &e.job_id,
+            Event::JobRetrying(e) => &e.job_id,
+            Event::JobFailed(e) => &e.job_id,
+            Event::JobCancelled(e) => &e.job_id,
+            Event::JobTimedOut(e) => &e.job_id,
+            Event::JobDenied(e) => &e.job_id,
+            Event::ApprovalRequested(e) => &e.job_id,
+            Event::JobApproved(e) => &e.job_id,
+            Event::DispatchCancelled(e) => &e.job_id,
+            Event::DeadLettered(e) => &e.dead_letter.job_id,
+            Event::CommandRejected(e) => &e.job_id,
+            Event::SagaStepRecorded(e) => &e.job_id,
+            Event::SagaRollbackStarted(e) => &e.failed_job_id,
+            Event::SagaCompensationSubmitted(e) => &e.job_id,
+            Event::WorkerUpdated(_)
+            | Event::WorkerLost(_)
+            | Event::CircuitChanged(_)
+            | Event::SagaFinished(_)
+            | Event::IdempotencyPruned(_)
+            | Event::ConfigApplied(_) => return None,
+        };
+        if id.is_empty() { None } else { Some(id) }
+    }
+
+    /// The worker the event concerns, if any.
+    pub fn worker_id(&self) -> Option<&str> {
+        match self {
+            Event::JobScheduled(e) => Some(&e.worker_id),
+            Event::JobDispatched(e) => Some(&e.worker_id),
+            Event::JobRunning(e) => Some(&e.worker_id),
+            Event::JobSucceeded(e) => Some(&e.worker_id),
+            Event::DispatchCancelled(e) => Some(&e.worker_id),
+            Event::WorkerUpdated(e) => Some(&e.worker_id),
+            Event::WorkerLost(e) => Some(&e.worker_id),
+            _ => None,
+        }
+    }
+}
+
+/// One processed input and what it caused: the unit of the journal.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JournalEntry {
+    /// Where the input was read.
+    pub cause: Cause,
+    /// The time the decision used: the input's log time, never earlier than the previous entry's.
+    pub log_time: Millis,
+    pub input: Input,
+    pub events: Vec<Event>,
+}
+
+impl JournalEntry {
+    /// The Kafka key of the entry: the job it concerns, else the worker, else the input kind.
+    pub fn key(&self) -> String {
+        if let Some(id) = self.input.job_id() {
+            return id.to_owned();
+        }
+        if let Input::Heartbeat(h) = &self.input {
+            return h.worker_id.clone();
+        }
+        self.input.kind().to_owned()
+    }
+}

@@ -1,0 +1,353 @@
+//! The records that cross Kafka topics (SPEC §1), as plain data.
+//!
+//! Field names match the Avro schemas in `schemas/` one for one; `ksched-codec` maps between
+//! the two. Maps are `BTreeMap` so that every encoding of a record, and every decision made
+//! from one, is deterministic. Times are milliseconds since the Unix epoch.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// Milliseconds since the Unix epoch.
+pub type Millis = i64;
+
+/// Job priority. Higher priorities are dequeued first; within a priority the oldest job wins.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, Default,
+)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum Priority {
+    Critical,
+    Interactive,
+    #[default]
+    Batch,
+}
+
+impl Priority {
+    /// Queue rank: 0 is dequeued first.
+    pub fn rank(self) -> u8 {
+        match self {
+            Priority::Critical => 0,
+            Priority::Interactive => 1,
+            Priority::Batch => 2,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Priority::Critical => "CRITICAL",
+            Priority::Interactive => "INTERACTIVE",
+            Priority::Batch => "BATCH",
+        }
+    }
+}
+
+/// Time limits a producer asks for.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Budget {
+    /// Whole-job deadline, counted from `submitted_at`; never reset by a retry.
+    pub deadline_ms: Option<i64>,
+    /// Longest a single attempt may run once started.
+    pub max_runtime_ms: Option<i64>,
+}
+
+/// Scheduling metadata a producer attaches to a job.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct JobMeta {
+    pub idempotency_key: Option<String>,
+    pub capability: Option<String>,
+    pub risk_tags: Vec<String>,
+    /// Capabilities a pool must declare in its `requires` for the job to be routed there.
+    pub requires: Vec<String>,
+    pub actor_id: Option<String>,
+}
+
+/// A job submission (topic: any configured job topic).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct JobRequest {
+    pub job_id: String,
+    /// The job topic. The scheduler overwrites it with the topic the record was read from.
+    pub topic: String,
+    pub tenant_id: String,
+    pub principal_id: Option<String>,
+    pub priority: Priority,
+    pub labels: BTreeMap<String, String>,
+    /// Environment for the worker. Keys starting with `$` are secret: never logged or shown.
+    pub env: BTreeMap<String, String>,
+    #[serde(with = "serde_bytes_compat")]
+    pub payload: Vec<u8>,
+    pub budget: Budget,
+    pub meta: JobMeta,
+    pub workflow_id: Option<String>,
+    pub step_index: Option<i32>,
+    pub compensation: Option<JobTemplate>,
+    pub submitted_at: Millis,
+}
+
+/// What a compensation job looks like before it gets a job id (SPEC §7).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct JobTemplate {
+    pub topic: String,
+    pub priority: Priority,
+    pub labels: BTreeMap<String, String>,
+    pub env: BTreeMap<String, String>,
+    #[serde(with = "serde_bytes_compat")]
+    pub payload: Vec<u8>,
+    pub budget: Budget,
+    pub meta: JobMeta,
+}
+
+/// The marker for secret env values in every view and export.
+pub const HIDDEN: &str = "*hidden*";
+
+/// True when an env key names a secret (`$` prefix).
+pub fn is_secret_key(key: &str) -> bool {
+    key.starts_with('$')
+}
+
+/// A copy of `env` with secret values replaced by [`HIDDEN`].
+pub fn redact_env(env: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+    env.iter()
+        .map(|(k, v)| {
+            let v = if is_secret_key(k) {
+                HIDDEN.to_owned()
+            } else {
+                v.clone()
+            };
+            (k.clone(), v)
+        })
+        .collect()
+}
+
+impl JobRequest {
+    /// The request as it may be shown or exported: secret env values hidden.
+    pub fn redacted(&self) -> JobRequest {
+        let mut r = self.clone();
+        r.env = redact_env(&self.env);
+        if let Some(c) = r.compensation.as_mut() {
+            c.env = redact_env(&c.env);
+        }
+        r
+    }
+}
+
+/// Final status a worker reports for an attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum ResultStatus {
+    Succeeded,
+    FailedRetryable,
+    FailedFatal,
+    Cancelled,
+}
+
+impl ResultStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ResultStatus::Succeeded => "SUCCEEDED",
+            ResultStatus::FailedRetryable => "FAILED_RETRYABLE",
+            ResultStatus::FailedFatal => "FAILED_FATAL",
+            ResultStatus::Cancelled => "CANCELLED",
+        }
+    }
+}
+
+/// Describes a job's output without carrying it; the output policy reads this.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ResultMeta {
+    pub size_bytes: Option<i64>,
+    pub content_type: Option<String>,
+    pub labels: BTreeMap<String, String>,
+}
+
+/// A worker began an attempt (topic `ksched.results`).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct JobStarted {
+    pub job_id: String,
+    pub attempt: i32,
+    pub worker_id: String,
+    pub started_at: Millis,
+}
+
+/// Progress of a running attempt (topic `ksched.results`).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct JobProgress {
+    pub job_id: String,
+    pub attempt: i32,
+    pub worker_id: String,
+    /// Fraction done, 0.0 to 1.0.
+    pub progress: f64,
+    pub message: Option<String>,
+    pub sent_at: Millis,
+}
+
+/// The outcome of an attempt (topic `ksched.results`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobResult {
+    pub job_id: String,
+    pub attempt: i32,
+    pub worker_id: String,
+    pub status: ResultStatus,
+    pub error_code: Option<String>,
+    pub error_message: Option<String>,
+    pub result_ptr: Option<String>,
+    pub result_meta: ResultMeta,
+    pub execution_ms: i64,
+    pub finished_at: Millis,
+}
+
+/// A worker's periodic report (topic `ksched.heartbeats`, key worker_id).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct Heartbeat {
+    pub worker_id: String,
+    pub pool: String,
+    pub active_jobs: i32,
+    /// 0 means no limit.
+    pub max_parallel_jobs: i32,
+    /// Percent, 0 to 100.
+    pub cpu_load: f64,
+    /// Percent, 0 to 100.
+    pub gpu_utilization: f64,
+    /// Percent of memory in use, 0 to 100.
+    pub memory_load: f64,
+    /// Free memory in bytes, for the capacity strategy; None if the worker does not say.
+    pub memory_free_bytes: Option<i64>,
+    pub capabilities: Vec<String>,
+    pub labels: BTreeMap<String, String>,
+    /// Partitions of the pool's dispatch topic this worker consumes.
+    pub owned_partitions: Vec<i32>,
+    /// Jobs (job_id) the worker is running now; evidence for the reconciler.
+    pub active_job_ids: Vec<String>,
+    /// The worker is draining: it finishes what it runs and takes nothing new.
+    pub draining: bool,
+    pub sent_at: Millis,
+}
+
+/// Cancel a job (topic `ksched.control`).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct CancelJob {
+    pub job_id: String,
+    /// The tenant the requester acts for. None means an operator (no tenant check).
+    pub tenant_id: Option<String>,
+    pub principal_id: String,
+    pub reason: Option<String>,
+    pub requested_at: Millis,
+}
+
+/// Approve a job waiting in APPROVAL_REQUIRED (topic `ksched.control`).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ApproveJob {
+    pub job_id: String,
+    /// Must equal the job_hash journaled when approval was required.
+    pub job_hash: String,
+    /// Must equal the policy snapshot id journaled when approval was required.
+    pub policy_snapshot: String,
+    pub approver: String,
+    pub comment: Option<String>,
+    pub requested_at: Millis,
+}
+
+/// Reject a job waiting in APPROVAL_REQUIRED (topic `ksched.control`).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct RejectJob {
+    pub job_id: String,
+    pub approver: String,
+    pub reason: Option<String>,
+    pub requested_at: Millis,
+}
+
+/// Advances the scheduler's timers (topic `ksched.control`). Its Kafka timestamp is the time.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Tick {
+    /// Who appended it (the ticker's instance id), for audit.
+    pub source: String,
+    pub issued_at: Millis,
+}
+
+/// Limits attached to a job by policy and config; carried in its Dispatch.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Constraints {
+    pub max_retries: Option<i32>,
+    pub max_concurrent_jobs: Option<i32>,
+    pub max_runtime_ms: Option<i64>,
+    pub deadline_ms: Option<i64>,
+    pub labels: BTreeMap<String, String>,
+}
+
+/// A job sent to a worker (topic `ksched.dispatch.<pool>`, key worker_id).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Dispatch {
+    pub job: JobRequest,
+    pub attempt: i32,
+    pub worker_id: String,
+    pub pool: String,
+    pub constraints: Constraints,
+    /// Absolute deadline of the job, if it has one.
+    pub deadline_at: Option<Millis>,
+    pub dispatched_at: Millis,
+}
+
+/// Tells a worker to stop an attempt (topic `ksched.dispatch.<pool>`, key worker_id).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct CancelDispatch {
+    pub job_id: String,
+    pub attempt: i32,
+    pub worker_id: String,
+    pub pool: String,
+    pub reason: String,
+    pub at: Millis,
+}
+
+/// A job (or an input record) the scheduler gave up on (topic `ksched.dlq`, key job_id).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct DeadLetter {
+    /// Empty when the record could not be decoded far enough to know it.
+    pub job_id: String,
+    pub topic: String,
+    pub tenant_id: String,
+    pub reason_code: String,
+    pub reason: String,
+    /// The job state when it was dead-lettered, or empty for a malformed record.
+    pub last_state: String,
+    pub attempts: i32,
+    pub cause_topic: String,
+    pub cause_partition: i32,
+    pub cause_offset: i64,
+    pub at: Millis,
+}
+
+/// Serde adapter so `Vec<u8>` fields serialize as bytes (Avro `bytes`), not as a sequence.
+pub(crate) mod serde_bytes_compat {
+    use serde::{Deserializer, Serializer, de};
+
+    pub fn serialize<S: Serializer>(v: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bytes(v)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        struct V;
+        impl<'de> de::Visitor<'de> for V {
+            type Value = Vec<u8>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("bytes")
+            }
+            fn visit_bytes<E: de::Error>(self, v: &[u8]) -> Result<Vec<u8>, E> {
+                Ok(v.to_vec())
+            }
+            fn visit_byte_buf<E: de::Error>(self, v: Vec<u8>) -> Result<Vec<u8>, E> {
+                Ok(v)
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Vec<u8>, E> {
+                Ok(v.as_bytes().to_vec())
+            }
+            fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<u8>, A::Error> {
+                let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0));
+                while let Some(b) = seq.next_element::<u8>()? {
+                    out.push(b);
+                }
+                Ok(out)
+            }
+        }
+        d.deserialize_byte_buf(V)
+    }
+}

@@ -1,0 +1,126 @@
+//! Test support for everything that touches Kafka.
+//!
+//! [`bootstrap_servers`] finds a real broker: `KAFKA_BOOTSTRAP_SERVERS` when set (CI and local
+//! runs start one with `deploy/kafka.sh start`), otherwise an Apache Kafka container through
+//! testcontainers when a Docker engine answers, otherwise an error that says how to start one.
+//! Tests never share topics or groups: [`unique`] names them.
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::FromClientConfig;
+use rdkafka::types::RDKafkaErrorCode;
+use thiserror::Error;
+
+/// Why no broker could be found or a topic could not be made.
+#[derive(Debug, Error)]
+pub enum Error {
+    #[error(
+        "no Kafka broker for the tests: KAFKA_BOOTSTRAP_SERVERS is not set and {docker}.\n\
+         Start the local broker with `deploy/kafka.sh start` and run\n\
+         `KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:9092 cargo test`, or run `bash .ci/run`."
+    )]
+    NoBroker { docker: String },
+
+    #[error("creating topic {topic}: {detail}")]
+    CreateTopic { topic: String, detail: String },
+
+    #[error("kafka client: {0}")]
+    Kafka(#[from] rdkafka::error::KafkaError),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Bootstrap servers of a real Kafka broker for this test process.
+pub fn bootstrap_servers() -> Result<String> {
+    if let Ok(servers) = std::env::var("KAFKA_BOOTSTRAP_SERVERS")
+        && !servers.trim().is_empty()
+    {
+        return Ok(servers);
+    }
+    static CONTAINER: OnceLock<std::result::Result<String, String>> = OnceLock::new();
+    CONTAINER
+        .get_or_init(docker::start_kafka)
+        .clone()
+        .map_err(|docker| Error::NoBroker { docker })
+}
+
+mod docker {
+    use std::sync::OnceLock;
+
+    use testcontainers_modules::kafka::apache::{KAFKA_PORT, Kafka};
+    use testcontainers_modules::testcontainers::Container;
+    use testcontainers_modules::testcontainers::runners::SyncRunner;
+
+    /// Kept alive for the whole test process; testcontainers' reaper removes it afterwards.
+    static RUNNING: OnceLock<Container<Kafka>> = OnceLock::new();
+
+    fn engine_present() -> bool {
+        std::env::var_os("DOCKER_HOST").is_some()
+            || std::path::Path::new("/var/run/docker.sock").exists()
+    }
+
+    pub(super) fn start_kafka() -> Result<String, String> {
+        if !engine_present() {
+            return Err(
+                "no Docker engine was found (no DOCKER_HOST, no /var/run/docker.sock)".into(),
+            );
+        }
+        let container = Kafka::default()
+            .with_jvm_image()
+            .start()
+            .map_err(|e| format!("starting an apache/kafka container failed ({e})"))?;
+        let port = container
+            .get_host_port_ipv4(KAFKA_PORT)
+            .map_err(|e| format!("the apache/kafka container has no mapped port ({e})"))?;
+        let _ = RUNNING.set(container);
+        Ok(format!("127.0.0.1:{port}"))
+    }
+}
+
+/// A name no other test (or earlier run) uses: `<prefix>-<pid>-<counter>-<random>`.
+pub fn unique(prefix: &str) -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let rand = uuid::Uuid::new_v4().simple().to_string();
+    format!("{prefix}-{}-{n}-{}", std::process::id(), &rand[..8])
+}
+
+/// A client config pointed at the test broker.
+pub fn client_config(bootstrap: &str) -> ClientConfig {
+    let mut cfg = ClientConfig::new();
+    cfg.set("bootstrap.servers", bootstrap);
+    cfg
+}
+
+/// Creates topics with the given partition counts (replication factor 1); existing topics are
+/// left as they are.
+pub async fn create_topics(bootstrap: &str, topics: &[(&str, i32)]) -> Result<()> {
+    let admin = AdminClient::<DefaultClientContext>::from_config(&client_config(bootstrap))?;
+    let new: Vec<NewTopic<'_>> = topics
+        .iter()
+        .map(|(name, partitions)| NewTopic::new(name, *partitions, TopicReplication::Fixed(1)))
+        .collect();
+    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+    for result in admin.create_topics(&new, &opts).await? {
+        match result {
+            Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((topic, code)) => {
+                return Err(Error::CreateTopic {
+                    topic,
+                    detail: code.to_string(),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Creates one topic.
+pub async fn create_topic(bootstrap: &str, name: &str, partitions: i32) -> Result<()> {
+    create_topics(bootstrap, &[(name, partitions)]).await
+}
