@@ -498,6 +498,9 @@ pub struct CircuitChanged {
 pub struct SagaStepRecorded {
     pub workflow_id: String,
     pub job_id: String,
+    /// Tenant and principal the compensation job will run as (the step's own).
+    pub tenant_id: String,
+    pub principal_id: Option<String>,
     pub compensation: JobTemplate,
 }
 
@@ -526,11 +529,10 @@ pub struct SagaFinished {
     pub detail: String,
 }
 
-/// Idempotency keys first seen before `before` were forgotten.
+/// Idempotency keys first seen before `before` were forgotten (retention passed).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct IdempotencyPruned {
     pub before: Millis,
-    pub count: i32,
 }
 
 /// New rules and policy took effect.

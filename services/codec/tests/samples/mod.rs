@@ -376,6 +376,8 @@ pub fn every_event() -> Vec<Event> {
         Event::SagaStepRecorded(SagaStepRecorded {
             workflow_id: "wf-1".into(),
             job_id: "job-1".into(),
+            tenant_id: "acme".into(),
+            principal_id: Some("alice".into()),
             compensation: template(),
         }),
         Event::SagaRollbackStarted(SagaRollbackStarted {
@@ -395,7 +397,6 @@ pub fn every_event() -> Vec<Event> {
         }),
         Event::IdempotencyPruned(IdempotencyPruned {
             before: 1_699_000_000_000,
-            count: 3,
         }),
         Event::ConfigApplied(ConfigApplied {
             config: reconfigure(),

@@ -1,0 +1,143 @@
+//! Operator commands: CancelJob, ApproveJob, RejectJob (SPEC §6).
+
+use crate::decide::Decider;
+use crate::events::*;
+use crate::records::{ApproveJob, CancelJob, RejectJob};
+
+impl Decider<'_, '_> {
+    pub(super) fn cancel(&mut self, c: &CancelJob) {
+        let Some(job) = self.state().jobs.get(&c.job_id) else {
+            self.refuse(&c.job_id, "unknown_job", format!("no job {}", c.job_id));
+            return;
+        };
+        if let Some(tenant) = &c.tenant_id
+            && *tenant != job.request.tenant_id
+        {
+            let reason = format!(
+                "principal {} of tenant {tenant} may not cancel a job of tenant {}",
+                c.principal_id, job.request.tenant_id
+            );
+            self.refuse(&c.job_id, "tenant_mismatch", reason);
+            return;
+        }
+        if job.state.is_terminal() {
+            let reason = format!("the job is already {}", job.state);
+            self.refuse(&c.job_id, "invalid_transition", reason);
+            return;
+        }
+        let on_worker = matches!(
+            job.state,
+            JobState::Scheduled | JobState::Dispatched | JobState::Running
+        );
+        let (attempt, worker, pool, partition) = (
+            job.attempt,
+            job.worker_id.clone(),
+            job.pool.clone(),
+            job.partition,
+        );
+        self.emit(Event::JobCancelled(JobCancelled {
+            job_id: c.job_id.clone(),
+            principal_id: c.principal_id.clone(),
+            reason: c.reason.clone(),
+        }));
+        if on_worker && let (Some(worker_id), Some(pool)) = (worker, pool) {
+            self.emit(Event::DispatchCancelled(DispatchCancelled {
+                job_id: c.job_id.clone(),
+                attempt,
+                pool: pool.clone(),
+                worker_id,
+                partition: partition.unwrap_or(-1),
+                reason: "cancelled".to_owned(),
+            }));
+            self.saga_on_terminal(&c.job_id);
+            self.schedule_pools(vec![pool]);
+        } else {
+            self.saga_on_terminal(&c.job_id);
+        }
+    }
+
+    pub(super) fn approve(&mut self, a: &ApproveJob) {
+        let Some(job) = self.state().jobs.get(&a.job_id) else {
+            self.refuse(&a.job_id, "unknown_job", format!("no job {}", a.job_id));
+            return;
+        };
+        if job.state != JobState::ApprovalRequired {
+            let reason = format!("the job is {}, not awaiting approval", job.state);
+            self.refuse(&a.job_id, "not_awaiting_approval", reason);
+            return;
+        }
+        if a.job_hash != job.job_hash {
+            let reason = format!(
+                "approval is for job hash {}, the job's hash is {}",
+                a.job_hash, job.job_hash
+            );
+            self.refuse(&a.job_id, "stale_job_hash", reason);
+            return;
+        }
+        let stored = job.policy_snapshot.clone().unwrap_or_default();
+        if a.policy_snapshot != stored {
+            let reason = format!(
+                "approval is for policy snapshot {}, approval was requested under {stored}",
+                a.policy_snapshot
+            );
+            self.refuse(&a.job_id, "stale_policy_snapshot", reason);
+            return;
+        }
+        let current = self.rules().raw.policy_snapshot.clone();
+        if current == stored {
+            self.emit(Event::JobApproved(JobApproved {
+                job_id: a.job_id.clone(),
+                approver: a.approver.clone(),
+                comment: a.comment.clone(),
+            }));
+            self.enqueue(&a.job_id);
+            return;
+        }
+        // The policy changed since approval was requested: ask it again (SPEC §6).
+        let decision = self.evaluate_input_policy(&a.job_id);
+        match decision.verdict {
+            Verdict::Allow => {
+                self.emit(Event::PolicyEvaluated(decision));
+                self.emit(Event::JobApproved(JobApproved {
+                    job_id: a.job_id.clone(),
+                    approver: a.approver.clone(),
+                    comment: a.comment.clone(),
+                }));
+                self.enqueue(&a.job_id);
+            }
+            Verdict::RequireApproval => {
+                let reason = format!(
+                    "the policy changed from snapshot {stored} to {current} and still requires approval; approve again under the new snapshot"
+                );
+                self.refuse(&a.job_id, "stale_policy_snapshot", reason);
+                self.apply_policy_decision(&a.job_id, decision);
+            }
+            Verdict::Deny => self.apply_policy_decision(&a.job_id, decision),
+        }
+    }
+
+    pub(super) fn reject(&mut self, r: &RejectJob) {
+        let Some(job) = self.state().jobs.get(&r.job_id) else {
+            self.refuse(&r.job_id, "unknown_job", format!("no job {}", r.job_id));
+            return;
+        };
+        if job.state != JobState::ApprovalRequired {
+            let reason = format!("the job is {}, not awaiting approval", job.state);
+            self.refuse(&r.job_id, "not_awaiting_approval", reason);
+            return;
+        }
+        let reasons: Vec<String> = r.reason.iter().cloned().collect();
+        self.emit(Event::JobDenied(JobDenied {
+            job_id: r.job_id.clone(),
+            reason_code: "approval_rejected".to_owned(),
+            reasons: reasons.clone(),
+            by: Some(r.approver.clone()),
+        }));
+        let reason = match reasons.first() {
+            Some(why) => format!("rejected by {}: {why}", r.approver),
+            None => format!("rejected by {}", r.approver),
+        };
+        self.dead_letter(&r.job_id, "approval_rejected", reason);
+        self.saga_on_terminal(&r.job_id);
+    }
+}

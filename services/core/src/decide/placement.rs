@@ -1,0 +1,439 @@
+//! Placement: the scheduling pass over pending queues (SPEC §3, §4, §5).
+//!
+//! A pass walks a pool's queue in order (priority, then age, then job_id) and places what it
+//! can. Gates come first (tenant limit, circuit breaker), then the common worker filters
+//! (alive, pool, draining, dispatch partitions, placement labels, overload), then the pool's
+//! strategy picks among the rest. The pass stops for a pool as soon as no worker of it can take
+//! anything more: every job behind would fail the same way, so a full pool costs O(1) per
+//! submission, not O(queue).
+
+use std::collections::BTreeSet;
+
+use crate::decide::Decider;
+use crate::events::*;
+use crate::records::Heartbeat;
+use crate::rules::{Overload, Rules};
+use crate::state::{Job, State, Worker};
+use crate::strategy::{Assessment, Eligible, for_kind};
+
+/// Label naming the worker a job would like (SPEC §3.4).
+pub const LABEL_PREFERRED_WORKER: &str = "preferred_worker_id";
+/// Job label prefixes that must equal the worker's label of the same name (SPEC §3.5).
+pub const PLACEMENT_PREFIXES: &[&str] = &["placement.", "constraint.", "node."];
+
+/// Why a job could not be placed now.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Blocked {
+    /// `no_workers`, `pool_overloaded`, `tenant_limit` or `circuit_open`.
+    pub code: &'static str,
+    pub detail: String,
+    pub candidates: Vec<Candidate>,
+}
+
+/// The DLQ reason code for a job that waited too long, by what held it (SPEC §4). A circuit
+/// that stayed open counts as an overloaded pool.
+pub fn blocker_reason_code(wait_code: &str) -> &'static str {
+    match wait_code {
+        "tenant_limit" => "tenant_limit",
+        "pool_overloaded" | "circuit_open" => "pool_overloaded",
+        _ => "no_workers",
+    }
+}
+
+enum Placement {
+    Placed,
+    Blocked(Blocked),
+}
+
+/// How one pool fared for one job.
+#[derive(Default)]
+struct PoolOutcome {
+    alive: usize,
+    overloaded: usize,
+}
+
+impl Decider<'_, '_> {
+    /// Runs a scheduling pass over each pool's queue.
+    pub(crate) fn schedule_pools(&mut self, pools: Vec<String>) {
+        let pools: BTreeSet<String> = pools.into_iter().collect();
+        for pool in pools {
+            self.maybe_half_open(&pool);
+            let queued: Vec<String> = match self.state().queues.get(&pool) {
+                Some(q) => q.iter().map(|k| k.job_id.clone()).collect(),
+                None => continue,
+            };
+            for job_id in queued {
+                if self.pool_is_full(&pool) {
+                    break;
+                }
+                if self
+                    .state()
+                    .jobs
+                    .get(&job_id)
+                    .is_none_or(|j| j.queued_at.is_none())
+                {
+                    continue;
+                }
+                let _ = self.try_place(&job_id);
+            }
+        }
+    }
+
+    /// Open -> half-open once the cool-down has passed.
+    pub(crate) fn maybe_half_open(&mut self, pool: &str) {
+        let cooldown = self.rules().rules.breaker.cooldown_ms;
+        let due = self.state().breakers.get(pool).is_some_and(|b| {
+            b.state == CircuitState::Open
+                && b.opened_at
+                    .is_some_and(|t| self.now.saturating_sub(t) >= cooldown)
+        });
+        if due {
+            self.emit(Event::CircuitChanged(CircuitChanged {
+                pool: pool.to_owned(),
+                from: CircuitState::Open,
+                to: CircuitState::HalfOpen,
+                reason: format!("cool-down of {cooldown} ms passed; letting probes through"),
+            }));
+        }
+    }
+
+    /// True when no worker of the pool can take another job (or its circuit holds it).
+    fn pool_is_full(&self, pool: &str) -> bool {
+        let config = self.rules();
+        let rules = &config.rules;
+        if breaker_blocks(self.state(), rules, pool).is_some() {
+            return true;
+        }
+        !self.state().workers.values().any(|w| {
+            w.alive && w.heartbeat.pool == pool && common_skip(w, &rules.overload).is_none()
+        })
+    }
+
+    /// Places one queued job if any of its pools has a worker for it.
+    fn try_place(&mut self, job_id: &str) -> Placement {
+        let config = self.rules();
+        let rules = &config.rules;
+        let state: &State = self.state();
+        let job = &state.jobs[job_id];
+        if let Some(blocked) = tenant_blocks(state, job) {
+            return Placement::Blocked(blocked);
+        }
+        let mut notes = Vec::new();
+        if let Some(preferred) = job.request.labels.get(LABEL_PREFERRED_WORKER) {
+            match preferred_worker(state, rules, job, preferred) {
+                Ok((pool, score)) => {
+                    notes.push(format!("preferred_worker_id {preferred} honoured"));
+                    let candidates = vec![Candidate {
+                        worker_id: preferred.clone(),
+                        pool: pool.clone(),
+                        score: Some(score),
+                        skipped: None,
+                    }];
+                    let strategy = for_kind(rules.strategy(&pool)).name();
+                    let preferred = preferred.clone();
+                    self.place(job_id, &pool, &preferred, strategy, candidates, notes);
+                    return Placement::Placed;
+                }
+                Err(why) => notes.push(format!("preferred_worker_id {preferred} ignored: {why}")),
+            }
+        }
+        let mut candidates = Vec::new();
+        let mut any_alive = 0;
+        let mut any_overloaded = 0;
+        let mut circuit: Option<String> = None;
+        for pool in &job.pools {
+            if let Some(why) = breaker_blocks(state, rules, pool) {
+                circuit.get_or_insert(why);
+                continue;
+            }
+            let (eligible, outcome) = eligible_workers(state, rules, job, pool, &mut candidates);
+            any_alive += outcome.alive;
+            any_overloaded += outcome.overloaded;
+            if eligible.is_empty() {
+                continue;
+            }
+            let strategy = for_kind(rules.strategy(pool));
+            let (winner, assessments) = strategy.choose(job, &eligible);
+            for (e, a) in eligible.iter().zip(&assessments) {
+                candidates.push(match a {
+                    Assessment::Score(s) => scored(e, pool, Some(*s), None),
+                    Assessment::Unfit(why) => scored(e, pool, None, Some(why.clone())),
+                });
+            }
+            if let Some(i) = winner {
+                let worker_id = eligible[i].worker_id.to_owned();
+                let pool = pool.clone();
+                self.place(
+                    job_id,
+                    &pool,
+                    &worker_id,
+                    strategy.name(),
+                    candidates,
+                    notes,
+                );
+                return Placement::Placed;
+            }
+            any_overloaded += assessments
+                .iter()
+                .filter(|a| matches!(a, Assessment::Unfit(_)))
+                .count();
+        }
+        let pools = job.pools.join(", ");
+        let blocked = if any_overloaded > 0 {
+            Blocked {
+                code: "pool_overloaded",
+                detail: format!("every suitable worker in [{pools}] is at capacity"),
+                candidates,
+            }
+        } else if let Some(why) = circuit.filter(|_| any_alive == 0) {
+            Blocked {
+                code: "circuit_open",
+                detail: why,
+                candidates,
+            }
+        } else if any_alive == 0 {
+            Blocked {
+                code: "no_workers",
+                detail: format!("no live worker in [{pools}]"),
+                candidates,
+            }
+        } else {
+            Blocked {
+                code: "no_workers",
+                detail: format!(
+                    "no live worker in [{pools}] matches the job's placement labels or can receive dispatches"
+                ),
+                candidates,
+            }
+        };
+        Placement::Blocked(blocked)
+    }
+
+    /// Why a queued job is not placed now (used for JobWaiting and placement timeouts).
+    pub(crate) fn blocker(&mut self, job_id: &str) -> Blocked {
+        // A dry run on a scratch copy: the answer without the side effects.
+        let mut scratch = self.state().clone();
+        scratch.dirty = None;
+        let mut d = Decider {
+            state: &mut scratch,
+            ctx: self.ctx,
+            now: self.now,
+            cause: self.cause,
+            input_kind: self.input_kind,
+            events: Vec::new(),
+            outputs: Vec::new(),
+        };
+        match d.try_place(job_id) {
+            Placement::Blocked(b) => b,
+            Placement::Placed => Blocked {
+                code: "no_workers",
+                detail: "placeable now; waiting for the next pass".into(),
+                candidates: Vec::new(),
+            },
+        }
+    }
+
+    fn place(
+        &mut self,
+        job_id: &str,
+        pool: &str,
+        worker_id: &str,
+        strategy: &str,
+        candidates: Vec<Candidate>,
+        notes: Vec<String>,
+    ) {
+        let job = &self.state().jobs[job_id];
+        let attempt = job.attempt + 1;
+        let deadline_at = job.deadline_at;
+        let partition = self.state().workers[worker_id]
+            .heartbeat
+            .owned_partitions
+            .iter()
+            .copied()
+            .min()
+            .unwrap_or(-1);
+        self.emit(Event::JobScheduled(JobScheduled {
+            job_id: job_id.to_owned(),
+            attempt,
+            pool: pool.to_owned(),
+            worker_id: worker_id.to_owned(),
+            strategy: strategy.to_owned(),
+            candidates,
+            notes,
+        }));
+        self.emit(Event::JobDispatched(JobDispatched {
+            job_id: job_id.to_owned(),
+            attempt,
+            pool: pool.to_owned(),
+            worker_id: worker_id.to_owned(),
+            partition,
+            deadline_at,
+        }));
+    }
+}
+
+fn scored(e: &Eligible<'_>, pool: &str, score: Option<f64>, skipped: Option<String>) -> Candidate {
+    Candidate {
+        worker_id: e.worker_id.to_owned(),
+        pool: pool.to_owned(),
+        score,
+        skipped,
+    }
+}
+
+/// Tenant `max_concurrent_jobs` (SPEC §5).
+fn tenant_blocks(state: &State, job: &Job) -> Option<Blocked> {
+    let limit = job.constraints.max_concurrent_jobs?;
+    let active = state.tenant_active_jobs(&job.request.tenant_id);
+    (active >= i64::from(limit)).then(|| Blocked {
+        code: "tenant_limit",
+        detail: format!(
+            "tenant {} has {active} active jobs, its limit is {limit}",
+            job.request.tenant_id
+        ),
+        candidates: Vec::new(),
+    })
+}
+
+/// Why the pool's breaker holds jobs back, if it does.
+fn breaker_blocks(state: &State, rules: &Rules, pool: &str) -> Option<String> {
+    let b = state.breakers.get(pool)?;
+    match b.state {
+        CircuitState::Closed => None,
+        CircuitState::Open => Some(format!("circuit of pool {pool} is open")),
+        CircuitState::HalfOpen => (b.probes_sent >= rules.breaker.half_open_probes).then(|| {
+            format!(
+                "circuit of pool {pool} is half-open and its {} probes are out",
+                rules.breaker.half_open_probes
+            )
+        }),
+    }
+}
+
+/// Why a live worker cannot take any job now, whatever the job.
+fn common_skip(w: &Worker, overload: &Overload) -> Option<String> {
+    let hb: &Heartbeat = &w.heartbeat;
+    if hb.draining {
+        return Some("draining".into());
+    }
+    if hb.owned_partitions.is_empty() {
+        return Some("owns no dispatch partition yet".into());
+    }
+    let active = w.effective_active();
+    if hb.max_parallel_jobs > 0 && active >= hb.max_parallel_jobs {
+        return Some(format!(
+            "overloaded: {active} active >= max_parallel_jobs {}",
+            hb.max_parallel_jobs
+        ));
+    }
+    if hb.cpu_load >= overload.cpu_load {
+        return Some(format!(
+            "overloaded: cpu_load {} >= {}",
+            hb.cpu_load, overload.cpu_load
+        ));
+    }
+    if hb.gpu_utilization >= overload.gpu_utilization {
+        return Some(format!(
+            "overloaded: gpu_utilization {} >= {}",
+            hb.gpu_utilization, overload.gpu_utilization
+        ));
+    }
+    None
+}
+
+/// Job labels that name a placement constraint, with the worker label they must equal.
+fn placement_labels(job: &Job) -> impl Iterator<Item = (&str, &str)> {
+    job.request
+        .labels
+        .iter()
+        .chain(job.constraints.labels.iter())
+        .filter_map(|(k, v)| {
+            PLACEMENT_PREFIXES
+                .iter()
+                .find_map(|p| k.strip_prefix(p))
+                .map(|name| (name, v.as_str()))
+        })
+}
+
+fn label_mismatch(job: &Job, w: &Worker) -> Option<String> {
+    for (name, want) in placement_labels(job) {
+        match w.heartbeat.labels.get(name) {
+            Some(have) if have == want => {}
+            Some(have) => return Some(format!("label {name}={have}, job needs {want}")),
+            None => return Some(format!("no label {name}, job needs {want}")),
+        }
+    }
+    None
+}
+
+/// Live workers of `pool` that pass the common filters for `job`; the rest are recorded in
+/// `candidates` with the reason they were skipped.
+fn eligible_workers<'s>(
+    state: &'s State,
+    rules: &Rules,
+    job: &Job,
+    pool: &str,
+    candidates: &mut Vec<Candidate>,
+) -> (Vec<Eligible<'s>>, PoolOutcome) {
+    let mut out = Vec::new();
+    let mut outcome = PoolOutcome::default();
+    for (id, w) in &state.workers {
+        if !w.alive || w.heartbeat.pool != pool {
+            continue;
+        }
+        outcome.alive += 1;
+        let skip = |why: String| Candidate {
+            worker_id: id.clone(),
+            pool: pool.to_owned(),
+            score: None,
+            skipped: Some(why),
+        };
+        if let Some(why) = label_mismatch(job, w) {
+            candidates.push(skip(why));
+            continue;
+        }
+        if let Some(why) = common_skip(w, &rules.overload) {
+            if why.starts_with("overloaded") {
+                outcome.overloaded += 1;
+            }
+            candidates.push(skip(why));
+            continue;
+        }
+        out.push(Eligible {
+            worker_id: id,
+            worker: w,
+        });
+    }
+    (out, outcome)
+}
+
+/// The preferred worker's pool and score if it can take the job now (SPEC §3.4), or why not.
+fn preferred_worker(
+    state: &State,
+    rules: &Rules,
+    job: &Job,
+    preferred: &str,
+) -> Result<(String, f64), String> {
+    let w = state.workers.get(preferred).ok_or("unknown worker")?;
+    if !w.alive {
+        return Err("not alive".into());
+    }
+    let pool = &w.heartbeat.pool;
+    if !job.pools.contains(pool) {
+        return Err(format!("its pool {pool} is not eligible for the job"));
+    }
+    if let Some(why) = breaker_blocks(state, rules, pool) {
+        return Err(why);
+    }
+    if let Some(why) = label_mismatch(job, w).or_else(|| common_skip(w, &rules.overload)) {
+        return Err(why);
+    }
+    let eligible = Eligible {
+        worker_id: preferred,
+        worker: w,
+    };
+    match for_kind(rules.strategy(pool)).assess(job, &eligible) {
+        Assessment::Score(s) => Ok((pool.clone(), s)),
+        Assessment::Unfit(why) => Err(why),
+    }
+}

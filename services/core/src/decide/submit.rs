@@ -1,0 +1,309 @@
+//! JobRequest: duplicates, idempotency, routing, the safety kernel, queueing (SPEC §3-§6).
+
+use crate::decide::Decider;
+use crate::events::*;
+use crate::hash::job_hash;
+use crate::policy::{PolicyDecision, input_document};
+use crate::records::{Constraints, JobRequest};
+use crate::state::Job;
+
+/// Label naming the one pool a job would like (SPEC §3.3).
+pub const LABEL_PREFERRED_POOL: &str = "preferred_pool";
+
+impl Decider<'_, '_> {
+    pub(super) fn submit(&mut self, request: &JobRequest) {
+        let mut request = request.clone();
+        // Routing trusts the topic the record was read from, not what the producer wrote.
+        request.topic = self.cause.topic.clone();
+        if let Some(problem) = invalid_request(&request) {
+            let dl = crate::records::DeadLetter {
+                job_id: request.job_id.clone(),
+                topic: request.topic.clone(),
+                tenant_id: request.tenant_id.clone(),
+                reason_code: "malformed_record".to_owned(),
+                reason: problem,
+                last_state: String::new(),
+                attempts: 0,
+                cause_topic: self.cause.topic.clone(),
+                cause_partition: self.cause.partition,
+                cause_offset: self.cause.offset,
+                at: self.now,
+            };
+            self.emit(Event::DeadLettered(DeadLettered { dead_letter: dl }));
+            return;
+        }
+
+        if let Some(existing) = self.state().jobs.get(&request.job_id) {
+            let same = same_submission(&existing.request, &request);
+            let job_id = request.job_id.clone();
+            self.emit(Event::JobDuplicate(JobDuplicate {
+                job_id: job_id.clone(),
+                existing_job_id: job_id.clone(),
+                kind: if same {
+                    DuplicateKind::SameJobId
+                } else {
+                    DuplicateKind::ConflictingJobId
+                },
+                idempotency_key: request.meta.idempotency_key.clone(),
+            }));
+            if !same {
+                let dl = crate::records::DeadLetter {
+                    job_id: job_id.clone(),
+                    topic: request.topic.clone(),
+                    tenant_id: request.tenant_id.clone(),
+                    reason_code: "duplicate_job_id".to_owned(),
+                    reason: format!(
+                        "job_id {job_id} was already submitted with different content; the new submission is dropped"
+                    ),
+                    last_state: String::new(),
+                    attempts: 0,
+                    cause_topic: self.cause.topic.clone(),
+                    cause_partition: self.cause.partition,
+                    cause_offset: self.cause.offset,
+                    at: self.now,
+                };
+                self.emit(Event::DeadLettered(DeadLettered { dead_letter: dl }));
+            }
+            return;
+        }
+
+        if let Some(key) = &request.meta.idempotency_key {
+            let retention = self.rules().rules.timing.idempotency_retention_ms;
+            let seen = self
+                .state()
+                .idempotency
+                .get(&(request.tenant_id.clone(), key.clone()))
+                .filter(|e| self.now.saturating_sub(e.seen_at) < retention)
+                .map(|e| e.job_id.clone());
+            if let Some(existing_job_id) = seen {
+                self.emit(Event::JobDuplicate(JobDuplicate {
+                    job_id: request.job_id.clone(),
+                    existing_job_id,
+                    kind: DuplicateKind::IdempotencyKey,
+                    idempotency_key: Some(key.clone()),
+                }));
+                return;
+            }
+        }
+
+        self.accept(request);
+    }
+
+    /// Admits a job (a submission or a saga compensation): routing, policy, queueing.
+    pub(super) fn accept(&mut self, request: JobRequest) {
+        let config = self.rules();
+        let rules = &config.rules;
+        let job_id = request.job_id.clone();
+        let (pools, notes) = route(rules, &request);
+        self.emit(Event::JobAccepted(JobAccepted {
+            job_id: job_id.clone(),
+            job_hash: job_hash(&request),
+            pools: pools.clone(),
+            routing_notes: notes.clone(),
+            request,
+        }));
+        if pools.is_empty() {
+            let reason = notes.join("; ");
+            self.fail(&job_id, 0, "no_pool_mapping", Some(reason.clone()));
+            self.dead_letter(&job_id, "no_pool_mapping", reason);
+            self.saga_on_terminal(&job_id);
+            return;
+        }
+        let decision = self.evaluate_input_policy(&job_id);
+        self.apply_policy_decision(&job_id, decision);
+    }
+
+    /// Asks the safety kernel about a job, with the effective constraints filled in.
+    pub(super) fn evaluate_input_policy(&mut self, job_id: &str) -> PolicyEvaluated {
+        let config = self.rules();
+        let job = &self.state().jobs[job_id];
+        let tenant_active = self.state().tenant_active_jobs(&job.request.tenant_id);
+        let doc = input_document(&job.request, tenant_active, &job.pools);
+        let decision: PolicyDecision = self.ctx.policy.evaluate_input(&config.raw, &doc);
+        PolicyEvaluated {
+            job_id: job_id.to_owned(),
+            snapshot_id: config.raw.policy_snapshot.clone(),
+            verdict: decision.verdict,
+            reasons: decision.reasons,
+            constraints: effective_constraints(job, &decision.constraints, &config.rules),
+        }
+    }
+
+    /// Journals a policy decision and acts on it.
+    pub(super) fn apply_policy_decision(&mut self, job_id: &str, decision: PolicyEvaluated) {
+        let verdict = decision.verdict;
+        let reasons = decision.reasons.clone();
+        let snapshot = decision.snapshot_id.clone();
+        self.emit(Event::PolicyEvaluated(decision));
+        match verdict {
+            Verdict::Allow => self.enqueue(job_id),
+            Verdict::Deny => {
+                let reason = if reasons.is_empty() {
+                    "denied by policy".to_owned()
+                } else {
+                    reasons.join("; ")
+                };
+                self.emit(Event::JobDenied(JobDenied {
+                    job_id: job_id.to_owned(),
+                    reason_code: "safety_denied".to_owned(),
+                    reasons,
+                    by: None,
+                }));
+                self.dead_letter(job_id, "safety_denied", reason);
+                self.saga_on_terminal(job_id);
+            }
+            Verdict::RequireApproval => {
+                let job_hash = self.state().jobs[job_id].job_hash.clone();
+                self.emit(Event::ApprovalRequested(ApprovalRequested {
+                    job_id: job_id.to_owned(),
+                    job_hash,
+                    snapshot_id: snapshot,
+                    reasons,
+                }));
+            }
+        }
+    }
+
+    /// Puts a PENDING job in its pools' queues and tries to place it; if it cannot be placed
+    /// now, journals why it waits.
+    pub(super) fn enqueue(&mut self, job_id: &str) {
+        let job = &self.state().jobs[job_id];
+        let pools = job.pools.clone();
+        let priority = job.request.priority;
+        self.emit(Event::JobQueued(JobQueued {
+            job_id: job_id.to_owned(),
+            pools: pools.clone(),
+            priority,
+        }));
+        self.schedule_pools(pools);
+        if self.state().jobs[job_id].queued_at.is_some() {
+            let blocked = self.blocker(job_id);
+            self.emit(Event::JobWaiting(JobWaiting {
+                job_id: job_id.to_owned(),
+                reason_code: blocked.code.to_owned(),
+                detail: blocked.detail,
+                candidates: blocked.candidates,
+            }));
+        }
+    }
+}
+
+/// Why a decodable request still cannot be scheduled, if it cannot.
+fn invalid_request(r: &JobRequest) -> Option<String> {
+    if r.job_id.trim().is_empty() {
+        return Some("job_id is empty".into());
+    }
+    if r.tenant_id.trim().is_empty() {
+        return Some(format!("job {}: tenant_id is empty", r.job_id));
+    }
+    if r.budget.deadline_ms.is_some_and(|d| d <= 0) {
+        return Some(format!(
+            "job {}: budget.deadline_ms must be positive",
+            r.job_id
+        ));
+    }
+    if r.budget.max_runtime_ms.is_some_and(|d| d <= 0) {
+        return Some(format!(
+            "job {}: budget.max_runtime_ms must be positive",
+            r.job_id
+        ));
+    }
+    None
+}
+
+/// A resubmission is "the same job" when everything but the topic the scheduler fills in is
+/// equal.
+fn same_submission(a: &JobRequest, b: &JobRequest) -> bool {
+    let mut b = b.clone();
+    b.topic = a.topic.clone();
+    *a == b
+}
+
+/// Topic -> mapped pools -> those whose `requires` cover the job's -> `preferred_pool`.
+/// Returns the eligible pools in preference order and notes on what was left out.
+pub(crate) fn route(rules: &crate::rules::Rules, r: &JobRequest) -> (Vec<String>, Vec<String>) {
+    let mut notes = Vec::new();
+    let Some(mapped) = rules.pools_for_topic(&r.topic) else {
+        notes.push(format!("topic {} is not mapped to any pool", r.topic));
+        return (Vec::new(), notes);
+    };
+    let mut eligible = Vec::new();
+    for pool in mapped {
+        let offered = rules
+            .pools
+            .get(pool)
+            .map(|p| p.requires.as_slice())
+            .unwrap_or(&[]);
+        let missing: Vec<&String> = r
+            .meta
+            .requires
+            .iter()
+            .filter(|need| !offered.iter().any(|o| o.eq_ignore_ascii_case(need)))
+            .collect();
+        if missing.is_empty() {
+            eligible.push(pool.clone());
+        } else {
+            notes.push(format!(
+                "pool {pool} lacks {}",
+                missing
+                    .iter()
+                    .map(|s| s.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+    }
+    if eligible.is_empty() {
+        notes.push(format!(
+            "no pool mapped for topic {} offers [{}]",
+            r.topic,
+            r.meta.requires.join(", ")
+        ));
+        return (eligible, notes);
+    }
+    if let Some(preferred) = r.labels.get(LABEL_PREFERRED_POOL) {
+        if eligible.contains(preferred) {
+            notes.push(format!("preferred_pool {preferred} honoured"));
+            eligible = vec![preferred.clone()];
+        } else if mapped.contains(preferred) {
+            notes.push(format!(
+                "preferred_pool {preferred} ignored: it lacks the required capabilities"
+            ));
+        } else {
+            notes.push(format!(
+                "preferred_pool {preferred} ignored: not mapped for topic {}",
+                r.topic
+            ));
+        }
+    }
+    (eligible, notes)
+}
+
+/// Policy constraints over the job's budget and the configured defaults (SPEC §5): the
+/// effective deadline is the smaller of the job's and the policy's.
+fn effective_constraints(
+    job: &Job,
+    policy: &Constraints,
+    rules: &crate::rules::Rules,
+) -> Constraints {
+    let deadline_ms = match (job.request.budget.deadline_ms, policy.deadline_ms) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+    .filter(|d| *d > 0);
+    Constraints {
+        max_retries: Some(policy.max_retries.unwrap_or(rules.retry.max_retries).max(0)),
+        max_concurrent_jobs: policy.max_concurrent_jobs.or_else(|| {
+            rules
+                .tenants
+                .get(&job.request.tenant_id)
+                .and_then(|t| t.max_concurrent_jobs)
+        }),
+        max_runtime_ms: policy
+            .max_runtime_ms
+            .or(job.request.budget.max_runtime_ms)
+            .filter(|v| *v > 0),
+        deadline_ms,
+        labels: policy.labels.clone(),
+    }
+}

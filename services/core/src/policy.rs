@@ -1,0 +1,140 @@
+//! The safety kernel's interface (SPEC §5). The core asks; an engine answers.
+//!
+//! Engines are pure functions of (policy bundle, input document): the Rego engine in
+//! `ksched-policy` memoizes on exactly that. The bundle travels in the journal
+//! (`Reconfigure`), so a replay evaluates the policy that was in force.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Value, json};
+
+use crate::events::{Reconfigure, Verdict};
+use crate::records::{Constraints, JobRequest, redact_env};
+
+/// The input policy's answer for one job.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PolicyDecision {
+    pub verdict: Verdict,
+    pub reasons: Vec<String>,
+    /// What the policy set; unset fields fall back to the job's budget and the config.
+    pub constraints: Constraints,
+}
+
+impl PolicyDecision {
+    pub fn allow() -> PolicyDecision {
+        PolicyDecision {
+            verdict: Verdict::Allow,
+            reasons: Vec::new(),
+            constraints: Constraints::default(),
+        }
+    }
+}
+
+/// The output policy's answer for one succeeded job.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct OutputDecision {
+    pub quarantine: bool,
+    pub reasons: Vec<String>,
+}
+
+/// Evaluates policies. Implementations must be deterministic: same bundle and input, same
+/// answer. A policy that fails to evaluate must fail closed (deny / quarantine, with the error
+/// as the reason), so a broken policy never lets work through.
+pub trait PolicyEngine {
+    fn evaluate_input(&self, bundle: &Reconfigure, input: &Value) -> PolicyDecision;
+    fn evaluate_output(&self, bundle: &Reconfigure, input: &Value) -> OutputDecision;
+}
+
+/// Allows everything and quarantines nothing. For tests and for bundles with no modules.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct AllowAll;
+
+impl PolicyEngine for AllowAll {
+    fn evaluate_input(&self, _: &Reconfigure, _: &Value) -> PolicyDecision {
+        PolicyDecision::allow()
+    }
+    fn evaluate_output(&self, _: &Reconfigure, _: &Value) -> OutputDecision {
+        OutputDecision::default()
+    }
+}
+
+/// The document the input policy sees as `input`.
+///
+/// Secret env values are replaced by `*hidden*`; the payload is represented by its size.
+pub fn input_document(job: &JobRequest, tenant_active_jobs: i64, pools: &[String]) -> Value {
+    json!({
+        "job": job_document(job),
+        "tenant": { "id": job.tenant_id, "active_jobs": tenant_active_jobs },
+        "pools": pools,
+    })
+}
+
+/// The document the output policy sees as `input`.
+pub fn output_document(
+    job: &JobRequest,
+    worker_id: &str,
+    result_ptr: Option<&str>,
+    meta: &crate::records::ResultMeta,
+    execution_ms: i64,
+) -> Value {
+    json!({
+        "job": job_document(job),
+        "result": {
+            "worker_id": worker_id,
+            "result_ptr": result_ptr,
+            "size_bytes": meta.size_bytes,
+            "content_type": meta.content_type,
+            "labels": meta.labels,
+            "execution_ms": execution_ms,
+        },
+    })
+}
+
+fn job_document(job: &JobRequest) -> Value {
+    let env: BTreeMap<String, String> = redact_env(&job.env);
+    json!({
+        "job_id": job.job_id,
+        "topic": job.topic,
+        "tenant_id": job.tenant_id,
+        "principal_id": job.principal_id,
+        "priority": job.priority.as_str(),
+        "labels": job.labels,
+        "env": env,
+        "payload_size": job.payload.len(),
+        "budget": { "deadline_ms": job.budget.deadline_ms, "max_runtime_ms": job.budget.max_runtime_ms },
+        "meta": {
+            "idempotency_key": job.meta.idempotency_key,
+            "capability": job.meta.capability,
+            "risk_tags": job.meta.risk_tags,
+            "requires": job.meta.requires,
+            "actor_id": job.meta.actor_id,
+        },
+        "workflow_id": job.workflow_id,
+        "step_index": job.step_index,
+        "submitted_at": job.submitted_at,
+    })
+}
+
+/// Reads the policy's constraint object (`max_retries`, `max_concurrent_jobs`,
+/// `max_runtime_ms`, `deadline_ms`, `labels`); anything else is ignored.
+pub fn constraints_from_json(v: &Value) -> Constraints {
+    let int = |k: &str| v.get(k).and_then(Value::as_i64);
+    Constraints {
+        max_retries: int("max_retries").and_then(|x| i32::try_from(x).ok()),
+        max_concurrent_jobs: int("max_concurrent_jobs").and_then(|x| i32::try_from(x).ok()),
+        max_runtime_ms: int("max_runtime_ms"),
+        deadline_ms: int("deadline_ms"),
+        labels: v
+            .get("labels")
+            .and_then(Value::as_object)
+            .map(|m| {
+                m.iter()
+                    .map(|(k, v)| {
+                        let s = v.as_str().map_or_else(|| v.to_string(), str::to_owned);
+                        (k.clone(), s)
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
+    }
+}

@@ -1,0 +1,269 @@
+//! The settings decisions depend on: routing (topics -> pools), strategies, timeouts,
+//! retries, thresholds, breaker tuning, tenant limits.
+//!
+//! Rules reach the core only through the journal (a `Reconfigure` input), so a replay or an
+//! audit decides with exactly the rules that were in force. The runtime builds them from
+//! `config/pools.yaml` and `config/ksched.yaml`; `to_canonical_json` is what is journaled.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// How a pool picks workers (SPEC §3.8).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StrategyKind {
+    /// Lowest `active_jobs + cpu/100 + gpu/100`; ties to the lowest worker_id.
+    #[default]
+    LeastLoaded,
+    /// Credit-based: a worker takes at most `max_parallel_jobs - active_jobs` jobs; the worker
+    /// with the most credit wins.
+    Throttled,
+    /// Best-fit bin-packing of the job's `memory` label against the worker's free memory.
+    Capacity,
+}
+
+impl StrategyKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StrategyKind::LeastLoaded => "least_loaded",
+            StrategyKind::Throttled => "throttled",
+            StrategyKind::Capacity => "capacity",
+        }
+    }
+}
+
+/// One worker pool.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PoolRules {
+    /// Capabilities the pool offers; a job is eligible only if every capability in its
+    /// `meta.requires` is listed here (case-insensitive).
+    pub requires: Vec<String>,
+    /// Worker selection strategy for this pool.
+    pub strategy: StrategyKind,
+}
+
+/// Limits for one tenant.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TenantRules {
+    /// Most SCHEDULED + DISPATCHED + RUNNING jobs at once; a policy constraint overrides it.
+    pub max_concurrent_jobs: Option<i32>,
+}
+
+/// Timers (all in milliseconds).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Timing {
+    /// A job still unplaced this long after it was queued is dead-lettered. Default 5 min.
+    pub placement_timeout_ms: i64,
+    /// A worker without a heartbeat for this long is lost. Default 15 s.
+    pub worker_ttl_ms: i64,
+    /// DISPATCHED without a JobStarted for this long times out. Default 60 s.
+    pub dispatch_timeout_ms: i64,
+    /// RUNNING without progress or heartbeat evidence for this long times out. Default 5 min.
+    pub running_timeout_ms: i64,
+    /// How long an idempotency key is remembered. Default 7 days.
+    pub idempotency_retention_ms: i64,
+}
+
+impl Default for Timing {
+    fn default() -> Self {
+        Timing {
+            placement_timeout_ms: 5 * 60_000,
+            worker_ttl_ms: 15_000,
+            dispatch_timeout_ms: 60_000,
+            running_timeout_ms: 5 * 60_000,
+            idempotency_retention_ms: 7 * 24 * 3_600_000,
+        }
+    }
+}
+
+/// Retries of FAILED_RETRYABLE attempts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RetryRules {
+    /// Retries after the first attempt, unless policy sets `max_retries`. Default 3.
+    pub max_retries: i32,
+    /// Backoff before the first retry, in ms. Default 1000.
+    pub initial_backoff_ms: i64,
+    /// Backoff cap, in ms. Default 30000.
+    pub max_backoff_ms: i64,
+    /// Jitter added on top of the backoff, as a fraction of it (0.0-1.0), derived from
+    /// job_id and attempt so replays agree. Default 0.2.
+    pub jitter_ratio: f64,
+}
+
+impl Default for RetryRules {
+    fn default() -> Self {
+        RetryRules {
+            max_retries: 3,
+            initial_backoff_ms: 1_000,
+            max_backoff_ms: 30_000,
+            jitter_ratio: 0.2,
+        }
+    }
+}
+
+/// When a worker counts as overloaded and is skipped.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Overload {
+    /// Percent; a worker at or above it is skipped. Default 90.
+    pub cpu_load: f64,
+    /// Percent; a worker at or above it is skipped. Default 90.
+    pub gpu_utilization: f64,
+}
+
+impl Default for Overload {
+    fn default() -> Self {
+        Overload {
+            cpu_load: 90.0,
+            gpu_utilization: 90.0,
+        }
+    }
+}
+
+/// Circuit breaker per pool (SPEC §5).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BreakerRules {
+    /// Opens after this many consecutive failed or timed-out results. Default 5.
+    pub consecutive_failures: i32,
+    /// Opens when the failure ratio over the last `window` results reaches this. Default 0.5.
+    pub failure_ratio: f64,
+    /// Results the ratio is computed over; the ratio applies once the window is full.
+    /// Default 20.
+    pub window: i32,
+    /// How long it stays open before half-opening, in ms. Default 30000.
+    pub cooldown_ms: i64,
+    /// Probe jobs let through while half-open. Default 3.
+    pub half_open_probes: i32,
+    /// Probe successes that close it. Default 2.
+    pub close_after_successes: i32,
+}
+
+impl Default for BreakerRules {
+    fn default() -> Self {
+        BreakerRules {
+            consecutive_failures: 5,
+            failure_ratio: 0.5,
+            window: 20,
+            cooldown_ms: 30_000,
+            half_open_probes: 3,
+            close_after_successes: 2,
+        }
+    }
+}
+
+/// Everything a decision depends on besides state, input and policy.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Rules {
+    /// Job topic -> pools, in preference order.
+    pub topics: BTreeMap<String, Vec<String>>,
+    pub pools: BTreeMap<String, PoolRules>,
+    pub tenants: BTreeMap<String, TenantRules>,
+    pub timing: Timing,
+    pub retry: RetryRules,
+    pub overload: Overload,
+    pub breaker: BreakerRules,
+}
+
+/// A rule set that does not hold together.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid rules: {0}")]
+pub struct RulesError(pub String);
+
+impl Rules {
+    /// Checks cross-field rules; the error says what to fix.
+    pub fn validate(&self) -> Result<(), RulesError> {
+        let err = |m: String| Err(RulesError(m));
+        for (topic, pools) in &self.topics {
+            if pools.is_empty() {
+                return err(format!("topic {topic} maps to no pool"));
+            }
+            for p in pools {
+                if !self.pools.contains_key(p) {
+                    return err(format!(
+                        "topic {topic} maps to pool {p}, which is not defined under pools"
+                    ));
+                }
+            }
+        }
+        for name in self.pools.keys() {
+            if name.is_empty()
+                || !name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+            {
+                return err(format!(
+                    "pool name {name:?} must be non-empty and use only letters, digits, '-', '_' or '.' (it names a topic)"
+                ));
+            }
+        }
+        let t = &self.timing;
+        for (name, v) in [
+            ("timing.placement_timeout_ms", t.placement_timeout_ms),
+            ("timing.worker_ttl_ms", t.worker_ttl_ms),
+            ("timing.dispatch_timeout_ms", t.dispatch_timeout_ms),
+            ("timing.running_timeout_ms", t.running_timeout_ms),
+            (
+                "timing.idempotency_retention_ms",
+                t.idempotency_retention_ms,
+            ),
+            ("retry.initial_backoff_ms", self.retry.initial_backoff_ms),
+            ("retry.max_backoff_ms", self.retry.max_backoff_ms),
+            ("breaker.cooldown_ms", self.breaker.cooldown_ms),
+        ] {
+            if v <= 0 {
+                return err(format!("{name} must be positive, got {v}"));
+            }
+        }
+        if self.retry.max_retries < 0 {
+            return err("retry.max_retries must be 0 or more".into());
+        }
+        if self.retry.max_backoff_ms < self.retry.initial_backoff_ms {
+            return err("retry.max_backoff_ms must be at least retry.initial_backoff_ms".into());
+        }
+        if !(0.0..=1.0).contains(&self.retry.jitter_ratio) {
+            return err("retry.jitter_ratio must be between 0 and 1".into());
+        }
+        let b = &self.breaker;
+        if b.consecutive_failures < 1 || b.window < 1 || b.half_open_probes < 1 {
+            return err(
+                "breaker.consecutive_failures, breaker.window and breaker.half_open_probes must be at least 1"
+                    .into(),
+            );
+        }
+        if b.close_after_successes < 1 || b.close_after_successes > b.half_open_probes {
+            return err(
+                "breaker.close_after_successes must be between 1 and breaker.half_open_probes"
+                    .into(),
+            );
+        }
+        if !(0.0..=1.0).contains(&b.failure_ratio) || b.failure_ratio == 0.0 {
+            return err("breaker.failure_ratio must be in (0, 1]".into());
+        }
+        Ok(())
+    }
+
+    /// The journaled form: deterministic JSON (maps are ordered).
+    pub fn to_canonical_json(&self) -> String {
+        serde_json::to_string(self).unwrap_or_else(|e| unreachable!("rules serialize: {e}"))
+    }
+
+    pub fn from_json(json: &str) -> Result<Rules, RulesError> {
+        serde_json::from_str(json).map_err(|e| RulesError(e.to_string()))
+    }
+
+    /// Pools a topic maps to, in preference order.
+    pub fn pools_for_topic(&self, topic: &str) -> Option<&[String]> {
+        self.topics.get(topic).map(Vec::as_slice)
+    }
+
+    pub fn strategy(&self, pool: &str) -> StrategyKind {
+        self.pools.get(pool).map(|p| p.strategy).unwrap_or_default()
+    }
+}

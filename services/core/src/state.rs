@@ -1,0 +1,605 @@
+//! The projection: jobs, workers, queues, tenants, breakers, sagas, idempotency keys.
+//!
+//! `apply` (in `apply.rs`) is the only code that changes it. Queues, timers, tenant counts and
+//! each worker's in-flight set are indexes derived from job records; they are maintained in one
+//! place ([`State::update_job`]) so they can never disagree with the jobs they index.
+//!
+//! The state may be partial: the runtime keeps active jobs in memory and loads terminal jobs
+//! and idempotency keys from RocksDB before deciding on an input that names them
+//! ([`Prerequisites`]). Everything here is deterministic: ordered maps, no clock, no hashing
+//! with random seeds.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::events::{CircuitState, Input, JobState, Reconfigure, SagaOutcome};
+use crate::records::{
+    Constraints, DeadLetter, Heartbeat, JobRequest, JobTemplate, Millis, ResultMeta,
+};
+use crate::rules::{Rules, Timing};
+
+/// The rules and policy bundle in force.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ActiveConfig {
+    pub raw: Reconfigure,
+    pub rules: Rules,
+}
+
+/// One line of a job's history: what happened, when.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HistoryItem {
+    pub at: Millis,
+    pub event: String,
+    pub detail: String,
+}
+
+/// A job as the scheduler knows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Job {
+    pub request: JobRequest,
+    pub job_hash: String,
+    pub state: JobState,
+    /// Pools the job may run in, in preference order.
+    pub pools: Vec<String>,
+    /// Attempts dispatched so far (the current attempt's number).
+    pub attempt: i32,
+    pub constraints: Constraints,
+    pub policy_snapshot: Option<String>,
+    pub worker_id: Option<String>,
+    pub pool: Option<String>,
+    pub partition: Option<i32>,
+    pub accepted_at: Millis,
+    pub updated_at: Millis,
+    /// Set while the job sits in its pools' pending queues.
+    pub queued_at: Option<Millis>,
+    /// Set while the job waits out a retry backoff.
+    pub retry_at: Option<Millis>,
+    pub dispatched_at: Option<Millis>,
+    pub started_at: Option<Millis>,
+    /// Last sign of life of the running attempt (start, progress, or a heartbeat listing it).
+    pub last_evidence_at: Option<Millis>,
+    pub deadline_at: Option<Millis>,
+    pub wait_reason: Option<String>,
+    pub progress: Option<f64>,
+    pub last_error: Option<String>,
+    pub result_ptr: Option<String>,
+    pub result_meta: Option<ResultMeta>,
+    pub execution_ms: Option<i64>,
+    pub dlq_reason: Option<String>,
+    pub history: Vec<HistoryItem>,
+}
+
+impl Job {
+    /// The job's effective memory demand in bytes (label `memory`: bytes, or with a
+    /// Ki/Mi/Gi/K/M/G suffix), for the capacity strategy.
+    pub fn memory_demand(&self) -> Option<i64> {
+        self.request
+            .labels
+            .get("memory")
+            .and_then(|s| parse_bytes(s))
+    }
+
+    /// Retries allowed after the first attempt.
+    pub fn max_retries(&self, rules: &Rules) -> i32 {
+        self.constraints
+            .max_retries
+            .unwrap_or(rules.retry.max_retries)
+            .max(0)
+    }
+
+    /// Longest an attempt may run, if limited.
+    pub fn max_runtime_ms(&self) -> Option<i64> {
+        self.constraints
+            .max_runtime_ms
+            .or(self.request.budget.max_runtime_ms)
+            .filter(|v| *v > 0)
+    }
+}
+
+/// Parses `512`, `512Mi`, `2G`, `1.5Gi` into bytes.
+pub fn parse_bytes(s: &str) -> Option<i64> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: f64 = num.parse().ok()?;
+    let mult: f64 = match unit.trim() {
+        "" | "B" => 1.0,
+        "K" | "KB" => 1e3,
+        "M" | "MB" => 1e6,
+        "G" | "GB" => 1e9,
+        "T" | "TB" => 1e12,
+        "Ki" => 1024.0,
+        "Mi" => 1024.0 * 1024.0,
+        "Gi" => 1024.0 * 1024.0 * 1024.0,
+        "Ti" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
+        _ => return None,
+    };
+    let v = n * mult;
+    (v.is_finite() && (0.0..9.0e18).contains(&v)).then_some(v as i64)
+}
+
+/// A worker as the scheduler knows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Worker {
+    pub heartbeat: Heartbeat,
+    pub joined_at: Millis,
+    pub last_seen: Millis,
+    pub alive: bool,
+    /// Jobs the worker reported running that the scheduler does not count as in flight on it
+    /// (e.g. cancelled or timed out but not stopped yet), as of its last heartbeat.
+    pub foreign_active: i32,
+    /// Memory of jobs dispatched since the last heartbeat, for the capacity strategy.
+    pub reserved_memory: i64,
+    /// Derived: jobs SCHEDULED, DISPATCHED or RUNNING on this worker.
+    #[serde(skip)]
+    pub inflight: BTreeSet<String>,
+}
+
+impl Worker {
+    /// `active_jobs` in the score: the scheduler's own in-flight dispatches to this worker,
+    /// which change at every dispatch and every result, plus what the worker runs that the
+    /// scheduler no longer counts. (A heartbeat figure plus "dispatches since" would keep a
+    /// worker looking full until its next heartbeat after its jobs finished.)
+    pub fn effective_active(&self) -> i32 {
+        i32::try_from(self.inflight.len())
+            .unwrap_or(i32::MAX)
+            .saturating_add(self.foreign_active)
+    }
+
+    pub fn free_memory(&self) -> Option<i64> {
+        self.heartbeat
+            .memory_free_bytes
+            .map(|m| m.saturating_sub(self.reserved_memory))
+    }
+}
+
+/// A pool's circuit breaker.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct Breaker {
+    pub state: CircuitState,
+    pub consecutive_failures: i32,
+    /// Last results, oldest first; `true` is a failure.
+    pub window: VecDeque<bool>,
+    pub opened_at: Option<Millis>,
+    pub probes_sent: i32,
+    pub probe_successes: i32,
+}
+
+impl Breaker {
+    pub fn failure_ratio(&self) -> f64 {
+        if self.window.is_empty() {
+            return 0.0;
+        }
+        self.window.iter().filter(|f| **f).count() as f64 / self.window.len() as f64
+    }
+}
+
+/// One step of a workflow whose compensation is on the stack.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SagaStep {
+    pub job_id: String,
+    pub tenant_id: String,
+    pub principal_id: Option<String>,
+    pub compensation: JobTemplate,
+}
+
+/// A workflow's compensation stack and rollback progress.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct Saga {
+    pub stack: Vec<SagaStep>,
+    /// Set once a step failed fatally.
+    pub failed_job_id: Option<String>,
+    /// The compensation job running now, during rollback.
+    pub running: Option<String>,
+    pub compensations_submitted: i32,
+    pub outcome: Option<SagaOutcome>,
+}
+
+impl Saga {
+    pub fn rolling_back(&self) -> bool {
+        self.failed_job_id.is_some() && self.outcome.is_none()
+    }
+}
+
+/// An idempotency key's owner.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct IdempotencyEntry {
+    pub job_id: String,
+    pub seen_at: Millis,
+}
+
+/// Position of a job in a pool's pending queue: priority, then age, then job_id.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct QueueKey {
+    pub rank: u8,
+    pub queued_at: Millis,
+    pub job_id: String,
+}
+
+/// What a due timer means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum TimerKind {
+    Deadline,
+    RetryAt,
+    PlacementTimeout,
+    DispatchTimeout,
+    RunningTimeout,
+    MaxRuntime,
+}
+
+/// A job timer, ordered by due time.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Timer {
+    pub due: Millis,
+    pub kind: TimerKind,
+    pub job_id: String,
+}
+
+/// Keys changed since the runtime last persisted, so it writes only those.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Dirty {
+    pub jobs: BTreeSet<String>,
+    pub workers: BTreeSet<String>,
+    pub breakers: BTreeSet<String>,
+    pub sagas: BTreeSet<String>,
+    pub idempotency: BTreeSet<(String, String)>,
+    pub idempotency_pruned_before: Option<Millis>,
+    pub dead_letters: Vec<DeadLetter>,
+    pub config: bool,
+}
+
+/// Everything the scheduler knows.
+#[derive(Debug, Clone, Default)]
+pub struct State {
+    /// Log time of the last applied entry; decisions never go back in time.
+    pub clock: Millis,
+    /// Journal entries applied.
+    pub entries: u64,
+    pub config: Option<Arc<ActiveConfig>>,
+    pub jobs: BTreeMap<String, Job>,
+    pub workers: BTreeMap<String, Worker>,
+    pub breakers: BTreeMap<String, Breaker>,
+    pub sagas: BTreeMap<String, Saga>,
+    pub idempotency: BTreeMap<(String, String), IdempotencyEntry>,
+    pub last_idempotency_prune: Millis,
+    pub dead_letters_by_reason: BTreeMap<String, u64>,
+    /// Derived: pool -> pending queue.
+    pub queues: BTreeMap<String, BTreeSet<QueueKey>>,
+    /// Derived: job timers by due time.
+    pub timers: BTreeSet<Timer>,
+    /// Derived: tenant -> SCHEDULED + DISPATCHED + RUNNING jobs.
+    pub tenant_active: BTreeMap<String, i64>,
+    /// Changed keys, when the owner tracks them (the runtime does; tests and audits need not).
+    pub dirty: Option<Dirty>,
+}
+
+impl PartialEq for State {
+    /// Projection equality: everything but the dirty-key bookkeeping.
+    fn eq(&self, other: &Self) -> bool {
+        self.clock == other.clock
+            && self.entries == other.entries
+            && self.config == other.config
+            && self.jobs == other.jobs
+            && self.workers == other.workers
+            && self.breakers == other.breakers
+            && self.sagas == other.sagas
+            && self.idempotency == other.idempotency
+            && self.last_idempotency_prune == other.last_idempotency_prune
+            && self.dead_letters_by_reason == other.dead_letters_by_reason
+            && self.queues == other.queues
+            && self.timers == other.timers
+            && self.tenant_active == other.tenant_active
+    }
+}
+
+/// Keys a decision on an input may read, which a partial state must hold first.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Prerequisites {
+    pub job_ids: Vec<String>,
+    pub idempotency: Option<(String, String)>,
+}
+
+impl State {
+    pub fn new() -> State {
+        State::default()
+    }
+
+    /// A state that records which keys change, for incremental persistence.
+    pub fn tracking_changes() -> State {
+        State {
+            dirty: Some(Dirty::default()),
+            ..State::default()
+        }
+    }
+
+    pub fn rules(&self) -> Option<&Rules> {
+        self.config.as_deref().map(|c| &c.rules)
+    }
+
+    pub fn take_dirty(&mut self) -> Dirty {
+        self.dirty.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    /// What must be loaded before deciding on `input`.
+    pub fn prerequisites(input: &Input) -> Prerequisites {
+        let mut p = Prerequisites::default();
+        if let Some(id) = input.job_id() {
+            p.job_ids.push(id.to_owned());
+        }
+        if let Input::Submit(r) = input
+            && let Some(key) = &r.meta.idempotency_key
+        {
+            p.idempotency = Some((r.tenant_id.clone(), key.clone()));
+        }
+        p
+    }
+
+    /// Adds a job loaded from storage (not a state change: the job was already there).
+    pub fn hydrate_job(&mut self, job_id: String, job: Job) {
+        if self.jobs.contains_key(&job_id) {
+            return;
+        }
+        self.jobs.insert(job_id.clone(), job);
+        self.index_job(&job_id);
+    }
+
+    /// Adds an idempotency key loaded from storage.
+    pub fn hydrate_idempotency(&mut self, tenant: String, key: String, entry: IdempotencyEntry) {
+        self.idempotency.entry((tenant, key)).or_insert(entry);
+    }
+
+    /// Drops terminal jobs and idempotency keys from memory (they stay in storage). Only
+    /// called by an owner that has persisted every dirty key.
+    pub fn evict_cold(&mut self) {
+        let cold: Vec<String> = self
+            .jobs
+            .iter()
+            .filter(|(_, j)| j.state.is_terminal())
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in cold {
+            self.unindex_job(&id);
+            self.jobs.remove(&id);
+        }
+        self.idempotency.clear();
+    }
+
+    pub fn mark_job(&mut self, id: &str) {
+        if let Some(d) = self.dirty.as_mut() {
+            d.jobs.insert(id.to_owned());
+        }
+    }
+
+    pub(crate) fn mark_worker(&mut self, id: &str) {
+        if let Some(d) = self.dirty.as_mut() {
+            d.workers.insert(id.to_owned());
+        }
+    }
+
+    pub(crate) fn mark_breaker(&mut self, pool: &str) {
+        if let Some(d) = self.dirty.as_mut() {
+            d.breakers.insert(pool.to_owned());
+        }
+    }
+
+    pub(crate) fn mark_saga(&mut self, id: &str) {
+        if let Some(d) = self.dirty.as_mut() {
+            d.sagas.insert(id.to_owned());
+        }
+    }
+
+    /// Changes a job and keeps every index that derives from it in step.
+    pub(crate) fn update_job<R>(&mut self, id: &str, f: impl FnOnce(&mut Job) -> R) -> Option<R> {
+        if !self.jobs.contains_key(id) {
+            return None;
+        }
+        self.unindex_job(id);
+        let r = self.jobs.get_mut(id).map(f);
+        self.index_job(id);
+        self.mark_job(id);
+        r
+    }
+
+    pub(crate) fn insert_job(&mut self, id: String, job: Job) {
+        if self.jobs.contains_key(&id) {
+            self.unindex_job(&id);
+        }
+        self.jobs.insert(id.clone(), job);
+        self.index_job(&id);
+        self.mark_job(&id);
+    }
+
+    fn index_job(&mut self, id: &str) {
+        let Some(job) = self.jobs.get(id) else { return };
+        if let Some(queued_at) = job.queued_at {
+            for pool in &job.pools {
+                self.queues
+                    .entry(pool.clone())
+                    .or_default()
+                    .insert(QueueKey {
+                        rank: job.request.priority.rank(),
+                        queued_at,
+                        job_id: id.to_owned(),
+                    });
+            }
+        }
+        if let Some(timing) = self.config.as_deref().map(|c| &c.rules.timing) {
+            for t in timers_of(id, job, timing) {
+                self.timers.insert(t);
+            }
+        }
+        if job.state.is_active() {
+            *self
+                .tenant_active
+                .entry(job.request.tenant_id.clone())
+                .or_default() += 1;
+            if let Some(w) = job.worker_id.as_ref().and_then(|w| self.workers.get_mut(w)) {
+                w.inflight.insert(id.to_owned());
+            }
+        }
+    }
+
+    fn unindex_job(&mut self, id: &str) {
+        let Some(job) = self.jobs.get(id) else { return };
+        if let Some(queued_at) = job.queued_at {
+            for pool in &job.pools {
+                if let Some(q) = self.queues.get_mut(pool) {
+                    q.remove(&QueueKey {
+                        rank: job.request.priority.rank(),
+                        queued_at,
+                        job_id: id.to_owned(),
+                    });
+                    if q.is_empty() {
+                        self.queues.remove(pool);
+                    }
+                }
+            }
+        }
+        if let Some(timing) = self.config.as_deref().map(|c| &c.rules.timing) {
+            for t in timers_of(id, job, timing) {
+                self.timers.remove(&t);
+            }
+        }
+        if job.state.is_active() {
+            if let Some(n) = self.tenant_active.get_mut(&job.request.tenant_id) {
+                *n -= 1;
+                if *n <= 0 {
+                    self.tenant_active.remove(&job.request.tenant_id);
+                }
+            }
+            if let Some(w) = job.worker_id.as_ref().and_then(|w| self.workers.get_mut(w)) {
+                w.inflight.remove(id);
+            }
+        }
+    }
+
+    /// Rebuilds every derived index from the records (after new rules change the timers, and
+    /// after loading records from storage).
+    pub fn rebuild_indexes(&mut self) {
+        self.queues.clear();
+        self.timers.clear();
+        self.tenant_active.clear();
+        for w in self.workers.values_mut() {
+            w.inflight.clear();
+        }
+        let ids: Vec<String> = self.jobs.keys().cloned().collect();
+        for id in ids {
+            self.index_job(&id);
+        }
+    }
+
+    /// Active jobs of a tenant (SCHEDULED + DISPATCHED + RUNNING).
+    pub fn tenant_active_jobs(&self, tenant: &str) -> i64 {
+        self.tenant_active.get(tenant).copied().unwrap_or(0)
+    }
+
+    /// Checks the derived indexes against the records; returns what disagrees. Used by tests
+    /// and by `audit rebuild`.
+    pub fn check_invariants(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        let mut rebuilt = self.clone();
+        rebuilt.dirty = None;
+        rebuilt.rebuild_indexes();
+        if rebuilt.queues != self.queues {
+            problems.push("pending queues disagree with job records".to_owned());
+        }
+        if rebuilt.timers != self.timers {
+            problems.push("timers disagree with job records".to_owned());
+        }
+        if rebuilt.tenant_active != self.tenant_active {
+            problems.push("tenant active counts disagree with job records".to_owned());
+        }
+        for (id, w) in &self.workers {
+            if rebuilt.workers.get(id).map(|r| &r.inflight) != Some(&w.inflight) {
+                problems.push(format!(
+                    "in-flight set of worker {id} disagrees with job records"
+                ));
+            }
+        }
+        for (id, job) in &self.jobs {
+            if job.state.is_terminal() && (job.queued_at.is_some() || job.retry_at.is_some()) {
+                problems.push(format!("job {id} is {} and still queued", job.state));
+            }
+            if job.queued_at.is_some() && job.state != JobState::Pending {
+                problems.push(format!("job {id} is queued in state {}", job.state));
+            }
+        }
+        for (t, n) in &self.tenant_active {
+            if *n < 0 {
+                problems.push(format!("tenant {t} has {n} active jobs"));
+            }
+        }
+        problems
+    }
+}
+
+/// The timers a job has in its current state.
+pub fn timers_of(id: &str, job: &Job, timing: &Timing) -> Vec<Timer> {
+    let mut out = Vec::new();
+    let mut push = |due: Millis, kind: TimerKind| {
+        out.push(Timer {
+            due,
+            kind,
+            job_id: id.to_owned(),
+        })
+    };
+    if job.state.is_terminal() {
+        return out;
+    }
+    if let Some(d) = job.deadline_at {
+        push(d, TimerKind::Deadline);
+    }
+    match job.state {
+        JobState::Pending => {
+            if let Some(r) = job.retry_at {
+                push(r, TimerKind::RetryAt);
+            }
+            if let Some(q) = job.queued_at {
+                push(
+                    q.saturating_add(timing.placement_timeout_ms),
+                    TimerKind::PlacementTimeout,
+                );
+            }
+        }
+        JobState::Dispatched => {
+            if let Some(d) = job.dispatched_at {
+                push(
+                    d.saturating_add(timing.dispatch_timeout_ms),
+                    TimerKind::DispatchTimeout,
+                );
+            }
+        }
+        JobState::Running => {
+            if let Some(e) = job.last_evidence_at {
+                push(
+                    e.saturating_add(timing.running_timeout_ms),
+                    TimerKind::RunningTimeout,
+                );
+            }
+            if let (Some(s), Some(max)) = (job.started_at, job.max_runtime_ms()) {
+                push(s.saturating_add(max), TimerKind::MaxRuntime);
+            }
+        }
+        _ => {}
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_sizes_parse() {
+        assert_eq!(parse_bytes("512"), Some(512));
+        assert_eq!(parse_bytes("2Ki"), Some(2048));
+        assert_eq!(parse_bytes("1.5Gi"), Some(1_610_612_736));
+        assert_eq!(parse_bytes("3M"), Some(3_000_000));
+        assert_eq!(parse_bytes("lots"), None);
+        assert_eq!(parse_bytes("-1"), None);
+    }
+}

@@ -1,0 +1,325 @@
+//! Properties over random input sequences:
+//! - replaying the journal from an empty state equals the live state (checked after every
+//!   input by `Sim::check`, together with the index invariants: no job both terminal and
+//!   queued, tenant counts never negative, in-flight sets agree with job records);
+//! - at most one Dispatch per (job, attempt);
+//! - a terminal job never changes state again, except SUCCEEDED -> OUTPUT_QUARANTINED;
+//! - decide is deterministic: the same inputs give the same journal, byte for byte.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use ksched_core::events::*;
+use ksched_core::policy::{OutputDecision, PolicyDecision};
+use ksched_core::records::*;
+use proptest::prelude::*;
+use support::*;
+
+#[derive(Debug, Clone)]
+enum Op {
+    Submit {
+        job: u8,
+        topic: u8,
+        priority: u8,
+        risk: u8,
+        key: Option<u8>,
+        deadline: Option<u16>,
+    },
+    Heartbeat {
+        worker: u8,
+        pool: u8,
+        cpu: u8,
+        max: u8,
+        draining: bool,
+    },
+    Started {
+        job: u8,
+        worker: u8,
+        attempt_delta: i8,
+    },
+    Progress {
+        job: u8,
+        worker: u8,
+    },
+    Result {
+        job: u8,
+        worker: u8,
+        status: u8,
+        attempt_delta: i8,
+    },
+    Cancel {
+        job: u8,
+        foreign: bool,
+    },
+    Approve {
+        job: u8,
+        good: bool,
+    },
+    Reject {
+        job: u8,
+    },
+    Tick {
+        ms: u32,
+    },
+    Malformed,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        3 => (0..12u8, 0..4u8, 0..3u8, 0..6u8, proptest::option::of(0..3u8), proptest::option::of(1..600u16))
+            .prop_map(|(job, topic, priority, risk, key, deadline)| Op::Submit { job, topic, priority, risk, key, deadline }),
+        2 => (0..4u8, 0..4u8, 0..100u8, 0..4u8, any::<bool>())
+            .prop_map(|(worker, pool, cpu, max, draining)| Op::Heartbeat { worker, pool, cpu, max, draining: draining && worker == 3 }),
+        2 => (0..12u8, 0..4u8, -1..2i8).prop_map(|(job, worker, attempt_delta)| Op::Started { job, worker, attempt_delta }),
+        1 => (0..12u8, 0..4u8).prop_map(|(job, worker)| Op::Progress { job, worker }),
+        3 => (0..12u8, 0..4u8, 0..5u8, -1..2i8).prop_map(|(job, worker, status, attempt_delta)| Op::Result { job, worker, status, attempt_delta }),
+        1 => (0..12u8, any::<bool>()).prop_map(|(job, foreign)| Op::Cancel { job, foreign }),
+        1 => (0..12u8, any::<bool>()).prop_map(|(job, good)| Op::Approve { job, good }),
+        1 => (0..12u8).prop_map(|job| Op::Reject { job }),
+        3 => (0..40_000u32).prop_map(|ms| Op::Tick { ms }),
+        1 => Just(Op::Malformed),
+    ]
+}
+
+fn policy() -> ScriptPolicy {
+    let mut p = ScriptPolicy::default();
+    p.input.push(Box::new(|doc| {
+        let risk = doc["job"]["labels"]["risk"].as_str()?;
+        Some(match risk {
+            "deny" => PolicyDecision {
+                verdict: Verdict::Deny,
+                reasons: vec!["no".into()],
+                constraints: Constraints::default(),
+            },
+            "approve" => PolicyDecision {
+                verdict: Verdict::RequireApproval,
+                reasons: vec!["human".into()],
+                constraints: Constraints::default(),
+            },
+            _ => PolicyDecision {
+                verdict: Verdict::Allow,
+                reasons: vec![],
+                constraints: Constraints {
+                    max_retries: Some(1),
+                    max_concurrent_jobs: Some(3),
+                    ..Default::default()
+                },
+            },
+        })
+    }));
+    p.output.push(Box::new(|doc| {
+        (doc["job"]["labels"]["risk"].as_str() == Some("pii")).then(|| OutputDecision {
+            quarantine: true,
+            reasons: vec!["pii".into()],
+        })
+    }));
+    p
+}
+
+const TOPICS: [&str; 4] = ["job.default", "job.multi", "job.gpu", "job.unmapped"];
+const POOLS: [&str; 4] = ["default", "a", "b", "gpu"];
+const RISKS: [&str; 6] = ["", "", "deny", "approve", "limited", "pii"];
+
+fn run(ops: &[Op]) -> Sim {
+    let mut r = rules();
+    r.breaker.consecutive_failures = 3;
+    r.breaker.window = 6;
+    r.breaker.cooldown_ms = 5_000;
+    r.timing.dispatch_timeout_ms = 20_000;
+    r.timing.placement_timeout_ms = 60_000;
+    let mut sim = Sim::with_policy(r, policy());
+    for op in ops {
+        sim.advance(7);
+        match op.clone() {
+            Op::Submit {
+                job: j,
+                topic,
+                priority,
+                risk,
+                key,
+                deadline,
+            } => {
+                let mut req = job(&format!("j{j}"));
+                req.topic = TOPICS[topic as usize].into();
+                req.priority =
+                    [Priority::Critical, Priority::Interactive, Priority::Batch][priority as usize];
+                if !RISKS[risk as usize].is_empty() {
+                    req.labels
+                        .insert("risk".into(), RISKS[risk as usize].into());
+                }
+                req.meta.idempotency_key = key.map(|k| format!("k{k}"));
+                req.budget.deadline_ms = deadline.map(|d| i64::from(d) * 100);
+                if topic == 2 {
+                    req.meta.requires = vec!["gpu".into()];
+                }
+                req.workflow_id = (j % 3 == 0).then(|| "wf".to_owned());
+                req.compensation = (j % 3 == 0).then(|| JobTemplate {
+                    topic: "job.default".into(),
+                    ..Default::default()
+                });
+                req.submitted_at = sim.now;
+                let topic = req.topic.clone();
+                sim.input(&topic, Input::Submit(req));
+            }
+            Op::Heartbeat {
+                worker,
+                pool,
+                cpu,
+                max,
+                draining,
+            } => {
+                let mut h = hb(&format!("w{worker}"), POOLS[pool as usize]);
+                h.cpu_load = f64::from(cpu);
+                h.max_parallel_jobs = i32::from(max);
+                h.draining = draining;
+                sim.heartbeat(h);
+            }
+            Op::Started {
+                job,
+                worker,
+                attempt_delta,
+            } => {
+                let id = format!("j{job}");
+                let attempt = current_attempt(&sim, &id) + i32::from(attempt_delta);
+                sim.started(&id, attempt, &format!("w{worker}"));
+            }
+            Op::Progress { job, worker } => {
+                let id = format!("j{job}");
+                let attempt = current_attempt(&sim, &id);
+                sim.input(
+                    "ksched.results",
+                    Input::Progress(JobProgress {
+                        job_id: id,
+                        attempt,
+                        worker_id: format!("w{worker}"),
+                        progress: 0.5,
+                        message: None,
+                        sent_at: 0,
+                    }),
+                );
+            }
+            Op::Result {
+                job,
+                worker,
+                status,
+                attempt_delta,
+            } => {
+                let id = format!("j{job}");
+                let attempt = current_attempt(&sim, &id) + i32::from(attempt_delta);
+                let status = [
+                    ResultStatus::Succeeded,
+                    ResultStatus::Succeeded,
+                    ResultStatus::FailedRetryable,
+                    ResultStatus::FailedFatal,
+                    ResultStatus::Cancelled,
+                ][status as usize];
+                sim.result(&id, attempt, &format!("w{worker}"), status);
+            }
+            Op::Cancel { job, foreign } => {
+                sim.cancel(
+                    &format!("j{job}"),
+                    Some(if foreign { "globex" } else { "acme" }),
+                );
+            }
+            Op::Approve { job, good } => {
+                let id = format!("j{job}");
+                let (hash, snap) = sim
+                    .state
+                    .jobs
+                    .get(&id)
+                    .map(|j| {
+                        (
+                            j.job_hash.clone(),
+                            j.policy_snapshot.clone().unwrap_or_default(),
+                        )
+                    })
+                    .unwrap_or_default();
+                sim.input(
+                    "ksched.control",
+                    Input::Approve(ApproveJob {
+                        job_id: id,
+                        job_hash: if good { hash } else { "x".into() },
+                        policy_snapshot: snap,
+                        approver: "bob".into(),
+                        comment: None,
+                        requested_at: 0,
+                    }),
+                );
+            }
+            Op::Reject { job } => {
+                sim.input(
+                    "ksched.control",
+                    Input::Reject(RejectJob {
+                        job_id: format!("j{job}"),
+                        approver: "bob".into(),
+                        reason: None,
+                        requested_at: 0,
+                    }),
+                );
+            }
+            Op::Tick { ms } => {
+                sim.tick_after(i64::from(ms));
+            }
+            Op::Malformed => {
+                sim.input(
+                    "job.default",
+                    Input::Malformed(MalformedRecord {
+                        key: None,
+                        size_bytes: 1,
+                        error: "junk".into(),
+                    }),
+                );
+            }
+        }
+    }
+    sim
+}
+
+fn current_attempt(sim: &Sim, id: &str) -> i32 {
+    sim.state.jobs.get(id).map_or(1, |j| j.attempt)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
+
+    #[test]
+    fn replay_equals_live_and_invariants_hold(ops in proptest::collection::vec(op(), 1..120)) {
+        // Sim::check asserts replay == live and the index invariants after every input.
+        let sim = run(&ops);
+
+        // At most one Dispatch per (job, attempt).
+        let mut seen = BTreeSet::new();
+        for d in sim.dispatches() {
+            prop_assert!(seen.insert((d.job.job_id.clone(), d.attempt)), "dispatched twice: {} #{}", d.job.job_id, d.attempt);
+        }
+
+        // Terminal means terminal (but SUCCEEDED -> OUTPUT_QUARANTINED), and every change
+        // follows the transition table.
+        let mut replay = ksched_core::State::new();
+        let mut last: BTreeMap<String, JobState> = BTreeMap::new();
+        for entry in &sim.journal {
+            ksched_core::apply::apply_entry(&mut replay, &JournalEntry { events: vec![], ..entry.clone() });
+            for e in &entry.events {
+                ksched_core::apply(&mut replay, e, entry.log_time);
+                if let Some(id) = e.job_id() && let Some(j) = replay.jobs.get(id) {
+                    if let Some(prev) = last.get(id) && *prev != j.state {
+                        prop_assert!(prev.can_transition(j.state), "{id}: {prev} -> {}", j.state);
+                    }
+                    last.insert(id.to_owned(), j.state);
+                }
+            }
+        }
+        for (t, n) in &sim.state.tenant_active {
+            prop_assert!(*n > 0, "tenant {t} count {n}");
+        }
+    }
+
+    #[test]
+    fn decide_is_deterministic(ops in proptest::collection::vec(op(), 1..60)) {
+        let a = run(&ops);
+        let b = run(&ops);
+        prop_assert_eq!(format!("{:?}", a.journal), format!("{:?}", b.journal));
+        prop_assert_eq!(format!("{:?}", a.outputs), format!("{:?}", b.outputs));
+    }
+}

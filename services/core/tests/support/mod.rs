@@ -1,0 +1,344 @@
+//! A simulated scheduler for scenario tests: feeds inputs through `process` exactly as the
+//! processor does, keeps the journal, and checks after every input that replaying the journal
+//! from scratch gives the same state and that the indexes agree with the records.
+#![allow(dead_code)]
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+
+use ksched_core::decide::{Ctx, process};
+use ksched_core::events::*;
+use ksched_core::outputs::Output;
+use ksched_core::policy::{OutputDecision, PolicyDecision, PolicyEngine};
+use ksched_core::records::*;
+use ksched_core::rules::{PoolRules, Rules, StrategyKind};
+use ksched_core::state::{Job, State};
+use serde_json::Value;
+
+type InputRule = Box<dyn Fn(&Value) -> Option<PolicyDecision>>;
+type OutputRule = Box<dyn Fn(&Value) -> Option<OutputDecision>>;
+
+/// A policy engine scripted by closures over the input document; the first rule that answers
+/// wins, otherwise allow. Deterministic, like the real one.
+#[derive(Default)]
+pub struct ScriptPolicy {
+    pub input: Vec<InputRule>,
+    pub output: Vec<OutputRule>,
+    pub calls: RefCell<u32>,
+}
+
+impl PolicyEngine for ScriptPolicy {
+    fn evaluate_input(&self, _: &Reconfigure, doc: &Value) -> PolicyDecision {
+        *self.calls.borrow_mut() += 1;
+        self.input
+            .iter()
+            .find_map(|r| r(doc))
+            .unwrap_or_else(PolicyDecision::allow)
+    }
+    fn evaluate_output(&self, _: &Reconfigure, doc: &Value) -> OutputDecision {
+        self.output.iter().find_map(|r| r(doc)).unwrap_or_default()
+    }
+}
+
+pub const T0: i64 = 1_700_000_000_000;
+
+/// Rules with one `default` pool for topic `job.default`, a `gpu` pool requiring gpu for
+/// `job.gpu`, and `job.multi` mapped to [a, b].
+pub fn rules() -> Rules {
+    let mut r = Rules::default();
+    r.topics
+        .insert("job.default".into(), vec!["default".into()]);
+    r.topics.insert("job.gpu".into(), vec!["gpu".into()]);
+    r.topics
+        .insert("job.multi".into(), vec!["a".into(), "b".into()]);
+    r.pools.insert("default".into(), PoolRules::default());
+    r.pools.insert(
+        "gpu".into(),
+        PoolRules {
+            requires: vec!["gpu".into(), "cuda".into()],
+            strategy: StrategyKind::LeastLoaded,
+        },
+    );
+    r.pools.insert("a".into(), PoolRules::default());
+    r.pools.insert("b".into(), PoolRules::default());
+    r
+}
+
+pub fn reconfigure(rules: &Rules, snapshot: &str) -> Reconfigure {
+    Reconfigure {
+        rules_json: rules.to_canonical_json(),
+        policy_modules: BTreeMap::new(),
+        policy_data_json: "{}".into(),
+        policy_snapshot: snapshot.into(),
+        rules_id: "test".into(),
+    }
+}
+
+pub fn job(id: &str) -> JobRequest {
+    JobRequest {
+        job_id: id.into(),
+        topic: "job.default".into(),
+        tenant_id: "acme".into(),
+        principal_id: Some("alice".into()),
+        submitted_at: T0,
+        ..Default::default()
+    }
+}
+
+pub fn hb(worker: &str, pool: &str) -> Heartbeat {
+    Heartbeat {
+        worker_id: worker.into(),
+        pool: pool.into(),
+        max_parallel_jobs: 4,
+        owned_partitions: vec![0],
+        ..Default::default()
+    }
+}
+
+pub struct Sim {
+    pub state: State,
+    pub policy: ScriptPolicy,
+    pub now: i64,
+    pub offset: i64,
+    pub journal: Vec<JournalEntry>,
+    pub outputs: Vec<Output>,
+    /// Index into `journal` where the last input's entry is.
+    pub last: usize,
+}
+
+impl Sim {
+    pub fn new() -> Sim {
+        Sim::with_rules(rules())
+    }
+
+    pub fn with_rules(rules: Rules) -> Sim {
+        Sim::with_policy(rules, ScriptPolicy::default())
+    }
+
+    pub fn with_policy(rules: Rules, policy: ScriptPolicy) -> Sim {
+        let mut sim = Sim {
+            state: State::new(),
+            policy,
+            now: T0,
+            offset: 0,
+            journal: Vec::new(),
+            outputs: Vec::new(),
+            last: 0,
+        };
+        sim.reconfigure(&rules, "snap-1");
+        sim
+    }
+
+    pub fn reconfigure(&mut self, rules: &Rules, snapshot: &str) -> Vec<Event> {
+        self.input(
+            "ksched.control",
+            Input::Reconfigure(reconfigure(rules, snapshot)),
+        )
+    }
+
+    /// Processes one input read from `topic` at the current time; returns its events.
+    pub fn input(&mut self, topic: &str, input: Input) -> Vec<Event> {
+        let cause = Cause {
+            topic: topic.into(),
+            partition: 0,
+            offset: self.offset,
+        };
+        self.offset += 1;
+        let ctx = Ctx {
+            policy: &self.policy,
+        };
+        let p = process(&mut self.state, &ctx, cause, self.now, input);
+        self.outputs.extend(p.outputs);
+        self.journal.push(p.entry.clone());
+        self.last = self.journal.len() - 1;
+        self.check();
+        p.entry.events
+    }
+
+    /// Replay == live and index consistency, after every input.
+    pub fn check(&self) {
+        let mut replayed = State::new();
+        for e in &self.journal {
+            ksched_core::apply_entry(&mut replayed, e);
+        }
+        assert!(
+            replayed == self.state,
+            "replaying the journal gives a different state"
+        );
+        let problems = self.state.check_invariants();
+        assert!(problems.is_empty(), "invariants: {problems:?}");
+    }
+
+    pub fn submit(&mut self, req: JobRequest) -> Vec<Event> {
+        let topic = req.topic.clone();
+        self.input(&topic, Input::Submit(req))
+    }
+
+    pub fn heartbeat(&mut self, hb: Heartbeat) -> Vec<Event> {
+        let mut hb = hb;
+        hb.sent_at = self.now;
+        self.input("ksched.heartbeats", Input::Heartbeat(hb))
+    }
+
+    pub fn worker(&mut self, worker: &str, pool: &str) -> Vec<Event> {
+        self.heartbeat(hb(worker, pool))
+    }
+
+    /// Advances time and ticks.
+    pub fn tick_after(&mut self, ms: i64) -> Vec<Event> {
+        self.now += ms;
+        self.input(
+            "ksched.control",
+            Input::Tick(Tick {
+                source: "test".into(),
+                issued_at: self.now,
+            }),
+        )
+    }
+
+    pub fn advance(&mut self, ms: i64) {
+        self.now += ms;
+    }
+
+    pub fn started(&mut self, job_id: &str, attempt: i32, worker: &str) -> Vec<Event> {
+        self.input(
+            "ksched.results",
+            Input::Started(JobStarted {
+                job_id: job_id.into(),
+                attempt,
+                worker_id: worker.into(),
+                started_at: self.now,
+            }),
+        )
+    }
+
+    pub fn result(
+        &mut self,
+        job_id: &str,
+        attempt: i32,
+        worker: &str,
+        status: ResultStatus,
+    ) -> Vec<Event> {
+        self.result_with(job_id, attempt, worker, status, None)
+    }
+
+    pub fn result_with(
+        &mut self,
+        job_id: &str,
+        attempt: i32,
+        worker: &str,
+        status: ResultStatus,
+        error_code: Option<&str>,
+    ) -> Vec<Event> {
+        self.input(
+            "ksched.results",
+            Input::Result(JobResult {
+                job_id: job_id.into(),
+                attempt,
+                worker_id: worker.into(),
+                status,
+                error_code: error_code.map(str::to_owned),
+                error_message: None,
+                result_ptr: None,
+                result_meta: ResultMeta::default(),
+                execution_ms: 5,
+                finished_at: self.now,
+            }),
+        )
+    }
+
+    pub fn cancel(&mut self, job_id: &str, tenant: Option<&str>) -> Vec<Event> {
+        self.input(
+            "ksched.control",
+            Input::Cancel(CancelJob {
+                job_id: job_id.into(),
+                tenant_id: tenant.map(str::to_owned),
+                principal_id: "op".into(),
+                reason: None,
+                requested_at: self.now,
+            }),
+        )
+    }
+
+    pub fn job(&self, id: &str) -> &Job {
+        self.state
+            .jobs
+            .get(id)
+            .unwrap_or_else(|| panic!("no job {id}"))
+    }
+
+    pub fn job_state(&self, id: &str) -> JobState {
+        self.job(id).state
+    }
+
+    pub fn dead_letters(&self) -> Vec<&DeadLetter> {
+        self.outputs
+            .iter()
+            .filter_map(|o| match o {
+                Output::DeadLetter(d) => Some(d),
+                _ => None,
+            })
+            .collect()
+    }
+
+    pub fn dispatches(&self) -> Vec<&Dispatch> {
+        self.outputs
+            .iter()
+            .filter_map(|o| match o {
+                Output::Dispatch { record, .. } => Some(record.as_ref()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    pub fn cancel_dispatches(&self) -> Vec<&CancelDispatch> {
+        self.outputs
+            .iter()
+            .filter_map(|o| match o {
+                Output::CancelDispatch { record, .. } => Some(record),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+/// Names of events, for compact assertions.
+pub fn names(events: &[Event]) -> Vec<&'static str> {
+    events.iter().map(Event::name).collect()
+}
+
+pub fn find<'e, T>(events: &'e [Event], pick: impl Fn(&'e Event) -> Option<&'e T>) -> &'e T {
+    events
+        .iter()
+        .find_map(pick)
+        .unwrap_or_else(|| panic!("event not found in {:?}", names(events)))
+}
+
+pub fn scheduled(events: &[Event]) -> &JobScheduled {
+    find(events, |e| match e {
+        Event::JobScheduled(s) => Some(s),
+        _ => None,
+    })
+}
+
+pub fn waiting(events: &[Event]) -> &JobWaiting {
+    find(events, |e| match e {
+        Event::JobWaiting(s) => Some(s),
+        _ => None,
+    })
+}
+
+pub fn rejected(events: &[Event]) -> &CommandRejected {
+    find(events, |e| match e {
+        Event::CommandRejected(s) => Some(s),
+        _ => None,
+    })
+}
+
+pub fn dead_lettered(events: &[Event]) -> &DeadLetter {
+    &find(events, |e| match e {
+        Event::DeadLettered(s) => Some(s),
+        _ => None,
+    })
+    .dead_letter
+}
