@@ -1,0 +1,419 @@
+//! The safety kernel's policies: Rego, evaluated in-process by regorus (SPEC §5).
+//!
+//! A [`PolicyBundle`] is the Rego modules and the data document from `config/policy/`; its
+//! snapshot id hashes both, and it travels in the journal, so a replay evaluates exactly the
+//! policy that was in force. [`RegoEngine`] compiles each bundle once and memoizes decisions
+//! per (snapshot, input document): they are pure functions of the two.
+//!
+//! # Policy contract
+//! Input policy, `package ksched.input`, sees `input.job` (secret env values hidden, payload as
+//! `payload_size`), `input.tenant.active_jobs` and `input.pools`:
+//! - `deny` — a set of reasons; non-empty denies the job;
+//! - `require_approval` — a set of reasons (or `true`); the job waits for a human;
+//! - `allow` — must be `true` for the job to run when nothing above applies;
+//! - `constraints` — an object with any of `max_retries`, `max_concurrent_jobs`,
+//!   `max_runtime_ms`, `deadline_ms`, `labels`.
+//!
+//! Output policy, `package ksched.output`, sees `input.job` and `input.result`:
+//! - `quarantine` — a set of reasons; non-empty quarantines the succeeded job.
+//!
+//! A bundle without an input package allows everything; without an output package it
+//! quarantines nothing. Evaluation errors fail closed: the job is denied (or quarantined) with
+//! the error as the reason. Non-deterministic builtins (`time.now_ns`, `rand.intn`,
+//! `uuid.rfc4122`, `opa.runtime`) are refused at load, because a replay must decide the same.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::path::Path;
+use std::sync::Mutex;
+
+use ksched_core::events::{Reconfigure, Verdict};
+use ksched_core::hash::sha256_parts;
+use ksched_core::policy::{OutputDecision, PolicyDecision, PolicyEngine, constraints_from_json};
+use regorus::{Engine, Value};
+use serde_json::Value as Json;
+use thiserror::Error;
+
+/// Builtins whose result depends on when or where they run.
+pub const FORBIDDEN_BUILTINS: &[&str] =
+    &["time.now_ns", "rand.intn", "uuid.rfc4122", "opa.runtime"];
+
+/// Decisions remembered per engine before the oldest are forgotten.
+pub const MEMO_CAPACITY: usize = 16_384;
+
+#[derive(Debug, Error)]
+pub enum Error {
+    #[error("reading policy directory {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("policy data {path} is not valid JSON: {detail}")]
+    Data { path: String, detail: String },
+    #[error("policy module {module} does not compile: {detail}")]
+    Compile { module: String, detail: String },
+    #[error(
+        "policy module {module} uses {builtin}, which is not deterministic; replays must decide the same, so it is not allowed"
+    )]
+    Nondeterministic { module: String, builtin: String },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Rego modules and a data document.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PolicyBundle {
+    /// Module source by file name.
+    pub modules: BTreeMap<String, String>,
+    /// The data document, as JSON.
+    pub data_json: String,
+}
+
+impl PolicyBundle {
+    /// Loads every `*.rego` file (not `*_test.rego`) and an optional `data.json` from `dir`.
+    pub fn from_dir(dir: &Path) -> Result<PolicyBundle> {
+        let read_err = |source| Error::Read {
+            path: dir.display().to_string(),
+            source,
+        };
+        let mut modules = BTreeMap::new();
+        let mut data_json = "{}".to_owned();
+        let mut entries: Vec<_> = std::fs::read_dir(dir)
+            .map_err(read_err)?
+            .filter_map(std::result::Result::ok)
+            .map(|e| e.path())
+            .collect();
+        entries.sort();
+        for path in entries {
+            let Some(name) = path.file_name().and_then(|n| n.to_str()).map(str::to_owned) else {
+                continue;
+            };
+            if name.ends_with(".rego") && !name.ends_with("_test.rego") {
+                let text = std::fs::read_to_string(&path).map_err(|source| Error::Read {
+                    path: path.display().to_string(),
+                    source,
+                })?;
+                modules.insert(name, text);
+            } else if name == "data.json" {
+                let text = std::fs::read_to_string(&path).map_err(|source| Error::Read {
+                    path: path.display().to_string(),
+                    source,
+                })?;
+                let v: Json = serde_json::from_str(&text).map_err(|e| Error::Data {
+                    path: path.display().to_string(),
+                    detail: e.to_string(),
+                })?;
+                data_json = v.to_string();
+            }
+        }
+        let bundle = PolicyBundle { modules, data_json };
+        compile(&bundle)?;
+        Ok(bundle)
+    }
+
+    /// Hash of the modules and the data: the policy snapshot id.
+    pub fn snapshot_id(&self) -> String {
+        let mut parts: Vec<&[u8]> = Vec::new();
+        for (name, text) in &self.modules {
+            parts.push(name.as_bytes());
+            parts.push(text.as_bytes());
+        }
+        parts.push(self.data_json.as_bytes());
+        sha256_parts(parts)[..16].to_owned()
+    }
+
+    /// The bundle as journaled.
+    pub fn from_reconfigure(r: &Reconfigure) -> PolicyBundle {
+        PolicyBundle {
+            modules: r.policy_modules.clone(),
+            data_json: r.policy_data_json.clone(),
+        }
+    }
+}
+
+/// Compiles a bundle into an engine, refusing non-deterministic builtins.
+pub fn compile(bundle: &PolicyBundle) -> Result<Engine> {
+    let mut engine = Engine::new();
+    for (name, text) in &bundle.modules {
+        if let Some(b) = forbidden_builtin(text) {
+            return Err(Error::Nondeterministic {
+                module: name.clone(),
+                builtin: b.to_owned(),
+            });
+        }
+        engine
+            .add_policy(name.clone(), text.clone())
+            .map_err(|e| Error::Compile {
+                module: name.clone(),
+                detail: e.to_string(),
+            })?;
+    }
+    let data = Value::from_json_str(if bundle.data_json.trim().is_empty() {
+        "{}"
+    } else {
+        &bundle.data_json
+    })
+    .map_err(|e| Error::Data {
+        path: "data.json".into(),
+        detail: e.to_string(),
+    })?;
+    engine.add_data(data).map_err(|e| Error::Data {
+        path: "data.json".into(),
+        detail: e.to_string(),
+    })?;
+    Ok(engine)
+}
+
+/// The first non-deterministic builtin called in `text`, outside comments.
+fn forbidden_builtin(text: &str) -> Option<&'static str> {
+    text.lines()
+        .map(|line| line.split('#').next().unwrap_or(""))
+        .find_map(|code| {
+            FORBIDDEN_BUILTINS
+                .iter()
+                .copied()
+                .find(|b| code.contains(&format!("{b}(")))
+        })
+}
+
+struct Compiled {
+    engine: Option<Engine>,
+    has_input: bool,
+    has_output: bool,
+    error: Option<String>,
+}
+
+struct Memo<V> {
+    map: HashMap<String, V>,
+    order: VecDeque<String>,
+}
+
+impl<V> Default for Memo<V> {
+    fn default() -> Self {
+        Memo {
+            map: HashMap::new(),
+            order: VecDeque::new(),
+        }
+    }
+}
+
+impl<V: Clone> Memo<V> {
+    fn get(&self, k: &str) -> Option<V> {
+        self.map.get(k).cloned()
+    }
+    fn put(&mut self, k: String, v: V) {
+        if self.map.len() >= MEMO_CAPACITY
+            && let Some(old) = self.order.pop_front()
+        {
+            self.map.remove(&old);
+        }
+        self.order.push_back(k.clone());
+        self.map.insert(k, v);
+    }
+}
+
+#[derive(Default)]
+struct Inner {
+    engines: HashMap<String, Compiled>,
+    input_memo: Memo<PolicyDecision>,
+    output_memo: Memo<OutputDecision>,
+    hits: u64,
+    misses: u64,
+}
+
+/// Rego policies via regorus, compiled per snapshot and memoized per input.
+#[derive(Default)]
+pub struct RegoEngine {
+    inner: Mutex<Inner>,
+}
+
+impl std::fmt::Debug for RegoEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RegoEngine").finish_non_exhaustive()
+    }
+}
+
+impl RegoEngine {
+    pub fn new() -> RegoEngine {
+        RegoEngine::default()
+    }
+
+    /// (memo hits, memo misses) so far.
+    pub fn memo_stats(&self) -> (u64, u64) {
+        let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        (inner.hits, inner.misses)
+    }
+
+    fn with_engine<T>(
+        &self,
+        bundle: &Reconfigure,
+        f: impl FnOnce(&mut Compiled, &mut Inner) -> T,
+    ) -> T {
+        let mut guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let inner = &mut *guard;
+        let snapshot = bundle.policy_snapshot.clone();
+        let mut compiled = inner.engines.remove(&snapshot).unwrap_or_else(|| {
+            match compile(&PolicyBundle::from_reconfigure(bundle)) {
+                Ok(engine) => {
+                    let packages = engine.get_packages().unwrap_or_default();
+                    Compiled {
+                        has_input: packages.iter().any(|p| p == "data.ksched.input"),
+                        has_output: packages.iter().any(|p| p == "data.ksched.output"),
+                        engine: Some(engine),
+                        error: None,
+                    }
+                }
+                Err(e) => Compiled {
+                    engine: None,
+                    has_input: true,
+                    has_output: true,
+                    error: Some(e.to_string()),
+                },
+            }
+        });
+        let out = f(&mut compiled, inner);
+        inner.engines.insert(snapshot, compiled);
+        out
+    }
+}
+
+/// Evaluates a whole package (`data.ksched.input`) for the current input: an object with the
+/// rules that are defined (undefined rules are absent).
+fn package(engine: &mut Engine, path: &str) -> std::result::Result<Json, String> {
+    let results = engine
+        .eval_query(path.to_owned(), false)
+        .map_err(|e| e.to_string())?;
+    let value = results
+        .result
+        .first()
+        .and_then(|r| r.expressions.first())
+        .map(|e| e.value.clone())
+        .unwrap_or(Value::Undefined);
+    if value == Value::Undefined {
+        return Ok(Json::Object(Default::default()));
+    }
+    let s = value.to_json_str().map_err(|e| e.to_string())?;
+    serde_json::from_str(&s).map_err(|e| e.to_string())
+}
+
+/// A set (or array) of reasons; `true` counts as one unnamed reason.
+fn reasons(v: Option<&Json>, default: &str) -> Vec<String> {
+    match v {
+        Some(Json::Array(items)) => items
+            .iter()
+            .map(|i| i.as_str().map_or_else(|| i.to_string(), str::to_owned))
+            .collect(),
+        Some(Json::Bool(true)) => vec![default.to_owned()],
+        Some(Json::String(s)) => vec![s.clone()],
+        _ => Vec::new(),
+    }
+}
+
+fn evaluate_input(engine: &mut Engine, doc: &Json) -> std::result::Result<PolicyDecision, String> {
+    let input = Value::from_json_str(&doc.to_string()).map_err(|e| e.to_string())?;
+    engine.set_input(input);
+    let pkg = package(engine, "data.ksched.input")?;
+    let deny = reasons(pkg.get("deny"), "denied by policy");
+    let constraints = pkg
+        .get("constraints")
+        .map(constraints_from_json)
+        .unwrap_or_default();
+    if !deny.is_empty() {
+        return Ok(PolicyDecision {
+            verdict: Verdict::Deny,
+            reasons: deny,
+            constraints,
+        });
+    }
+    let approval = reasons(pkg.get("require_approval"), "approval required by policy");
+    if !approval.is_empty() {
+        return Ok(PolicyDecision {
+            verdict: Verdict::RequireApproval,
+            reasons: approval,
+            constraints,
+        });
+    }
+    let allowed = pkg.get("allow") == Some(&Json::Bool(true));
+    Ok(if allowed {
+        PolicyDecision {
+            verdict: Verdict::Allow,
+            reasons: Vec::new(),
+            constraints,
+        }
+    } else {
+        PolicyDecision {
+            verdict: Verdict::Deny,
+            reasons: vec!["not allowed: no allow rule matched (default deny)".into()],
+            constraints,
+        }
+    })
+}
+
+fn evaluate_output(engine: &mut Engine, doc: &Json) -> std::result::Result<OutputDecision, String> {
+    let input = Value::from_json_str(&doc.to_string()).map_err(|e| e.to_string())?;
+    engine.set_input(input);
+    let pkg = package(engine, "data.ksched.output")?;
+    let q = reasons(pkg.get("quarantine"), "quarantined by output policy");
+    Ok(OutputDecision {
+        quarantine: !q.is_empty(),
+        reasons: q,
+    })
+}
+
+impl PolicyEngine for RegoEngine {
+    fn evaluate_input(&self, bundle: &Reconfigure, doc: &Json) -> PolicyDecision {
+        let key = format!("{}\u{0}{doc}", bundle.policy_snapshot);
+        self.with_engine(bundle, |compiled, inner| {
+            if let Some(hit) = inner.input_memo.get(&key) {
+                inner.hits += 1;
+                return hit;
+            }
+            inner.misses += 1;
+            let decision = match (&mut compiled.engine, &compiled.error) {
+                (_, Some(e)) => fail_closed(e),
+                (Some(_), None) if !compiled.has_input => PolicyDecision::allow(),
+                (Some(engine), None) => {
+                    evaluate_input(engine, doc).unwrap_or_else(|e| fail_closed(&e))
+                }
+                (None, None) => fail_closed("no engine"),
+            };
+            inner.input_memo.put(key, decision.clone());
+            decision
+        })
+    }
+
+    fn evaluate_output(&self, bundle: &Reconfigure, doc: &Json) -> OutputDecision {
+        let key = format!("{}\u{0}{doc}", bundle.policy_snapshot);
+        self.with_engine(bundle, |compiled, inner| {
+            if let Some(hit) = inner.output_memo.get(&key) {
+                inner.hits += 1;
+                return hit;
+            }
+            inner.misses += 1;
+            let decision = match (&mut compiled.engine, &compiled.error) {
+                (_, Some(e)) => quarantine_closed(e),
+                (Some(_), None) if !compiled.has_output => OutputDecision::default(),
+                (Some(engine), None) => {
+                    evaluate_output(engine, doc).unwrap_or_else(|e| quarantine_closed(&e))
+                }
+                (None, None) => quarantine_closed("no engine"),
+            };
+            inner.output_memo.put(key, decision.clone());
+            decision
+        })
+    }
+}
+
+fn fail_closed(error: &str) -> PolicyDecision {
+    PolicyDecision {
+        verdict: Verdict::Deny,
+        reasons: vec![format!("policy evaluation failed: {error}")],
+        constraints: Default::default(),
+    }
+}
+
+fn quarantine_closed(error: &str) -> OutputDecision {
+    OutputDecision {
+        quarantine: true,
+        reasons: vec![format!("output policy evaluation failed: {error}")],
+    }
+}
