@@ -679,6 +679,32 @@ pub struct JournalEntry {
 }
 
 impl JournalEntry {
+    /// Jobs and workflows whose records `apply` reads or changes for this entry: what a
+    /// partial state must hold before the entry is applied.
+    pub fn touched(&self) -> (Vec<String>, Vec<String>) {
+        let mut jobs = Vec::new();
+        let mut workflows = Vec::new();
+        for e in &self.events {
+            if let Some(id) = e.job_id() {
+                jobs.push(id.to_owned());
+            }
+            match e {
+                Event::JobDuplicate(d) => jobs.push(d.existing_job_id.clone()),
+                Event::WorkerUpdated(u) => jobs.extend(u.heartbeat.active_job_ids.iter().cloned()),
+                Event::SagaStepRecorded(s) => workflows.push(s.workflow_id.clone()),
+                Event::SagaRollbackStarted(s) => workflows.push(s.workflow_id.clone()),
+                Event::SagaCompensationSubmitted(s) => workflows.push(s.workflow_id.clone()),
+                Event::SagaFinished(s) => workflows.push(s.workflow_id.clone()),
+                _ => {}
+            }
+        }
+        jobs.sort();
+        jobs.dedup();
+        workflows.sort();
+        workflows.dedup();
+        (jobs, workflows)
+    }
+
     /// The Kafka key of the entry: the job it concerns, else the worker, else the input kind.
     pub fn key(&self) -> String {
         if let Some(id) = self.input.job_id() {

@@ -158,7 +158,7 @@ fn the_policy_never_sees_secret_env_values() {
     r.env.insert("MODE".into(), "fast".into());
     r.payload = b"abc".to_vec();
     sim.submit(r);
-    assert_eq!(*sim.policy.calls.borrow(), 1);
+    assert!(*sim.policy.calls.borrow() > 0, "the policy was asked");
 }
 
 #[test]

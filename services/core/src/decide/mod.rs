@@ -27,6 +27,7 @@ use crate::state::{ActiveConfig, State};
 
 pub use placement::blocker_reason_code;
 pub use retry::backoff_ms;
+pub use saga::workflow_of;
 
 /// What decisions may consult besides the state: the policy engine.
 #[derive(Clone, Copy)]

@@ -12,7 +12,7 @@ use ksched_core::outputs::Output;
 use ksched_core::policy::{OutputDecision, PolicyDecision, PolicyEngine};
 use ksched_core::records::*;
 use ksched_core::rules::{PoolRules, Rules, StrategyKind};
-use ksched_core::state::{Job, State};
+use ksched_core::state::{ColdStore, Dirty, IdempotencyEntry, Job, Saga, State};
 use serde_json::Value;
 
 type InputRule = Box<dyn Fn(&Value) -> Option<PolicyDecision>>;
@@ -41,6 +41,51 @@ impl PolicyEngine for ScriptPolicy {
 }
 
 pub const T0: i64 = 1_700_000_000_000;
+
+/// What the processor keeps on disk, as maps: the partial state loads from it.
+#[derive(Default)]
+pub struct ColdMap {
+    pub jobs: BTreeMap<String, Job>,
+    pub sagas: BTreeMap<String, Saga>,
+    pub idempotency: BTreeMap<(String, String), IdempotencyEntry>,
+}
+
+impl ColdStore for ColdMap {
+    type Error = std::convert::Infallible;
+    fn job(&self, id: &str) -> Result<Option<Job>, Self::Error> {
+        Ok(self.jobs.get(id).cloned())
+    }
+    fn saga(&self, id: &str) -> Result<Option<Saga>, Self::Error> {
+        Ok(self.sagas.get(id).cloned())
+    }
+    fn idempotency(&self, t: &str, k: &str) -> Result<Option<IdempotencyEntry>, Self::Error> {
+        Ok(self.idempotency.get(&(t.to_owned(), k.to_owned())).cloned())
+    }
+}
+
+impl ColdMap {
+    /// What the store's persist does with the dirty keys.
+    fn persist(&mut self, state: &State, dirty: Dirty) {
+        for id in dirty.jobs {
+            if let Some(j) = state.jobs.get(&id) {
+                self.jobs.insert(id, j.clone());
+            }
+        }
+        for id in dirty.sagas {
+            if let Some(s) = state.sagas.get(&id) {
+                self.sagas.insert(id, s.clone());
+            }
+        }
+        for k in dirty.idempotency {
+            if let Some(e) = state.idempotency.get(&k) {
+                self.idempotency.insert(k, e.clone());
+            }
+        }
+        if let Some(before) = dirty.idempotency_pruned_before {
+            self.idempotency.retain(|_, e| e.seen_at >= before);
+        }
+    }
+}
 
 /// Rules with one `default` pool for topic `job.default`, a `gpu` pool requiring gpu for
 /// `job.gpu`, and `job.multi` mapped to [a, b].
@@ -97,6 +142,10 @@ pub fn hb(worker: &str, pool: &str) -> Heartbeat {
 
 pub struct Sim {
     pub state: State,
+    /// The same inputs on a partial state that evicts cold records after every input and
+    /// loads them back on demand, as the processor does.
+    pub partial: State,
+    pub cold: ColdMap,
     pub policy: ScriptPolicy,
     pub now: i64,
     pub offset: i64,
@@ -118,6 +167,8 @@ impl Sim {
     pub fn with_policy(rules: Rules, policy: ScriptPolicy) -> Sim {
         let mut sim = Sim {
             state: State::new(),
+            partial: State::tracking_changes(),
+            cold: ColdMap::default(),
             policy,
             now: T0,
             offset: 0,
@@ -147,7 +198,21 @@ impl Sim {
         let ctx = Ctx {
             policy: &self.policy,
         };
+        self.partial
+            .load_for_input(&input, &self.cold)
+            .unwrap_or_else(|e| match e {});
+        let q = process(
+            &mut self.partial,
+            &ctx,
+            cause.clone(),
+            self.now,
+            input.clone(),
+        );
         let p = process(&mut self.state, &ctx, cause, self.now, input);
+        assert_eq!(q.entry, p.entry, "a partial state decided differently");
+        let dirty = self.partial.take_dirty();
+        self.cold.persist(&self.partial, dirty);
+        self.partial.evict_cold();
         self.outputs.extend(p.outputs);
         self.journal.push(p.entry.clone());
         self.last = self.journal.len() - 1;
@@ -167,6 +232,15 @@ impl Sim {
         );
         let problems = self.state.check_invariants();
         assert!(problems.is_empty(), "invariants: {problems:?}");
+        // Memory plus cold storage of the partial state hold the full projection.
+        for (id, job) in &self.state.jobs {
+            let stored = self.partial.jobs.get(id).or_else(|| self.cold.jobs.get(id));
+            assert_eq!(stored, Some(job), "job {id} of the partial state");
+        }
+        assert_eq!(self.partial.workers, self.state.workers);
+        assert_eq!(self.partial.queues, self.state.queues);
+        assert_eq!(self.partial.timers, self.state.timers);
+        assert_eq!(self.partial.breakers, self.state.breakers);
     }
 
     pub fn submit(&mut self, req: JobRequest) -> Vec<Event> {

@@ -1,0 +1,442 @@
+//! RocksDB projections of the journal (DESIGN "State").
+//!
+//! RocksDB is a cache of the journal: every write is one `WriteBatch` holding the changed
+//! records and the last journal offset they reflect (the watermark), so after a crash the
+//! processor reads the journal from the watermark + 1 and is whole again, whatever instant
+//! the crash hit. Values are postcard-encoded; a format version in `meta` guards the encoding,
+//! and a store written by an incompatible version is rebuilt from the journal, not read.
+//!
+//! Keys carry the journal partition they belong to (a 2-byte big-endian prefix), so more
+//! journal partitions, each owned by one processor, can share a store layout later without a
+//! migration (DESIGN invariant 7).
+//!
+//! Column families:
+//! `meta` (watermark, clock, config, counters), `jobs` (job_id -> Job), `active` (job_id of
+//! every non-terminal job), `workers`, `breakers`, `sagas`, `idempotency` ((tenant, key) ->
+//! owner), `idempotency_by_time` (seen_at | tenant | key, for pruning), `dlq` (at | seq ->
+//! DeadLetter).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use ksched_core::events::Reconfigure;
+use ksched_core::records::{DeadLetter, Millis};
+use ksched_core::rules::Rules;
+use ksched_core::state::{
+    ActiveConfig, Breaker, ColdStore, Dirty, IdempotencyEntry, Job, Saga, State, Worker,
+};
+use rocksdb::{
+    ColumnFamily, ColumnFamilyDescriptor, DB, Direction, IteratorMode, Options, WriteBatch,
+    WriteOptions,
+};
+use serde::{Serialize, de::DeserializeOwned};
+use thiserror::Error;
+
+/// Bumped whenever a stored value's encoding changes.
+pub const FORMAT_VERSION: u32 = 1;
+
+const CF_META: &str = "meta";
+const CF_JOBS: &str = "jobs";
+const CF_ACTIVE: &str = "active";
+const CF_WORKERS: &str = "workers";
+const CF_BREAKERS: &str = "breakers";
+const CF_SAGAS: &str = "sagas";
+const CF_IDEMPOTENCY: &str = "idempotency";
+const CF_IDEMPOTENCY_BY_TIME: &str = "idempotency_by_time";
+const CF_DLQ: &str = "dlq";
+const CFS: &[&str] = &[
+    CF_META,
+    CF_JOBS,
+    CF_ACTIVE,
+    CF_WORKERS,
+    CF_BREAKERS,
+    CF_SAGAS,
+    CF_IDEMPOTENCY,
+    CF_IDEMPOTENCY_BY_TIME,
+    CF_DLQ,
+];
+
+const META_FORMAT: &[u8] = b"format";
+const META_WATERMARK: &[u8] = b"watermark";
+const META_CLOCK: &[u8] = b"clock";
+const META_ENTRIES: &[u8] = b"entries";
+const META_LAST_PRUNE: &[u8] = b"last_idempotency_prune";
+const META_DLQ_COUNTS: &[u8] = b"dlq_by_reason";
+const META_DLQ_SEQ: &[u8] = b"dlq_seq";
+const META_CONFIG: &[u8] = b"config";
+
+#[derive(Debug, Error)]
+pub enum Error {
+    #[error("rocksdb at {path}: {source}")]
+    Open {
+        path: String,
+        source: rocksdb::Error,
+    },
+    #[error("rocksdb: {0}")]
+    Db(#[from] rocksdb::Error),
+    #[error(
+        "stored {what} does not decode ({detail}); the store is damaged or from another version: remove the data directory to rebuild it from the journal"
+    )]
+    Decode { what: String, detail: String },
+    #[error(
+        "store {path} has format version {found}, this ksched writes {FORMAT_VERSION}; remove the data directory to rebuild it from the journal"
+    )]
+    Format { path: String, found: u32 },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The projection store for one journal partition.
+#[derive(Clone)]
+pub struct Store {
+    db: Arc<DB>,
+    partition: u16,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("path", &self.db.path())
+            .field("partition", &self.partition)
+            .finish()
+    }
+}
+
+fn encode<T: Serialize>(v: &T) -> Vec<u8> {
+    postcard::to_stdvec(v).unwrap_or_else(|e| unreachable!("postcard encodes plain data: {e}"))
+}
+
+fn decode<T: DeserializeOwned>(what: &str, bytes: &[u8]) -> Result<T> {
+    postcard::from_bytes(bytes).map_err(|e| Error::Decode {
+        what: what.to_owned(),
+        detail: e.to_string(),
+    })
+}
+
+impl Store {
+    /// Opens (or creates) the store at `path` for journal partition `partition`.
+    pub fn open(path: &Path, partition: u16) -> Result<Store> {
+        let mut opts = Options::default();
+        opts.create_if_missing(true);
+        opts.create_missing_column_families(true);
+        opts.set_compression_type(rocksdb::DBCompressionType::Lz4);
+        opts.increase_parallelism(2);
+        let cfs = CFS
+            .iter()
+            .map(|n| ColumnFamilyDescriptor::new(*n, Options::default()));
+        let db = DB::open_cf_descriptors(&opts, path, cfs).map_err(|source| Error::Open {
+            path: path.display().to_string(),
+            source,
+        })?;
+        let store = Store {
+            db: Arc::new(db),
+            partition,
+        };
+        match store.get_meta::<u32>(META_FORMAT)? {
+            None => store.db.put_cf(
+                store.cf(CF_META),
+                store.key(META_FORMAT),
+                encode(&FORMAT_VERSION),
+            )?,
+            Some(FORMAT_VERSION) => {}
+            Some(found) => {
+                return Err(Error::Format {
+                    path: path.display().to_string(),
+                    found,
+                });
+            }
+        }
+        Ok(store)
+    }
+
+    pub fn partition(&self) -> u16 {
+        self.partition
+    }
+
+    pub fn path(&self) -> &Path {
+        self.db.path()
+    }
+
+    fn cf(&self, name: &str) -> &ColumnFamily {
+        self.db
+            .cf_handle(name)
+            .unwrap_or_else(|| unreachable!("column family {name} is created at open"))
+    }
+
+    fn key(&self, k: &[u8]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(k.len() + 2);
+        out.extend_from_slice(&self.partition.to_be_bytes());
+        out.extend_from_slice(k);
+        out
+    }
+
+    fn get<T: DeserializeOwned>(&self, cf: &str, k: &[u8]) -> Result<Option<T>> {
+        match self.db.get_pinned_cf(self.cf(cf), self.key(k))? {
+            Some(v) => decode(cf, &v).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    fn get_meta<T: DeserializeOwned>(&self, k: &[u8]) -> Result<Option<T>> {
+        self.get(CF_META, k)
+    }
+
+    /// Every value of a column family in this partition, in key order.
+    fn scan<T: DeserializeOwned>(&self, cf: &str) -> Result<Vec<(Vec<u8>, T)>> {
+        let prefix = self.partition.to_be_bytes();
+        let mut out = Vec::new();
+        let iter = self
+            .db
+            .iterator_cf(self.cf(cf), IteratorMode::From(&prefix, Direction::Forward));
+        for item in iter {
+            let (k, v) = item?;
+            if !k.starts_with(&prefix) {
+                break;
+            }
+            out.push((k[2..].to_vec(), decode(cf, &v)?));
+        }
+        Ok(out)
+    }
+
+    /// The last journal offset the store reflects, if any.
+    pub fn watermark(&self) -> Result<Option<i64>> {
+        self.get_meta(META_WATERMARK)
+    }
+
+    /// The in-memory working set: config, workers, breakers, sagas mid-rollback, active jobs,
+    /// counters. Terminal jobs, idempotency keys and idle sagas stay on disk and are loaded
+    /// on demand.
+    pub fn load_state(&self) -> Result<State> {
+        let mut state = State::tracking_changes();
+        state.clock = self.get_meta(META_CLOCK)?.unwrap_or(0);
+        state.entries = self.get_meta(META_ENTRIES)?.unwrap_or(0);
+        state.last_idempotency_prune = self.get_meta(META_LAST_PRUNE)?.unwrap_or(0);
+        state.dead_letters_by_reason = self.get_meta(META_DLQ_COUNTS)?.unwrap_or_default();
+        if let Some(raw) = self.get_meta::<Reconfigure>(META_CONFIG)? {
+            let rules = Rules::from_json(&raw.rules_json).map_err(|e| Error::Decode {
+                what: "config rules".into(),
+                detail: e.to_string(),
+            })?;
+            state.config = Some(Arc::new(ActiveConfig { raw, rules }));
+        }
+        for (k, w) in self.scan::<Worker>(CF_WORKERS)? {
+            state.workers.insert(utf8(k), w);
+        }
+        for (k, b) in self.scan::<Breaker>(CF_BREAKERS)? {
+            state.breakers.insert(utf8(k), b);
+        }
+        for (k, s) in self.scan::<Saga>(CF_SAGAS)? {
+            if s.rolling_back() {
+                state.sagas.insert(utf8(k), s);
+            }
+        }
+        for (k, ()) in self.scan::<()>(CF_ACTIVE)? {
+            let id = utf8(k);
+            if let Some(job) = self.job(&id)? {
+                state.jobs.insert(id, job);
+            }
+        }
+        state.rebuild_indexes();
+        Ok(state)
+    }
+
+    pub fn job(&self, id: &str) -> Result<Option<Job>> {
+        self.get(CF_JOBS, id.as_bytes())
+    }
+
+    pub fn saga(&self, workflow_id: &str) -> Result<Option<Saga>> {
+        self.get(CF_SAGAS, workflow_id.as_bytes())
+    }
+
+    pub fn idempotency(&self, tenant: &str, key: &str) -> Result<Option<IdempotencyEntry>> {
+        self.get(CF_IDEMPOTENCY, &idem_key(tenant, key))
+    }
+
+    /// Writes every changed record and the watermark in one batch, synced.
+    pub fn persist(&self, state: &State, dirty: Dirty, watermark: Option<i64>) -> Result<()> {
+        let mut b = WriteBatch::default();
+        for id in &dirty.jobs {
+            let k = self.key(id.as_bytes());
+            match state.jobs.get(id) {
+                Some(job) => {
+                    b.put_cf(self.cf(CF_JOBS), &k, encode(job));
+                    if job.state.is_terminal() {
+                        b.delete_cf(self.cf(CF_ACTIVE), &k);
+                    } else {
+                        b.put_cf(self.cf(CF_ACTIVE), &k, encode(&()));
+                    }
+                }
+                None => b.delete_cf(self.cf(CF_ACTIVE), &k),
+            }
+        }
+        for id in &dirty.workers {
+            if let Some(w) = state.workers.get(id) {
+                b.put_cf(self.cf(CF_WORKERS), self.key(id.as_bytes()), encode(w));
+            }
+        }
+        for pool in &dirty.breakers {
+            if let Some(x) = state.breakers.get(pool) {
+                b.put_cf(self.cf(CF_BREAKERS), self.key(pool.as_bytes()), encode(x));
+            }
+        }
+        for wf in &dirty.sagas {
+            if let Some(s) = state.sagas.get(wf) {
+                b.put_cf(self.cf(CF_SAGAS), self.key(wf.as_bytes()), encode(s));
+            }
+        }
+        for (tenant, key) in &dirty.idempotency {
+            if let Some(e) = state.idempotency.get(&(tenant.clone(), key.clone())) {
+                let ik = idem_key(tenant, key);
+                b.put_cf(self.cf(CF_IDEMPOTENCY), self.key(&ik), encode(e));
+                let mut tk = e.seen_at.to_be_bytes().to_vec();
+                tk.extend_from_slice(&ik);
+                b.put_cf(self.cf(CF_IDEMPOTENCY_BY_TIME), self.key(&tk), encode(&()));
+            }
+        }
+        if let Some(before) = dirty.idempotency_pruned_before {
+            self.prune_idempotency(&mut b, before)?;
+        }
+        if !dirty.dead_letters.is_empty() {
+            let mut seq: u64 = self.get_meta(META_DLQ_SEQ)?.unwrap_or(0);
+            for dl in &dirty.dead_letters {
+                seq += 1;
+                let mut k = dl.at.to_be_bytes().to_vec();
+                k.extend_from_slice(&seq.to_be_bytes());
+                b.put_cf(self.cf(CF_DLQ), self.key(&k), encode(dl));
+            }
+            b.put_cf(self.cf(CF_META), self.key(META_DLQ_SEQ), encode(&seq));
+        }
+        if dirty.config
+            && let Some(c) = &state.config
+        {
+            b.put_cf(self.cf(CF_META), self.key(META_CONFIG), encode(&c.raw));
+        }
+        let meta = self.cf(CF_META);
+        b.put_cf(meta, self.key(META_CLOCK), encode(&state.clock));
+        b.put_cf(meta, self.key(META_ENTRIES), encode(&state.entries));
+        b.put_cf(
+            meta,
+            self.key(META_LAST_PRUNE),
+            encode(&state.last_idempotency_prune),
+        );
+        b.put_cf(
+            meta,
+            self.key(META_DLQ_COUNTS),
+            encode(&state.dead_letters_by_reason),
+        );
+        if let Some(w) = watermark {
+            b.put_cf(meta, self.key(META_WATERMARK), encode(&w));
+        }
+        let mut opts = WriteOptions::default();
+        opts.set_sync(true);
+        self.db.write_opt(b, &opts)?;
+        Ok(())
+    }
+
+    fn prune_idempotency(&self, b: &mut WriteBatch, before: Millis) -> Result<()> {
+        let start = self.key(&0i64.to_be_bytes());
+        let cf = self.cf(CF_IDEMPOTENCY_BY_TIME);
+        for item in self
+            .db
+            .iterator_cf(cf, IteratorMode::From(&start, Direction::Forward))
+        {
+            let (k, _) = item?;
+            if !k.starts_with(&self.partition.to_be_bytes()) || k.len() < 10 {
+                break;
+            }
+            let seen = i64::from_be_bytes(k[2..10].try_into().unwrap_or([0; 8]));
+            if seen >= before {
+                break;
+            }
+            let ik = &k[10..];
+            // Only drop the owner if it was not renewed since (same key, later seen_at).
+            let current: Option<IdempotencyEntry> = self.get(CF_IDEMPOTENCY, ik)?;
+            if current.is_some_and(|c| c.seen_at < before) {
+                b.delete_cf(self.cf(CF_IDEMPOTENCY), self.key(ik));
+            }
+            b.delete_cf(cf, &k);
+        }
+        Ok(())
+    }
+
+    /// Every stored job (for queries and audits), in job_id order.
+    pub fn jobs(&self) -> Result<Vec<(String, Job)>> {
+        Ok(self
+            .scan::<Job>(CF_JOBS)?
+            .into_iter()
+            .map(|(k, j)| (utf8(k), j))
+            .collect())
+    }
+
+    /// Every stored worker.
+    pub fn workers(&self) -> Result<Vec<(String, Worker)>> {
+        Ok(self
+            .scan::<Worker>(CF_WORKERS)?
+            .into_iter()
+            .map(|(k, w)| (utf8(k), w))
+            .collect())
+    }
+
+    /// Dead letters, oldest first.
+    pub fn dead_letters(&self) -> Result<Vec<DeadLetter>> {
+        Ok(self
+            .scan::<DeadLetter>(CF_DLQ)?
+            .into_iter()
+            .map(|(_, d)| d)
+            .collect())
+    }
+
+    /// Dead letters by reason code, as counted by the projection.
+    pub fn dead_letter_counts(&self) -> Result<BTreeMap<String, u64>> {
+        Ok(self.get_meta(META_DLQ_COUNTS)?.unwrap_or_default())
+    }
+
+    /// Flushes memtables to disk (shutdown).
+    pub fn flush(&self) -> Result<()> {
+        for cf in CFS {
+            self.db.flush_cf(self.cf(cf))?;
+        }
+        Ok(())
+    }
+
+    /// Approximate size of the store on disk, in bytes.
+    pub fn size_bytes(&self) -> u64 {
+        CFS.iter()
+            .filter_map(|cf| {
+                self.db
+                    .property_int_value_cf(self.cf(cf), "rocksdb.total-sst-files-size")
+                    .ok()
+                    .flatten()
+            })
+            .sum()
+    }
+}
+
+impl ColdStore for Store {
+    type Error = Error;
+
+    fn job(&self, id: &str) -> Result<Option<Job>> {
+        Store::job(self, id)
+    }
+
+    fn saga(&self, workflow_id: &str) -> Result<Option<Saga>> {
+        Store::saga(self, workflow_id)
+    }
+
+    fn idempotency(&self, tenant: &str, key: &str) -> Result<Option<IdempotencyEntry>> {
+        Store::idempotency(self, tenant, key)
+    }
+}
+
+fn idem_key(tenant: &str, key: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(tenant.len() + key.len() + 1);
+    k.extend_from_slice(tenant.as_bytes());
+    k.push(0);
+    k.extend_from_slice(key.as_bytes());
+    k
+}
+
+fn utf8(k: Vec<u8>) -> String {
+    String::from_utf8(k).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+}

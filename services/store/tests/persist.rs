@@ -1,0 +1,175 @@
+//! The store against the core: persisting dirty keys after every input, evicting cold records,
+//! and loading them back gives the same projection as a state that never left memory.
+
+use ksched_core::decide::{Ctx, process};
+use ksched_core::events::{Cause, Input, Reconfigure};
+use ksched_core::policy::AllowAll;
+use ksched_core::records::*;
+use ksched_core::rules::{PoolRules, Rules};
+use ksched_core::state::State;
+use ksched_store::Store;
+
+fn rules() -> Rules {
+    let mut r = Rules::default();
+    r.topics
+        .insert("job.default".into(), vec!["default".into()]);
+    r.pools.insert("default".into(), PoolRules::default());
+    r.timing.idempotency_retention_ms = 60_000;
+    r
+}
+
+fn inputs() -> Vec<(i64, &'static str, Input)> {
+    let t = 1_700_000_000_000;
+    let job = |id: &str, key: Option<&str>| JobRequest {
+        job_id: id.into(),
+        topic: "job.default".into(),
+        tenant_id: "acme".into(),
+        submitted_at: t,
+        meta: JobMeta {
+            idempotency_key: key.map(str::to_owned),
+            ..Default::default()
+        },
+        workflow_id: Some("wf".into()),
+        compensation: Some(JobTemplate {
+            topic: "job.default".into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let hb = Heartbeat {
+        worker_id: "w1".into(),
+        pool: "default".into(),
+        max_parallel_jobs: 2,
+        owned_partitions: vec![0],
+        ..Default::default()
+    };
+    let result = |id: &str, status| JobResult {
+        job_id: id.into(),
+        attempt: 1,
+        worker_id: "w1".into(),
+        status,
+        error_code: Some("boom".into()),
+        error_message: None,
+        result_ptr: None,
+        result_meta: ResultMeta::default(),
+        execution_ms: 1,
+        finished_at: 0,
+    };
+    let reconf = Reconfigure {
+        rules_json: rules().to_canonical_json(),
+        policy_snapshot: "s".into(),
+        ..Default::default()
+    };
+    vec![
+        (t, "ksched.control", Input::Reconfigure(reconf)),
+        (t, "ksched.heartbeats", Input::Heartbeat(hb.clone())),
+        (t + 1, "job.default", Input::Submit(job("a", Some("k1")))),
+        (t + 2, "job.default", Input::Submit(job("b", None))),
+        (t + 3, "job.default", Input::Submit(job("c", None))),
+        (
+            t + 4,
+            "ksched.results",
+            Input::Result(result("a", ResultStatus::Succeeded)),
+        ),
+        (t + 5, "job.default", Input::Submit(job("a2", Some("k1")))), // idempotent duplicate
+        (
+            t + 6,
+            "ksched.results",
+            Input::Result(result("b", ResultStatus::FailedFatal)),
+        ), // saga rollback
+        (t + 7, "ksched.heartbeats", Input::Heartbeat(hb.clone())),
+        (t + 100_000, "ksched.heartbeats", Input::Heartbeat(hb)),
+        (
+            t + 100_001,
+            "ksched.control",
+            Input::Tick(Tick {
+                source: "t".into(),
+                issued_at: 0,
+            }),
+        ),
+    ]
+}
+
+#[test]
+fn persisted_and_reloaded_state_matches_the_in_memory_projection() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), 0).unwrap();
+    let mut reference = State::new();
+    let mut live = State::tracking_changes();
+    for (i, (ts, topic, input)) in inputs().into_iter().enumerate() {
+        let cause = Cause {
+            topic: topic.into(),
+            partition: 0,
+            offset: i as i64,
+        };
+        let ctx = Ctx { policy: &AllowAll };
+        let expected = process(&mut reference, &ctx, cause.clone(), ts, input.clone());
+        // The live state is partial: load what the decision needs first.
+        live.load_for_input(&input, &store).unwrap();
+        let got = process(&mut live, &ctx, cause, ts, input);
+        assert_eq!(
+            got.entry, expected.entry,
+            "input {i}: same decision from a partial state"
+        );
+        let dirty = live.take_dirty();
+        store.persist(&live, dirty, Some(i as i64)).unwrap();
+        live.evict_cold();
+    }
+    assert_eq!(store.watermark().unwrap(), Some(10));
+
+    // Everything on disk equals the full projection.
+    let on_disk: Vec<(String, ksched_core::state::Job)> = store.jobs().unwrap();
+    let in_memory: Vec<(String, ksched_core::state::Job)> = reference
+        .jobs
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    assert_eq!(on_disk, in_memory);
+    let workers: Vec<_> = store.workers().unwrap();
+    assert_eq!(workers.len(), 1);
+    assert_eq!(workers[0].1, reference.workers["w1"]);
+    assert_eq!(
+        store.dead_letter_counts().unwrap(),
+        reference.dead_letters_by_reason
+    );
+    assert_eq!(
+        store.dead_letters().unwrap().len() as u64,
+        reference.dead_letters_by_reason.values().sum::<u64>()
+    );
+
+    // A reopened store loads the working set: the active jobs and the indexes over them.
+    drop(store);
+    let store = Store::open(dir.path(), 0).unwrap();
+    let loaded = store.load_state().unwrap();
+    assert_eq!(loaded.clock, reference.clock);
+    assert_eq!(loaded.entries, reference.entries);
+    assert_eq!(loaded.config, reference.config);
+    assert_eq!(loaded.queues, reference.queues);
+    assert_eq!(loaded.timers, reference.timers);
+    assert_eq!(loaded.tenant_active, reference.tenant_active);
+    let active: Vec<&String> = reference
+        .jobs
+        .iter()
+        .filter(|(_, j)| !j.state.is_terminal())
+        .map(|(k, _)| k)
+        .collect();
+    assert_eq!(loaded.jobs.keys().collect::<Vec<_>>(), active);
+    assert!(loaded.check_invariants().is_empty());
+    // Idempotency keys older than the retention were pruned on disk too.
+    assert_eq!(store.idempotency("acme", "k1").unwrap(), None);
+}
+
+#[test]
+fn a_store_of_another_partition_sees_nothing_of_this_one() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = Store::open(dir.path(), 0).unwrap();
+        let mut s = State::tracking_changes();
+        s.clock = 5;
+        store.persist(&s, Default::default(), Some(7)).unwrap();
+    }
+    let other = Store::open(dir.path(), 1).unwrap();
+    assert_eq!(other.watermark().unwrap(), None);
+    let same = Store::open(dir.path(), 0);
+    assert!(same.is_err(), "one process at a time: RocksDB holds a lock");
+}
