@@ -1,0 +1,624 @@
+//! Worker SDK for ksched.
+//!
+//! A [`Worker`] joins its pool's consumer group on `<prefix>dispatch.<pool>`, runs a handler
+//! for every Dispatch addressed to the partitions it owns (at most `max_parallel_jobs` at
+//! once), reports `JobStarted`, progress and `JobResult` with the attempt number, sends
+//! heartbeats (load, memory, labels, capabilities, owned partitions, active jobs), honours
+//! `CancelDispatch` through the job's cancellation token, and shuts down gracefully: it stops
+//! taking work, lets running jobs finish within a grace period, and hands back the rest.
+//!
+//! Delivery: a dispatch's offset is committed once the job is started, so a worker that
+//! crashes mid-job does not run it again on restart; the scheduler notices the silence
+//! (worker_ttl) and retries the job as a new attempt elsewhere.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), ksched_worker::Error> {
+//! use ksched_worker::{Outcome, Worker, WorkerConfig};
+//! let config = WorkerConfig::new("127.0.0.1:9092", "worker-1", "default");
+//! let shutdown = tokio_util::sync::CancellationToken::new();
+//! Worker::new(config)?
+//!     .run(|job| async move {
+//!         job.progress(0.5, "halfway").await;
+//!         Outcome::succeeded()
+//!     }, shutdown)
+//!     .await
+//! # }
+//! ```
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ksched_codec::AnyRecord;
+use ksched_core::records::{
+    Dispatch, Heartbeat, JobProgress, JobResult, JobStarted, ResultMeta, ResultStatus,
+};
+use rdkafka::ClientConfig;
+use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::message::Message;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use thiserror::Error;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+#[derive(Debug, Error)]
+pub enum Error {
+    #[error("kafka: {context}: {source}")]
+    Kafka {
+        context: String,
+        source: rdkafka::error::KafkaError,
+    },
+    #[error("invalid worker configuration: {0}")]
+    Config(String),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+fn kafka(context: &str) -> impl FnOnce(rdkafka::error::KafkaError) -> Error + '_ {
+    move |source| Error::Kafka {
+        context: context.to_owned(),
+        source,
+    }
+}
+
+/// How a worker connects and what it reports about itself.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    pub bootstrap_servers: String,
+    pub worker_id: String,
+    pub pool: String,
+    /// ksched's topic prefix. Default `ksched.`.
+    pub topic_prefix: String,
+    /// Most jobs at once (also reported in heartbeats). Default 4.
+    pub max_parallel_jobs: usize,
+    /// Heartbeat interval. Default 3 s (well under the scheduler's worker_ttl of 15 s).
+    pub heartbeat_interval: Duration,
+    /// How long shutdown lets running jobs finish before handing them back. Default 10 s.
+    pub shutdown_grace: Duration,
+    pub labels: BTreeMap<String, String>,
+    pub capabilities: Vec<String>,
+    /// Extra librdkafka properties.
+    pub properties: BTreeMap<String, String>,
+    /// Consumer group; default `<prefix>workers.<pool>`.
+    pub group_id: Option<String>,
+    /// Report the host's CPU load and memory in heartbeats. Default true; tests that run
+    /// many workers on one busy machine turn it off so load never marks them overloaded.
+    pub report_host_load: bool,
+}
+
+impl WorkerConfig {
+    pub fn new(bootstrap_servers: &str, worker_id: &str, pool: &str) -> WorkerConfig {
+        WorkerConfig {
+            bootstrap_servers: bootstrap_servers.to_owned(),
+            worker_id: worker_id.to_owned(),
+            pool: pool.to_owned(),
+            topic_prefix: "ksched.".to_owned(),
+            max_parallel_jobs: 4,
+            heartbeat_interval: Duration::from_secs(3),
+            shutdown_grace: Duration::from_secs(10),
+            labels: BTreeMap::new(),
+            capabilities: Vec::new(),
+            properties: BTreeMap::new(),
+            group_id: None,
+            report_host_load: true,
+        }
+    }
+
+    fn client(&self) -> ClientConfig {
+        let mut c = ClientConfig::new();
+        c.set("bootstrap.servers", &self.bootstrap_servers);
+        for (k, v) in &self.properties {
+            c.set(k, v);
+        }
+        c
+    }
+
+    fn dispatch_topic(&self) -> String {
+        format!("{}dispatch.{}", self.topic_prefix, self.pool)
+    }
+}
+
+/// How a job ended, as the handler reports it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    Succeeded {
+        result_ptr: Option<String>,
+        meta: ResultMeta,
+    },
+    /// Worth another attempt (the scheduler backs off and retries).
+    Retryable { code: String, message: String },
+    /// Not worth retrying; `code` becomes the DLQ reason code.
+    Fatal { code: String, message: String },
+    /// The job stopped because its cancellation token fired.
+    Cancelled,
+}
+
+impl Outcome {
+    pub fn succeeded() -> Outcome {
+        Outcome::Succeeded {
+            result_ptr: None,
+            meta: ResultMeta::default(),
+        }
+    }
+    pub fn retryable(code: &str, message: &str) -> Outcome {
+        Outcome::Retryable {
+            code: code.into(),
+            message: message.into(),
+        }
+    }
+    pub fn fatal(code: &str, message: &str) -> Outcome {
+        Outcome::Fatal {
+            code: code.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// One job, as the handler sees it.
+#[derive(Debug, Clone)]
+pub struct JobContext {
+    pub dispatch: Arc<Dispatch>,
+    /// Fires when the scheduler cancels the attempt (CancelDispatch) or the worker hands the
+    /// job back during shutdown. Handlers should stop and return [`Outcome::Cancelled`].
+    pub cancel: CancellationToken,
+    reporter: Reporter,
+}
+
+impl JobContext {
+    pub fn job_id(&self) -> &str {
+        &self.dispatch.job.job_id
+    }
+
+    pub fn attempt(&self) -> i32 {
+        self.dispatch.attempt
+    }
+
+    /// Reports progress (0.0 to 1.0).
+    pub async fn progress(&self, fraction: f64, message: &str) {
+        let p = JobProgress {
+            job_id: self.job_id().to_owned(),
+            attempt: self.attempt(),
+            worker_id: self.reporter.worker_id.clone(),
+            progress: fraction,
+            message: (!message.is_empty()).then(|| message.to_owned()),
+            sent_at: now_ms(),
+        };
+        self.reporter.send_result_topic(self.job_id(), &p).await;
+    }
+}
+
+#[derive(Clone)]
+struct Reporter {
+    producer: FutureProducer,
+    worker_id: String,
+    results: String,
+    heartbeats: String,
+}
+
+impl std::fmt::Debug for Reporter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reporter")
+            .field("worker_id", &self.worker_id)
+            .finish()
+    }
+}
+
+impl Reporter {
+    async fn send<T: ksched_codec::Record>(&self, topic: &str, key: &str, value: &T) {
+        let bytes = match ksched_codec::encode(value) {
+            Ok(b) => b,
+            Err(e) => {
+                warn!(error = %e, "cannot encode {}", T::NAME);
+                return;
+            }
+        };
+        let record = FutureRecord::to(topic).key(key).payload(&bytes);
+        if let Err((e, _)) = self.producer.send(record, Duration::from_secs(30)).await {
+            warn!(error = %e, topic, key, "report not delivered");
+        }
+    }
+
+    async fn send_result_topic<T: ksched_codec::Record>(&self, job_id: &str, value: &T) {
+        self.send(&self.results, job_id, value).await;
+    }
+}
+
+/// What the worker runs now.
+#[derive(Default)]
+struct Running {
+    /// (job_id, attempt) -> cancel token.
+    jobs: HashMap<(String, i32), CancellationToken>,
+    /// Attempts cancelled by the scheduler (their handler's outcome is reported as CANCELLED).
+    cancelled: BTreeSet<(String, i32)>,
+}
+
+/// A worker of one pool.
+pub struct Worker {
+    config: WorkerConfig,
+    consumer: Arc<StreamConsumer>,
+    reporter: Reporter,
+    running: Arc<Mutex<Running>>,
+}
+
+impl std::fmt::Debug for Worker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker")
+            .field("worker_id", &self.config.worker_id)
+            .field("pool", &self.config.pool)
+            .finish()
+    }
+}
+
+impl Worker {
+    pub fn new(config: WorkerConfig) -> Result<Worker> {
+        if config.worker_id.is_empty() || config.pool.is_empty() {
+            return Err(Error::Config("worker_id and pool must be set".into()));
+        }
+        if config.max_parallel_jobs == 0 {
+            return Err(Error::Config("max_parallel_jobs must be at least 1".into()));
+        }
+        let group = config
+            .group_id
+            .clone()
+            .unwrap_or_else(|| format!("{}workers.{}", config.topic_prefix, config.pool));
+        let consumer: StreamConsumer = config
+            .client()
+            .set("group.id", &group)
+            .set("client.id", format!("ksched-worker-{}", config.worker_id))
+            .set("enable.auto.commit", "true")
+            .set("auto.commit.interval.ms", "500")
+            .set("enable.auto.offset.store", "false")
+            .set("auto.offset.reset", "earliest")
+            .set("isolation.level", "read_committed")
+            .set("session.timeout.ms", "10000")
+            .set("fetch.wait.max.ms", "10")
+            .create()
+            .map_err(kafka("creating the dispatch consumer"))?;
+        let producer: FutureProducer = config
+            .client()
+            .set(
+                "client.id",
+                format!("ksched-worker-{}-reports", config.worker_id),
+            )
+            .set("enable.idempotence", "true")
+            .set("linger.ms", "1")
+            .create()
+            .map_err(kafka("creating the report producer"))?;
+        let reporter = Reporter {
+            producer,
+            worker_id: config.worker_id.clone(),
+            results: format!("{}results", config.topic_prefix),
+            heartbeats: format!("{}heartbeats", config.topic_prefix),
+        };
+        Ok(Worker {
+            config,
+            consumer: Arc::new(consumer),
+            reporter,
+            running: Arc::new(Mutex::new(Running::default())),
+        })
+    }
+
+    fn owned_partitions(&self) -> Vec<i32> {
+        let topic = self.config.dispatch_topic();
+        let mut v: Vec<i32> = self
+            .consumer
+            .assignment()
+            .map(|tpl| {
+                tpl.elements()
+                    .iter()
+                    .filter(|e| e.topic() == topic)
+                    .map(|e| e.partition())
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort_unstable();
+        v
+    }
+
+    fn heartbeat(&self, draining: bool) -> Heartbeat {
+        let (active_job_ids, active) = {
+            let r = self.running.lock().unwrap_or_else(|p| p.into_inner());
+            let ids: Vec<String> = r.jobs.keys().map(|(j, _)| j.clone()).collect();
+            let n = ids.len();
+            (ids, n)
+        };
+        let load = if self.config.report_host_load {
+            host_load()
+        } else {
+            HostLoad {
+                cpu_percent: 0.0,
+                memory_percent: 0.0,
+                memory_free_bytes: None,
+            }
+        };
+        Heartbeat {
+            worker_id: self.config.worker_id.clone(),
+            pool: self.config.pool.clone(),
+            active_jobs: i32::try_from(active).unwrap_or(i32::MAX),
+            max_parallel_jobs: i32::try_from(self.config.max_parallel_jobs).unwrap_or(i32::MAX),
+            cpu_load: load.cpu_percent,
+            gpu_utilization: 0.0,
+            memory_load: load.memory_percent,
+            memory_free_bytes: load.memory_free_bytes,
+            capabilities: self.config.capabilities.clone(),
+            labels: self.config.labels.clone(),
+            owned_partitions: self.owned_partitions(),
+            active_job_ids,
+            draining,
+            sent_at: now_ms(),
+        }
+    }
+
+    async fn send_heartbeat(&self, draining: bool) {
+        let hb = self.heartbeat(draining);
+        self.reporter
+            .send(&self.reporter.heartbeats, &self.config.worker_id, &hb)
+            .await;
+    }
+
+    /// Runs jobs with `handler` until `shutdown` fires, then drains.
+    pub async fn run<H, F>(self, handler: H, shutdown: CancellationToken) -> Result<()>
+    where
+        H: Fn(JobContext) -> F + Send + Sync + 'static,
+        F: Future<Output = Outcome> + Send + 'static,
+    {
+        let topic = self.config.dispatch_topic();
+        self.consumer
+            .subscribe(&[&topic])
+            .map_err(kafka("subscribing to the dispatch topic"))?;
+        info!(worker = %self.config.worker_id, topic = %topic, "worker started");
+        let this = Arc::new(self);
+        let handler = Arc::new(handler);
+        let slots = Arc::new(Semaphore::new(this.config.max_parallel_jobs));
+        let mut tasks = tokio::task::JoinSet::new();
+
+        // Heartbeats, until the main loop stops.
+        let beat_stop = CancellationToken::new();
+        let beats = {
+            let (this, stop) = (this.clone(), beat_stop.clone());
+            tokio::spawn(async move {
+                loop {
+                    this.send_heartbeat(false).await;
+                    tokio::select! {
+                        _ = stop.cancelled() => break,
+                        _ = tokio::time::sleep(this.config.heartbeat_interval) => {}
+                    }
+                }
+            })
+        };
+
+        loop {
+            // Take a slot first, so a dispatch is only read when it can start at once.
+            let permit = tokio::select! {
+                _ = shutdown.cancelled() => break,
+                p = slots.clone().acquire_owned() => match p {
+                    Ok(p) => p,
+                    Err(_) => break,
+                },
+            };
+            let msg = tokio::select! {
+                _ = shutdown.cancelled() => break,
+                m = this.consumer.recv() => m,
+            };
+            let msg = match msg {
+                Ok(m) => m,
+                Err(e) => {
+                    warn!(error = %e, "dispatch consumer error");
+                    continue;
+                }
+            };
+            let (partition, offset) = (msg.partition(), msg.offset());
+            let decoded = msg.payload().map(ksched_codec::decode_any);
+            // Commit past this record now: the job starts below, or needs nothing.
+            if let Err(e) = this.consumer.store_offset(&topic, partition, offset) {
+                warn!(error = %e, "cannot store the dispatch offset");
+            }
+            drop(msg);
+            match decoded {
+                Some(Ok(AnyRecord::Dispatch(d))) => {
+                    let ctx = this.admit(d);
+                    let (this, handler) = (this.clone(), handler.clone());
+                    tasks.spawn(async move {
+                        let _permit = permit;
+                        this.execute(ctx, handler.as_ref()).await;
+                    });
+                }
+                Some(Ok(AnyRecord::CancelDispatch(c))) => {
+                    drop(permit);
+                    let r = this.running.lock().unwrap_or_else(|p| p.into_inner());
+                    let key = (c.job_id.clone(), c.attempt);
+                    if let Some(token) = r.jobs.get(&key) {
+                        info!(job_id = %c.job_id, attempt = c.attempt, reason = %c.reason, "cancel requested");
+                        token.cancel();
+                        drop(r);
+                        this.running
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .cancelled
+                            .insert(key);
+                    }
+                }
+                Some(Ok(other)) => {
+                    drop(permit);
+                    warn!(
+                        record = other.name(),
+                        "unexpected record on the dispatch topic"
+                    );
+                }
+                Some(Err(e)) => {
+                    drop(permit);
+                    warn!(error = %e, "undecodable record on the dispatch topic");
+                }
+                None => drop(permit),
+            }
+            while tasks.try_join_next().is_some() {}
+        }
+
+        // Graceful shutdown: take nothing new, say so, let running jobs finish.
+        info!(worker = %this.config.worker_id, running = tasks.len(), "worker draining");
+        this.consumer.unsubscribe();
+        this.send_heartbeat(true).await;
+        let deadline = tokio::time::sleep(this.config.shutdown_grace);
+        tokio::pin!(deadline);
+        loop {
+            tokio::select! {
+                next = tasks.join_next() => if next.is_none() { break },
+                _ = &mut deadline => {
+                    this.hand_back_all();
+                    while tasks.join_next().await.is_some() {}
+                    break;
+                }
+            }
+        }
+        beat_stop.cancel();
+        let _ = beats.await;
+        this.send_heartbeat(true).await;
+        info!(worker = %this.config.worker_id, "worker stopped");
+        Ok(())
+    }
+
+    /// Cancels every running job; their handlers return and report them handed back.
+    fn hand_back_all(&self) {
+        let r = self.running.lock().unwrap_or_else(|p| p.into_inner());
+        warn!(
+            running = r.jobs.len(),
+            "grace period over; handing jobs back"
+        );
+        for token in r.jobs.values() {
+            token.cancel();
+        }
+    }
+
+    fn admit(&self, d: Dispatch) -> JobContext {
+        let cancel = CancellationToken::new();
+        self.running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .jobs
+            .insert((d.job.job_id.clone(), d.attempt), cancel.clone());
+        JobContext {
+            dispatch: Arc::new(d),
+            cancel,
+            reporter: self.reporter.clone(),
+        }
+    }
+
+    async fn execute<H, F>(&self, ctx: JobContext, handler: &H)
+    where
+        H: Fn(JobContext) -> F,
+        F: Future<Output = Outcome>,
+    {
+        let job_id = ctx.job_id().to_owned();
+        let attempt = ctx.attempt();
+        debug!(%job_id, attempt, "job started");
+        let started = Instant::now();
+        self.reporter
+            .send_result_topic(
+                &job_id,
+                &JobStarted {
+                    job_id: job_id.clone(),
+                    attempt,
+                    worker_id: self.config.worker_id.clone(),
+                    started_at: now_ms(),
+                },
+            )
+            .await;
+        let outcome = handler(ctx.clone()).await;
+        let key = (job_id.clone(), attempt);
+        let cancelled_by_scheduler = {
+            let mut r = self.running.lock().unwrap_or_else(|p| p.into_inner());
+            r.jobs.remove(&key);
+            r.cancelled.remove(&key)
+        };
+        let (status, error_code, error_message, result_ptr, result_meta) = match outcome {
+            Outcome::Succeeded { result_ptr, meta } => {
+                (ResultStatus::Succeeded, None, None, result_ptr, meta)
+            }
+            Outcome::Retryable { code, message } => (
+                ResultStatus::FailedRetryable,
+                Some(code),
+                Some(message),
+                None,
+                ResultMeta::default(),
+            ),
+            Outcome::Fatal { code, message } => (
+                ResultStatus::FailedFatal,
+                Some(code),
+                Some(message),
+                None,
+                ResultMeta::default(),
+            ),
+            Outcome::Cancelled => (
+                ResultStatus::Cancelled,
+                Some(if cancelled_by_scheduler {
+                    "cancelled".to_owned()
+                } else {
+                    "handed_back".to_owned()
+                }),
+                None,
+                None,
+                ResultMeta::default(),
+            ),
+        };
+        let result = JobResult {
+            job_id: job_id.clone(),
+            attempt,
+            worker_id: self.config.worker_id.clone(),
+            status,
+            error_code,
+            error_message,
+            result_ptr,
+            result_meta,
+            execution_ms: i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX),
+            finished_at: now_ms(),
+        };
+        self.reporter.send_result_topic(&job_id, &result).await;
+        debug!(%job_id, attempt, status = status.as_str(), "job finished");
+    }
+}
+
+struct HostLoad {
+    cpu_percent: f64,
+    memory_percent: f64,
+    memory_free_bytes: Option<i64>,
+}
+
+/// CPU (1-minute load average over the CPU count) and memory from /proc, where available.
+fn host_load() -> HostLoad {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    let load1 = std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| {
+            s.split_whitespace()
+                .next()
+                .and_then(|v| v.parse::<f64>().ok())
+        })
+        .unwrap_or(0.0);
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let field = |name: &str| {
+        meminfo
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<i64>().ok())
+            .map(|kb| kb * 1024)
+    };
+    let (total, available) = (field("MemTotal:"), field("MemAvailable:"));
+    let memory_percent = match (total, available) {
+        (Some(t), Some(a)) if t > 0 => 100.0 * (t - a) as f64 / t as f64,
+        _ => 0.0,
+    };
+    HostLoad {
+        cpu_percent: (100.0 * load1 / cpus).clamp(0.0, 100.0),
+        memory_percent,
+        memory_free_bytes: available,
+    }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
