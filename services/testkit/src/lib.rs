@@ -9,11 +9,13 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::FromClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message;
 use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use thiserror::Error;
 
 /// Why no broker could be found or a topic could not be made.
@@ -28,6 +30,9 @@ pub enum Error {
 
     #[error("creating topic {topic}: {detail}")]
     CreateTopic { topic: String, detail: String },
+
+    #[error("reading {topic} to its end took longer than 60 s")]
+    ReadTimeout { topic: String },
 
     #[error("kafka client: {0}")]
     Kafka(#[from] rdkafka::error::KafkaError),
@@ -123,4 +128,86 @@ pub async fn create_topics(bootstrap: &str, topics: &[(&str, i32)]) -> Result<()
 /// Creates one topic.
 pub async fn create_topic(bootstrap: &str, name: &str, partitions: i32) -> Result<()> {
     create_topics(bootstrap, &[(name, partitions)]).await
+}
+
+/// A record read by [`read_to_end`].
+#[derive(Debug, Clone)]
+pub struct ReadRecord {
+    pub partition: i32,
+    pub offset: i64,
+    pub key: Option<Vec<u8>>,
+    pub payload: Option<Vec<u8>>,
+}
+
+/// Reads every committed record of `topic` up to the end it had when called (partitions in
+/// order). Does not rely on partition-EOF events, which read_committed consumers may not see
+/// while producers keep committing.
+pub fn read_to_end(bootstrap: &str, topic: &str) -> Result<Vec<ReadRecord>> {
+    let consumer: BaseConsumer = client_config(bootstrap)
+        .set("group.id", unique("reader"))
+        .set("isolation.level", "read_committed")
+        .set("enable.auto.commit", "false")
+        .set("auto.offset.reset", "earliest")
+        .create()?;
+    let timeout = Duration::from_secs(10);
+    let meta = consumer.fetch_metadata(Some(topic), timeout)?;
+    let partitions: Vec<i32> = meta
+        .topics()
+        .first()
+        .map(|t| t.partitions().iter().map(|p| p.id()).collect())
+        .unwrap_or_default();
+    let mut ends = std::collections::BTreeMap::new();
+    let mut tpl = TopicPartitionList::new();
+    for p in partitions {
+        let (low, high) = consumer.fetch_watermarks(topic, p, timeout)?;
+        if high > low {
+            ends.insert(p, high);
+            tpl.add_partition_offset(topic, p, Offset::Beginning)?;
+        }
+    }
+    let mut out = Vec::new();
+    if ends.is_empty() {
+        return Ok(out);
+    }
+    consumer.assign(&tpl)?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        match consumer.poll(Duration::from_millis(200)) {
+            Some(Ok(m)) => {
+                if ends
+                    .get(&m.partition())
+                    .is_some_and(|end| m.offset() < *end)
+                {
+                    out.push(ReadRecord {
+                        partition: m.partition(),
+                        offset: m.offset(),
+                        key: m.key().map(<[u8]>::to_vec),
+                        payload: m.payload().map(<[u8]>::to_vec),
+                    });
+                }
+            }
+            Some(Err(e)) => return Err(e.into()),
+            None => {
+                // Done when every partition's position is at its end (the last offset may be
+                // a transaction marker, which is never delivered).
+                let pos = consumer.position()?;
+                let done = ends.iter().all(|(p, end)| {
+                    matches!(
+                        pos.find_partition(topic, *p).map(|e| e.offset()),
+                        Some(Offset::Offset(o)) if o >= end - 1
+                    )
+                });
+                if done {
+                    break;
+                }
+                if std::time::Instant::now() > deadline {
+                    return Err(Error::ReadTimeout {
+                        topic: topic.to_owned(),
+                    });
+                }
+            }
+        }
+    }
+    out.sort_by_key(|r| (r.partition, r.offset));
+    Ok(out)
 }

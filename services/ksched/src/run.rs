@@ -1,0 +1,180 @@
+//! `ksched run`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use anyhow::Context;
+use clap::Args;
+use ksched_runtime::{Config, Overrides, Status, run_processor, ticker, topics::ensure_topics};
+use ksched_store::Store;
+use tracing::{error, info, warn};
+
+/// Where `ksched run` looks for its settings by default; without it, defaults apply.
+pub const DEFAULT_CONFIG: &str = "config/ksched.yaml";
+
+/// Exit code for configuration errors (the message says what to fix).
+pub const EXIT_CONFIG: u8 = 2;
+/// Exit code when the processor stops on an error.
+pub const EXIT_FAILED: u8 = 1;
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Settings file; its directory is where pools_file and policy_dir are looked up.
+    #[arg(
+        long,
+        short = 'c',
+        default_value = "config/ksched.yaml",
+        env = "KSCHED_CONFIG"
+    )]
+    pub config: PathBuf,
+    /// Kafka bootstrap servers (overrides kafka.bootstrap_servers).
+    #[arg(long)]
+    pub bootstrap_servers: Option<String>,
+    /// RocksDB directory (overrides storage.data_dir).
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// HTTP listen address (overrides http.listen).
+    #[arg(long)]
+    pub http_listen: Option<String>,
+    /// Routing file (overrides pools_file).
+    #[arg(long)]
+    pub pools: Option<PathBuf>,
+    /// Policy directory (overrides policy_dir).
+    #[arg(long)]
+    pub policy_dir: Option<PathBuf>,
+    /// Print the effective configuration and exit.
+    #[arg(long)]
+    pub print_config: bool,
+}
+
+impl RunArgs {
+    pub fn load(&self) -> ksched_runtime::Result<Config> {
+        let flags = Overrides {
+            bootstrap_servers: self.bootstrap_servers.clone(),
+            data_dir: self.data_dir.clone(),
+            http_listen: self.http_listen.clone(),
+            pools_file: self.pools.clone(),
+            policy_dir: self.policy_dir.clone(),
+        };
+        let path = self.config.exists().then_some(self.config.as_path());
+        if path.is_none() && self.config.as_path() != std::path::Path::new(DEFAULT_CONFIG) {
+            return Err(ksched_runtime::Error::Config {
+                source_name: self.config.display().to_string(),
+                detail: "file not found".into(),
+            });
+        }
+        Config::load(path, std::env::vars(), &flags)
+    }
+}
+
+pub fn init_tracing(format: &str, level: &str) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env()
+        .or_else(|_| EnvFilter::try_new(level))
+        .unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_target(false);
+    if format == "json" {
+        builder.json().flatten_event(true).init();
+    } else {
+        builder.init();
+    }
+}
+
+pub fn main(args: RunArgs) -> ExitCode {
+    let config = match args.load() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("ksched run: {e}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    if args.print_config {
+        print!("{}", config.to_yaml());
+        return ExitCode::SUCCESS;
+    }
+    init_tracing(&config.settings.log.format, &config.settings.log.level);
+    match serve(config) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            error!(error = format!("{e:#}"), "ksched run failed");
+            eprintln!("ksched run: {e:#}");
+            ExitCode::from(EXIT_FAILED)
+        }
+    }
+}
+
+/// Starts everything and blocks until a signal (or a fatal error) stops it.
+pub fn serve(config: Config) -> anyhow::Result<()> {
+    let settings = config.settings.clone();
+    std::fs::create_dir_all(&settings.storage.data_dir).with_context(|| {
+        format!(
+            "creating the data directory {}",
+            settings.storage.data_dir.display()
+        )
+    })?;
+    let partition = u16::try_from(settings.processor.journal_partition)
+        .context("processor.journal_partition")?;
+    let store = Store::open(&settings.storage.data_dir, partition)?;
+    let topics = ksched_runtime::topics_of(&config);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    if settings.topics.create {
+        rt.block_on(ensure_topics(&settings, &topics))?;
+    }
+    let shutdown = Arc::new(AtomicBool::new(false));
+    let status = Arc::new(Status::new());
+    rt.spawn(signals(shutdown.clone()));
+    let ticker = ticker::spawn(&settings, &topics, shutdown.clone())?;
+    info!(
+        bootstrap = %settings.kafka.bootstrap_servers,
+        data_dir = %settings.storage.data_dir.display(),
+        "ksched starting"
+    );
+    let processor = {
+        let (shutdown, status) = (shutdown.clone(), status.clone());
+        std::thread::Builder::new()
+            .name("ksched-processor".into())
+            .spawn(move || run_processor(config, store, status, shutdown))
+            .context("starting the processor thread")?
+    };
+    let result = processor
+        .join()
+        .map_err(|_| anyhow::anyhow!("the processor thread panicked"))?;
+    shutdown.store(true, Ordering::Relaxed);
+    let _ = ticker.join();
+    rt.shutdown_timeout(std::time::Duration::from_secs(2));
+    result?;
+    info!("ksched stopped");
+    Ok(())
+}
+
+/// First SIGINT/SIGTERM: finish the open batch and stop. Second: exit at once.
+async fn signals(shutdown: Arc<AtomicBool>) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut int), Ok(mut term)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) else {
+        warn!("cannot install signal handlers");
+        return;
+    };
+    tokio::select! {
+        _ = int.recv() => {}
+        _ = term.recv() => {}
+    }
+    info!("shutting down: committing the open batch (signal again to exit at once)");
+    shutdown.store(true, Ordering::Relaxed);
+    tokio::select! {
+        _ = int.recv() => {}
+        _ = term.recv() => {}
+    }
+    eprintln!("ksched: second signal, exiting now");
+    std::process::exit(130);
+}

@@ -1,0 +1,521 @@
+//! `ksched.yaml`, `pools.yaml` and the policy directory, with environment and flag overrides.
+//!
+//! Precedence: the file, then `KSCHED__SECTION__FIELD=value` environment variables (the value
+//! is parsed as YAML, so numbers and booleans work), then command-line flags. Every field has a
+//! default, so an empty file is a valid configuration. `ksched run --print-config` prints the
+//! result.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use ksched_core::events::Reconfigure;
+use ksched_core::hash::sha256_parts;
+use ksched_core::rules::{
+    BreakerRules, Overload, PoolRules, RetryRules, Rules, TenantRules, Timing,
+};
+use ksched_policy::PolicyBundle;
+use serde::{Deserialize, Serialize};
+use serde_norway::Value as Yaml;
+
+use crate::error::{Error, Result};
+
+/// Prefix of environment overrides: `KSCHED__PROCESSOR__MAX_BATCH=200`.
+pub const ENV_PREFIX: &str = "KSCHED__";
+
+/// Connection to Kafka.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct KafkaSettings {
+    /// Comma-separated host:port list. Default `127.0.0.1:9092`.
+    pub bootstrap_servers: String,
+    /// Client id prefix for every Kafka client of this process. Default `ksched`.
+    pub client_id: String,
+    /// Extra librdkafka properties for every client (e.g. `security.protocol`). Default none.
+    pub properties: BTreeMap<String, String>,
+}
+
+impl Default for KafkaSettings {
+    fn default() -> Self {
+        KafkaSettings {
+            bootstrap_servers: "127.0.0.1:9092".into(),
+            client_id: "ksched".into(),
+            properties: BTreeMap::new(),
+        }
+    }
+}
+
+/// Topic names and how ksched creates them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TopicSettings {
+    /// Prefix of ksched's own topics: `<prefix>results`, `<prefix>control`,
+    /// `<prefix>heartbeats`, `<prefix>journal`, `<prefix>dlq`, `<prefix>dispatch.<pool>`.
+    /// Default `ksched.`.
+    pub prefix: String,
+    /// Create missing topics at start. Default true.
+    pub create: bool,
+    /// Replication factor of created topics. Default 1.
+    pub replication_factor: i32,
+    /// Partitions of each job topic ksched creates. Default 4.
+    pub job_partitions: i32,
+    /// Partitions of the results topic. Default 4.
+    pub results_partitions: i32,
+    /// Partitions of the control topic. Default 1.
+    pub control_partitions: i32,
+    /// Partitions of the heartbeats topic. Default 1.
+    pub heartbeats_partitions: i32,
+    /// Partitions of the journal. Default 1 (one processor owns each partition).
+    pub journal_partitions: i32,
+    /// Partitions of the DLQ topic. Default 1.
+    pub dlq_partitions: i32,
+    /// Partitions of each pool's dispatch topic: at least the pool's largest worker count.
+    /// Default 8.
+    pub dispatch_partitions: i32,
+}
+
+impl Default for TopicSettings {
+    fn default() -> Self {
+        TopicSettings {
+            prefix: "ksched.".into(),
+            create: true,
+            replication_factor: 1,
+            job_partitions: 4,
+            results_partitions: 4,
+            control_partitions: 1,
+            heartbeats_partitions: 1,
+            journal_partitions: 1,
+            dlq_partitions: 1,
+            dispatch_partitions: 8,
+        }
+    }
+}
+
+/// The processor loop.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ProcessorSettings {
+    /// Consumer group of the processor on the input topics. Default `ksched-processor`.
+    pub group_id: String,
+    /// The journal partition this processor owns. Default 0.
+    pub journal_partition: i32,
+    /// Most input records per transaction. Default 500.
+    pub max_batch: usize,
+    /// Longest a batch collects before it commits, in ms. Default 20.
+    pub commit_interval_ms: u64,
+    /// Kafka `transaction.timeout.ms`. Default 60000.
+    pub transaction_timeout_ms: u64,
+    /// Interval between Tick records, in ms. Default 1000.
+    pub tick_interval_ms: u64,
+    /// How long shutdown waits for the open batch to commit, in ms. Default 10000.
+    pub shutdown_grace_ms: u64,
+}
+
+impl Default for ProcessorSettings {
+    fn default() -> Self {
+        ProcessorSettings {
+            group_id: "ksched-processor".into(),
+            journal_partition: 0,
+            max_batch: 500,
+            commit_interval_ms: 20,
+            transaction_timeout_ms: 60_000,
+            tick_interval_ms: 1_000,
+            shutdown_grace_ms: 10_000,
+        }
+    }
+}
+
+/// Decision settings besides routing: timers, retries, overload thresholds, circuit breaker.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SchedulerSettings {
+    pub timing: Timing,
+    pub retry: RetryRules,
+    pub overload: Overload,
+    pub breaker: BreakerRules,
+}
+
+/// Where the projection lives.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StorageSettings {
+    /// RocksDB directory. Default `./data`.
+    pub data_dir: PathBuf,
+}
+
+impl Default for StorageSettings {
+    fn default() -> Self {
+        StorageSettings {
+            data_dir: PathBuf::from("./data"),
+        }
+    }
+}
+
+/// The HTTP API.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HttpSettings {
+    /// Serve the API and /metrics. Default true.
+    pub enabled: bool,
+    /// Listen address. Default `127.0.0.1:8080` (loopback only).
+    pub listen: String,
+}
+
+impl Default for HttpSettings {
+    fn default() -> Self {
+        HttpSettings {
+            enabled: true,
+            listen: "127.0.0.1:8080".into(),
+        }
+    }
+}
+
+/// Logging.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogSettings {
+    /// `text` or `json`. Default `text`.
+    pub format: String,
+    /// A tracing filter (`info`, `ksched=debug,rdkafka=warn`). Default `info`.
+    pub level: String,
+}
+
+impl Default for LogSettings {
+    fn default() -> Self {
+        LogSettings {
+            format: "text".into(),
+            level: "info".into(),
+        }
+    }
+}
+
+/// Everything in `ksched.yaml`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Settings {
+    pub kafka: KafkaSettings,
+    pub topics: TopicSettings,
+    pub processor: ProcessorSettings,
+    pub scheduler: SchedulerSettings,
+    pub storage: StorageSettings,
+    pub http: HttpSettings,
+    pub log: LogSettings,
+    /// Routing file (SPEC §3 format), relative to this file. Default `pools.yaml`.
+    pub pools_file: PathBuf,
+    /// Directory of Rego policies and data.json, relative to this file. Default `policy`.
+    pub policy_dir: PathBuf,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            kafka: KafkaSettings::default(),
+            topics: TopicSettings::default(),
+            processor: ProcessorSettings::default(),
+            scheduler: SchedulerSettings::default(),
+            storage: StorageSettings::default(),
+            http: HttpSettings::default(),
+            log: LogSettings::default(),
+            pools_file: PathBuf::from("pools.yaml"),
+            policy_dir: PathBuf::from("policy"),
+        }
+    }
+}
+
+/// `pools.yaml`: SPEC §3.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PoolsFile {
+    /// Job topic -> one pool or a list of pools (in preference order).
+    pub topics: BTreeMap<String, OneOrMany>,
+    pub pools: BTreeMap<String, PoolRules>,
+    pub tenants: BTreeMap<String, TenantRules>,
+}
+
+/// `default` or `[gpu-a100, gpu-h100]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl OneOrMany {
+    pub fn to_vec(&self) -> Vec<String> {
+        match self {
+            OneOrMany::One(s) => vec![s.clone()],
+            OneOrMany::Many(v) => v.clone(),
+        }
+    }
+}
+
+/// Everything `ksched run` needs, loaded and checked.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub settings: Settings,
+    pub rules: Rules,
+    pub policy: PolicyBundle,
+    /// Where settings came from, for messages.
+    pub source: Option<PathBuf>,
+}
+
+/// Flags that override the file and the environment.
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    pub bootstrap_servers: Option<String>,
+    pub data_dir: Option<PathBuf>,
+    pub http_listen: Option<String>,
+    pub pools_file: Option<PathBuf>,
+    pub policy_dir: Option<PathBuf>,
+}
+
+impl Config {
+    /// Loads `path` (or defaults), applies `KSCHED__*` environment variables from `env`, then
+    /// `flags`, then loads the pools file and the policy bundle and validates everything.
+    pub fn load(
+        path: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+        flags: &Overrides,
+    ) -> Result<Config> {
+        let (mut tree, base_dir) = match path {
+            Some(p) => {
+                let text = std::fs::read_to_string(p).map_err(|e| Error::Config {
+                    source_name: p.display().to_string(),
+                    detail: format!("cannot read it: {e}"),
+                })?;
+                let tree: Yaml = if text.trim().is_empty() {
+                    Yaml::Mapping(Default::default())
+                } else {
+                    serde_norway::from_str(&text).map_err(|e| Error::Config {
+                        source_name: p.display().to_string(),
+                        detail: e.to_string(),
+                    })?
+                };
+                let dir = p.parent().map(Path::to_path_buf).unwrap_or_default();
+                (tree, dir)
+            }
+            None => (Yaml::Mapping(Default::default()), PathBuf::from(".")),
+        };
+        apply_env(&mut tree, env)?;
+        let source_name = path.map_or_else(|| "defaults".to_owned(), |p| p.display().to_string());
+        let mut settings: Settings = serde_norway::from_value(tree).map_err(|e| Error::Config {
+            source_name: source_name.clone(),
+            detail: e.to_string(),
+        })?;
+        if let Some(v) = &flags.bootstrap_servers {
+            settings.kafka.bootstrap_servers = v.clone();
+        }
+        if let Some(v) = &flags.data_dir {
+            settings.storage.data_dir = v.clone();
+        }
+        if let Some(v) = &flags.http_listen {
+            settings.http.listen = v.clone();
+        }
+        if let Some(v) = &flags.pools_file {
+            settings.pools_file = v.clone();
+        }
+        if let Some(v) = &flags.policy_dir {
+            settings.policy_dir = v.clone();
+        }
+        // Relative paths in the file are relative to the file; flags are relative to the cwd.
+        let resolve = |p: &Path, from_flag: bool| {
+            if p.is_absolute() || from_flag {
+                p.to_path_buf()
+            } else {
+                base_dir.join(p)
+            }
+        };
+        settings.pools_file = resolve(&settings.pools_file, flags.pools_file.is_some());
+        settings.policy_dir = resolve(&settings.policy_dir, flags.policy_dir.is_some());
+        settings.validate()?;
+
+        let pools = load_pools(&settings.pools_file)?;
+        let rules = Rules {
+            topics: pools
+                .topics
+                .iter()
+                .map(|(t, p)| (t.clone(), p.to_vec()))
+                .collect(),
+            pools: pools.pools,
+            tenants: pools.tenants,
+            timing: settings.scheduler.timing.clone(),
+            retry: settings.scheduler.retry.clone(),
+            overload: settings.scheduler.overload.clone(),
+            breaker: settings.scheduler.breaker.clone(),
+        };
+        rules.validate().map_err(|e| Error::Config {
+            source_name: settings.pools_file.display().to_string(),
+            detail: e.to_string(),
+        })?;
+        let policy = if settings.policy_dir.is_dir() {
+            PolicyBundle::from_dir(&settings.policy_dir).map_err(|e| Error::Config {
+                source_name: settings.policy_dir.display().to_string(),
+                detail: e.to_string(),
+            })?
+        } else {
+            return Err(Error::Config {
+                source_name: settings.policy_dir.display().to_string(),
+                detail: "policy directory not found (set policy_dir, or --policy-dir)".into(),
+            });
+        };
+        Ok(Config {
+            settings,
+            rules,
+            policy,
+            source: path.map(Path::to_path_buf),
+        })
+    }
+
+    /// The input that puts these rules and this policy in force (journaled).
+    pub fn reconfigure(&self) -> Reconfigure {
+        let rules_json = self.rules.to_canonical_json();
+        Reconfigure {
+            rules_id: sha256_parts([rules_json.as_bytes()])[..16].to_owned(),
+            rules_json,
+            policy_modules: self.policy.modules.clone(),
+            policy_data_json: self.policy.data_json.clone(),
+            policy_snapshot: self.policy.snapshot_id(),
+        }
+    }
+
+    /// The effective configuration as YAML, for `--print-config`.
+    pub fn to_yaml(&self) -> String {
+        #[derive(Serialize)]
+        struct Printed<'a> {
+            #[serde(flatten)]
+            settings: &'a Settings,
+            effective_rules: &'a Rules,
+            policy_snapshot: String,
+            policy_modules: Vec<&'a String>,
+        }
+        let printed = Printed {
+            settings: &self.settings,
+            effective_rules: &self.rules,
+            policy_snapshot: self.policy.snapshot_id(),
+            policy_modules: self.policy.modules.keys().collect(),
+        };
+        serde_norway::to_string(&printed).unwrap_or_else(|e| format!("# cannot print: {e}\n"))
+    }
+}
+
+fn load_pools(path: &Path) -> Result<PoolsFile> {
+    let text = std::fs::read_to_string(path).map_err(|e| Error::Config {
+        source_name: path.display().to_string(),
+        detail: format!("cannot read the pools file: {e}"),
+    })?;
+    serde_norway::from_str(&text).map_err(|e| Error::Config {
+        source_name: path.display().to_string(),
+        detail: e.to_string(),
+    })
+}
+
+/// Applies `KSCHED__A__B=value` to the YAML tree (`a.b = value`).
+fn apply_env(tree: &mut Yaml, env: impl IntoIterator<Item = (String, String)>) -> Result<()> {
+    for (name, value) in env {
+        let Some(path) = name.strip_prefix(ENV_PREFIX) else {
+            continue;
+        };
+        let keys: Vec<String> = path.split("__").map(str::to_ascii_lowercase).collect();
+        if keys.iter().any(String::is_empty) {
+            return Err(Error::Config {
+                source_name: name.clone(),
+                detail: "empty path segment; use KSCHED__SECTION__FIELD".into(),
+            });
+        }
+        let parsed: Yaml = serde_norway::from_str(&value).unwrap_or(Yaml::String(value.clone()));
+        let mut node = &mut *tree;
+        for (i, key) in keys.iter().enumerate() {
+            let Yaml::Mapping(map) = node else {
+                return Err(Error::Config {
+                    source_name: name.clone(),
+                    detail: format!("{} is not a section", keys[..i].join(".")),
+                });
+            };
+            let k = Yaml::String(key.clone());
+            if i == keys.len() - 1 {
+                map.insert(k, parsed.clone());
+                break;
+            }
+            node = map
+                .entry(k)
+                .or_insert_with(|| Yaml::Mapping(Default::default()));
+        }
+    }
+    Ok(())
+}
+
+impl Settings {
+    /// Cross-field rules, with messages that say what to change.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |detail: String| {
+            Err(Error::Config {
+                source_name: "settings".into(),
+                detail,
+            })
+        };
+        if self.kafka.bootstrap_servers.trim().is_empty() {
+            return bad("kafka.bootstrap_servers is empty".into());
+        }
+        if !self
+            .topics
+            .prefix
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+        {
+            return bad(format!(
+                "topics.prefix {:?} may use only letters, digits, '.', '_' and '-'",
+                self.topics.prefix
+            ));
+        }
+        let t = &self.topics;
+        for (name, n) in [
+            ("topics.job_partitions", t.job_partitions),
+            ("topics.results_partitions", t.results_partitions),
+            ("topics.control_partitions", t.control_partitions),
+            ("topics.heartbeats_partitions", t.heartbeats_partitions),
+            ("topics.journal_partitions", t.journal_partitions),
+            ("topics.dlq_partitions", t.dlq_partitions),
+            ("topics.dispatch_partitions", t.dispatch_partitions),
+            ("topics.replication_factor", t.replication_factor),
+        ] {
+            if n < 1 {
+                return bad(format!("{name} must be at least 1, got {n}"));
+            }
+        }
+        let p = &self.processor;
+        if p.journal_partition < 0 || p.journal_partition >= t.journal_partitions {
+            return bad(format!(
+                "processor.journal_partition {} is not a partition of a journal with {} partitions",
+                p.journal_partition, t.journal_partitions
+            ));
+        }
+        if p.max_batch == 0 {
+            return bad("processor.max_batch must be at least 1".into());
+        }
+        if p.commit_interval_ms == 0 || p.tick_interval_ms == 0 {
+            return bad(
+                "processor.commit_interval_ms and processor.tick_interval_ms must be positive"
+                    .into(),
+            );
+        }
+        if p.transaction_timeout_ms < 1_000 || p.transaction_timeout_ms <= p.commit_interval_ms * 10
+        {
+            return bad(format!(
+                "processor.transaction_timeout_ms ({}) must be at least 1000 and well above commit_interval_ms ({})",
+                p.transaction_timeout_ms, p.commit_interval_ms
+            ));
+        }
+        if !matches!(self.log.format.as_str(), "text" | "json") {
+            return bad(format!(
+                "log.format must be text or json, got {:?}",
+                self.log.format
+            ));
+        }
+        if self.http.enabled && self.http.listen.parse::<std::net::SocketAddr>().is_err() {
+            return bad(format!(
+                "http.listen {:?} is not an address like 127.0.0.1:8080",
+                self.http.listen
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,327 @@
+//! A scheduler in the test process against the real broker, with its own topics, group,
+//! data directory and policy; SDK workers; and readers for the journal, DLQ and dispatch
+//! topics.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use ksched_codec::{AnyRecord, Record};
+use ksched_core::events::JournalEntry;
+use ksched_core::records::{DeadLetter, JobRequest};
+use ksched_core::state::Job;
+use ksched_runtime::{Config, Overrides, Status, run_processor, ticker, topics::ensure_topics};
+use ksched_store::Store;
+use ksched_testkit::{bootstrap_servers, client_config, unique};
+use ksched_worker::{JobContext, Outcome, Worker, WorkerConfig};
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use tokio_util::sync::CancellationToken;
+
+pub const TEST_POLICY: &str = r#"package ksched.input
+
+default allow := true
+
+require_approval contains "a human must approve" if input.job.labels.approval == "required"
+
+deny contains "denied by the test policy" if input.job.labels.deny == "true"
+"#;
+
+pub struct Scheduler {
+    pub bootstrap: String,
+    pub prefix: String,
+    pub job_topic: String,
+    pub config: Config,
+    pub store: Store,
+    pub status: Arc<Status>,
+    shutdown: Arc<AtomicBool>,
+    processor: Option<std::thread::JoinHandle<ksched_runtime::Result<()>>>,
+    ticker: Option<std::thread::JoinHandle<()>>,
+    _dir: tempfile::TempDir,
+}
+
+/// Extra `KSCHED__*` settings for a test.
+pub type Env = Vec<(&'static str, String)>;
+
+impl Scheduler {
+    pub async fn start(env: Env) -> Scheduler {
+        let bootstrap = bootstrap_servers().unwrap_or_else(|e| panic!("{e}"));
+        let prefix = format!("{}.", unique("t"));
+        let job_topic = format!("{prefix}jobs");
+        let dir = tempfile::tempdir().unwrap();
+        let pools = dir.path().join("pools.yaml");
+        std::fs::write(
+            &pools,
+            format!("topics:\n  {job_topic}: default\npools:\n  default:\n    requires: []\n"),
+        )
+        .unwrap();
+        let policy = dir.path().join("policy");
+        std::fs::create_dir(&policy).unwrap();
+        std::fs::write(policy.join("input.rego"), TEST_POLICY).unwrap();
+        let mut vars: Vec<(String, String)> = vec![
+            ("KSCHED__TOPICS__PREFIX".into(), prefix.clone()),
+            ("KSCHED__TOPICS__DISPATCH_PARTITIONS".into(), "4".into()),
+            ("KSCHED__TOPICS__JOB_PARTITIONS".into(), "2".into()),
+            ("KSCHED__TOPICS__RESULTS_PARTITIONS".into(), "2".into()),
+            (
+                "KSCHED__PROCESSOR__GROUP_ID".into(),
+                format!("{prefix}processor"),
+            ),
+            ("KSCHED__PROCESSOR__TICK_INTERVAL_MS".into(), "200".into()),
+            ("KSCHED__PROCESSOR__COMMIT_INTERVAL_MS".into(), "10".into()),
+            (
+                "KSCHED__SCHEDULER__OVERLOAD__CPU_LOAD".into(),
+                "1000".into(),
+            ),
+            (
+                "KSCHED__SCHEDULER__RETRY__INITIAL_BACKOFF_MS".into(),
+                "200".into(),
+            ),
+            (
+                "KSCHED__SCHEDULER__RETRY__MAX_BACKOFF_MS".into(),
+                "1000".into(),
+            ),
+            ("KSCHED__HTTP__ENABLED".into(), "false".into()),
+        ];
+        for (k, v) in env {
+            vars.push((k.to_owned(), v));
+        }
+        let flags = Overrides {
+            bootstrap_servers: Some(bootstrap.clone()),
+            data_dir: Some(dir.path().join("data")),
+            pools_file: Some(pools),
+            policy_dir: Some(policy),
+            ..Overrides::default()
+        };
+        let config = Config::load(None, vars, &flags).unwrap_or_else(|e| panic!("config: {e}"));
+        let topics = ksched_runtime::topics_of(&config);
+        ensure_topics(&config.settings, &topics).await.unwrap();
+        let store = Store::open(&config.settings.storage.data_dir, 0).unwrap();
+        let mut s = Scheduler {
+            bootstrap,
+            prefix,
+            job_topic,
+            config,
+            store,
+            status: Arc::new(Status::new()),
+            shutdown: Arc::new(AtomicBool::new(false)),
+            processor: None,
+            ticker: None,
+            _dir: dir,
+        };
+        s.spawn();
+        s.wait_caught_up().await;
+        s
+    }
+
+    fn spawn(&mut self) {
+        let topics = ksched_runtime::topics_of(&self.config);
+        self.ticker =
+            Some(ticker::spawn(&self.config.settings, &topics, self.shutdown.clone()).unwrap());
+        let (config, store, status, shutdown) = (
+            self.config.clone(),
+            self.store.clone(),
+            self.status.clone(),
+            self.shutdown.clone(),
+        );
+        self.processor = Some(std::thread::spawn(move || {
+            run_processor(config, store, status, shutdown)
+        }));
+    }
+
+    async fn wait_caught_up(&self) {
+        wait_for("the processor to catch up", Duration::from_secs(60), || {
+            self.status.caught_up.load(Ordering::Relaxed)
+        })
+        .await;
+    }
+
+    pub fn topic(&self, name: &str) -> String {
+        format!("{}{name}", self.prefix)
+    }
+
+    /// Produces a record (single-object encoded) to `topic`.
+    pub fn produce<T: Record>(&self, topic: &str, key: &str, value: &T) {
+        let bytes = ksched_codec::encode(value).unwrap();
+        self.produce_raw(topic, key, &bytes);
+    }
+
+    pub fn produce_raw(&self, topic: &str, key: &str, bytes: &[u8]) {
+        let producer: BaseProducer = client_config(&self.bootstrap).create().unwrap();
+        producer
+            .send(BaseRecord::to(topic).key(key).payload(bytes))
+            .map_err(|(e, _)| e)
+            .unwrap();
+        producer.flush(Duration::from_secs(10)).unwrap();
+    }
+
+    pub fn submit(&self, request: &JobRequest) {
+        self.produce(&self.job_topic, &request.job_id, request);
+    }
+
+    pub fn job(&self, id: &str) -> Option<Job> {
+        self.store.job(id).unwrap()
+    }
+
+    /// Waits until the projection's job satisfies `pred`; returns it.
+    pub async fn wait_job(&self, id: &str, what: &str, pred: impl Fn(&Job) -> bool) -> Job {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(j) = self.job(id)
+                && pred(&j)
+            {
+                return j;
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "job {id} never became {what}; last seen: {:?}",
+                    self.job(id).map(|j| (j.state, j.history))
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Starts an SDK worker of the `default` pool running `handler`.
+    pub fn worker<H, F>(&self, id: &str, handler: H) -> WorkerHandle
+    where
+        H: Fn(JobContext) -> F + Send + Sync + 'static,
+        F: std::future::Future<Output = Outcome> + Send + 'static,
+    {
+        let mut cfg = WorkerConfig::new(&self.bootstrap, id, "default");
+        cfg.topic_prefix = self.prefix.clone();
+        cfg.heartbeat_interval = Duration::from_millis(300);
+        cfg.shutdown_grace = Duration::from_secs(5);
+        cfg.report_host_load = false;
+        let token = CancellationToken::new();
+        let worker = Worker::new(cfg).unwrap();
+        let t = token.clone();
+        let handle = tokio::spawn(async move { worker.run(handler, t).await });
+        WorkerHandle { token, handle }
+    }
+
+    /// Waits until the scheduler knows worker `id` as alive with dispatch partitions.
+    pub async fn wait_worker(&self, id: &str) {
+        wait_for(
+            &format!("worker {id} to be known"),
+            Duration::from_secs(60),
+            || {
+                self.store.workers().unwrap().iter().any(|(w, rec)| {
+                    w == id && rec.alive && !rec.heartbeat.owned_partitions.is_empty()
+                })
+            },
+        )
+        .await;
+    }
+
+    /// Every journal entry so far (read_committed, from the beginning).
+    pub fn journal(&self) -> Vec<(i64, JournalEntry)> {
+        read_all(&self.bootstrap, &self.topic("journal"), |b| {
+            ksched_codec::decode::<JournalEntry>(b).unwrap()
+        })
+    }
+
+    pub fn dead_letters(&self) -> Vec<DeadLetter> {
+        read_all(&self.bootstrap, &self.topic("dlq"), |b| {
+            ksched_codec::decode::<DeadLetter>(b).unwrap()
+        })
+        .into_iter()
+        .map(|(_, d)| d)
+        .collect()
+    }
+
+    pub fn dispatch_records(&self) -> Vec<AnyRecord> {
+        read_all(&self.bootstrap, &self.topic("dispatch.default"), |b| {
+            ksched_codec::decode_any(b).unwrap()
+        })
+        .into_iter()
+        .map(|(_, d)| d)
+        .collect()
+    }
+
+    /// Starts the processor again on the same store and topics (after [`Scheduler::stop`]).
+    pub async fn restart(mut self) -> Scheduler {
+        self.shutdown = Arc::new(AtomicBool::new(false));
+        self.status = Arc::new(Status::new());
+        self.spawn();
+        self.wait_caught_up().await;
+        self
+    }
+
+    pub fn stop(&mut self) {
+        self.shutdown.store(true, Ordering::Relaxed);
+        if let Some(p) = self.processor.take() {
+            p.join().unwrap().unwrap();
+        }
+        if let Some(t) = self.ticker.take() {
+            t.join().unwrap();
+        }
+    }
+}
+
+impl Drop for Scheduler {
+    fn drop(&mut self) {
+        self.shutdown.store(true, Ordering::Relaxed);
+        if let Some(p) = self.processor.take() {
+            let _ = p.join();
+        }
+        if let Some(t) = self.ticker.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+pub struct WorkerHandle {
+    pub token: CancellationToken,
+    pub handle: tokio::task::JoinHandle<ksched_worker::Result<()>>,
+}
+
+impl WorkerHandle {
+    pub async fn stop(self) {
+        self.token.cancel();
+        self.handle.await.unwrap().unwrap();
+    }
+}
+
+/// Polls `cond` until it holds, or panics after `limit`.
+pub async fn wait_for(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !cond() {
+        if Instant::now() > deadline {
+            panic!("timed out waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Reads a topic from the beginning to its end as of the call, read_committed.
+pub fn read_all<T>(bootstrap: &str, topic: &str, decode: impl Fn(&[u8]) -> T) -> Vec<(i64, T)> {
+    ksched_testkit::read_to_end(bootstrap, topic)
+        .unwrap_or_else(|e| panic!("reading {topic}: {e}"))
+        .into_iter()
+        .filter_map(|r| r.payload.map(|p| (r.offset, decode(&p))))
+        .collect()
+}
+
+pub fn request(scheduler: &Scheduler, id: &str) -> JobRequest {
+    JobRequest {
+        job_id: id.into(),
+        topic: scheduler.job_topic.clone(),
+        tenant_id: "acme".into(),
+        principal_id: Some("alice".into()),
+        submitted_at: now_ms(),
+        ..Default::default()
+    }
+}
+
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+pub fn data_dir(s: &Scheduler) -> PathBuf {
+    s.config.settings.storage.data_dir.clone()
+}
