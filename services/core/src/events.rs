@@ -679,6 +679,24 @@ pub struct JournalEntry {
 }
 
 impl JournalEntry {
+    /// The entry as it may be shown or exported: secret env values hidden everywhere.
+    pub fn redacted(&self) -> JournalEntry {
+        let mut e = self.clone();
+        if let Input::Submit(r) = &mut e.input {
+            *r = r.redacted();
+        }
+        for ev in &mut e.events {
+            match ev {
+                Event::JobAccepted(a) => a.request = a.request.redacted(),
+                Event::SagaStepRecorded(s) => {
+                    s.compensation.env = crate::records::redact_env(&s.compensation.env)
+                }
+                _ => {}
+            }
+        }
+        e
+    }
+
     /// Jobs and workflows whose records `apply` reads or changes for this entry: what a
     /// partial state must hold before the entry is applied.
     pub fn touched(&self) -> (Vec<String>, Vec<String>) {

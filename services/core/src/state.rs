@@ -267,6 +267,9 @@ pub struct State {
     pub idempotency: BTreeMap<(String, String), IdempotencyEntry>,
     pub last_idempotency_prune: Millis,
     pub dead_letters_by_reason: BTreeMap<String, u64>,
+    /// Jobs per state, over every job ever accepted (kept by transitions, so it stays right
+    /// while terminal jobs live only in storage).
+    pub jobs_by_state: BTreeMap<JobState, u64>,
     /// Derived: pool -> pending queue.
     pub queues: BTreeMap<String, BTreeSet<QueueKey>>,
     /// Derived: job timers by due time.
@@ -290,6 +293,7 @@ impl PartialEq for State {
             && self.idempotency == other.idempotency
             && self.last_idempotency_prune == other.last_idempotency_prune
             && self.dead_letters_by_reason == other.dead_letters_by_reason
+            && self.jobs_by_state == other.jobs_by_state
             && self.queues == other.queues
             && self.timers == other.timers
             && self.tenant_active == other.tenant_active
@@ -469,20 +473,34 @@ impl State {
 
     /// Changes a job and keeps every index that derives from it in step.
     pub(crate) fn update_job<R>(&mut self, id: &str, f: impl FnOnce(&mut Job) -> R) -> Option<R> {
-        if !self.jobs.contains_key(id) {
-            return None;
-        }
+        let before = self.jobs.get(id)?.state;
         self.unindex_job(id);
         let r = self.jobs.get_mut(id).map(f);
         self.index_job(id);
         self.mark_job(id);
+        if let Some(after) = self.jobs.get(id).map(|j| j.state)
+            && after != before
+        {
+            self.count_state(before, -1);
+            self.count_state(after, 1);
+        }
         r
     }
 
-    pub(crate) fn insert_job(&mut self, id: String, job: Job) {
-        if self.jobs.contains_key(&id) {
-            self.unindex_job(&id);
+    fn count_state(&mut self, state: JobState, delta: i64) {
+        let n = self.jobs_by_state.entry(state).or_default();
+        *n = n.saturating_add_signed(delta);
+        if *n == 0 {
+            self.jobs_by_state.remove(&state);
         }
+    }
+
+    pub(crate) fn insert_job(&mut self, id: String, job: Job) {
+        if let Some(old) = self.jobs.get(&id).map(|j| j.state) {
+            self.unindex_job(&id);
+            self.count_state(old, -1);
+        }
+        self.count_state(job.state, 1);
         self.jobs.insert(id.clone(), job);
         self.index_job(&id);
         self.mark_job(&id);
@@ -606,6 +624,19 @@ impl State {
         for (t, n) in &self.tenant_active {
             if *n < 0 {
                 problems.push(format!("tenant {t} has {n} active jobs"));
+            }
+        }
+        // Active jobs are always in memory, so their counts must match exactly; terminal
+        // counts may exceed what memory holds.
+        let mut counted: BTreeMap<JobState, u64> = BTreeMap::new();
+        for j in self.jobs.values() {
+            *counted.entry(j.state).or_default() += 1;
+        }
+        for st in JobState::ALL {
+            let have = counted.get(&st).copied().unwrap_or(0);
+            let kept = self.jobs_by_state.get(&st).copied().unwrap_or(0);
+            if (!st.is_terminal() && have != kept) || (st.is_terminal() && have > kept) {
+                problems.push(format!("{kept} jobs counted {st}, {have} present"));
             }
         }
         problems

@@ -1,10 +1,14 @@
 //! `ksched`: one binary, subcommands in the manner of the Kafka command-line tools.
 
+mod cli;
+mod dev;
 mod run;
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use cli::{Connection, DlqCommand, JobsCommand, finish};
+use serde_json::json;
 
 /// An event-sourced job scheduler on Apache Kafka.
 #[derive(Debug, Parser)]
@@ -14,16 +18,148 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once per process; boxing the large variants would buy nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the scheduler: consume job topics, results, control and heartbeats; decide; commit
-    /// journal, dispatches and dead letters exactly once.
+    /// journal, dispatches and dead letters exactly once; serve the HTTP API.
     Run(run::RunArgs),
+    /// Try ksched in one command: in-memory Kafka, the scheduler, demo workers in two pools
+    /// and a stream of demo jobs, printed as they happen.
+    Dev(dev::DevArgs),
+    /// Submit a job (prints its id).
+    Submit {
+        #[command(flatten)]
+        args: cli::submit::SubmitArgs,
+        #[command(flatten)]
+        conn: Connection,
+    },
+    /// Inspect jobs.
+    Jobs {
+        #[command(subcommand)]
+        command: JobsCommand,
+        #[command(flatten)]
+        conn: Connection,
+    },
+    /// Inspect workers.
+    Workers {
+        #[command(subcommand)]
+        command: WorkersCommand,
+        #[command(flatten)]
+        conn: Connection,
+    },
+    /// Cancel a job.
+    Cancel {
+        job_id: String,
+        /// Who cancels.
+        #[arg(long, default_value = "operator")]
+        principal: String,
+        /// The tenant the principal acts for; it must own the job (omit as an operator).
+        #[arg(long)]
+        tenant: Option<String>,
+        #[arg(long)]
+        reason: Option<String>,
+        #[command(flatten)]
+        conn: Connection,
+    },
+    /// Approve a job waiting in APPROVAL_REQUIRED (its hash and policy snapshot are fetched).
+    Approve {
+        job_id: String,
+        #[arg(long, default_value = "operator")]
+        approver: String,
+        #[arg(long)]
+        comment: Option<String>,
+        #[command(flatten)]
+        conn: Connection,
+    },
+    /// Reject a job waiting in APPROVAL_REQUIRED.
+    Reject {
+        job_id: String,
+        #[arg(long, default_value = "operator")]
+        approver: String,
+        #[arg(long)]
+        reason: Option<String>,
+        #[command(flatten)]
+        conn: Connection,
+    },
+    /// Inspect the dead-letter queue.
+    Dlq {
+        #[command(subcommand)]
+        command: DlqCommand,
+        #[command(flatten)]
+        conn: Connection,
+    },
+    /// Read the journal.
+    Journal {
+        #[command(subcommand)]
+        command: JournalCommand,
+        #[command(flatten)]
+        conn: Connection,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum WorkersCommand {
+    /// Every known worker.
+    List,
+}
+
+#[derive(Debug, Subcommand)]
+enum JournalCommand {
+    /// Print journal entries, decoded (secrets hidden); --follow keeps going.
+    Tail(cli::journal::TailArgs),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Run(args) => run::main(args),
+        Command::Dev(args) => dev::main(args),
+        Command::Submit { args, conn } => finish(cli::submit::submit(&conn.resolve(), args)),
+        Command::Jobs { command, conn } => finish(cli::jobs(&conn.resolve(), command)),
+        Command::Workers {
+            command: WorkersCommand::List,
+            conn,
+        } => finish(cli::workers_list(&conn.resolve())),
+        Command::Cancel {
+            job_id,
+            principal,
+            tenant,
+            reason,
+            conn,
+        } => finish(cli::control(
+            &conn.resolve(),
+            "cancel",
+            &job_id,
+            json!({ "principal": principal, "tenant": tenant, "reason": reason }),
+        )),
+        Command::Approve {
+            job_id,
+            approver,
+            comment,
+            conn,
+        } => finish(cli::control(
+            &conn.resolve(),
+            "approve",
+            &job_id,
+            json!({ "approver": approver, "comment": comment }),
+        )),
+        Command::Reject {
+            job_id,
+            approver,
+            reason,
+            conn,
+        } => finish(cli::control(
+            &conn.resolve(),
+            "reject",
+            &job_id,
+            json!({ "approver": approver, "reason": reason }),
+        )),
+        Command::Dlq { command, conn } => finish(cli::dlq(&conn.resolve(), command)),
+        Command::Journal {
+            command: JournalCommand::Tail(args),
+            conn,
+        } => finish(cli::journal::tail(&conn.resolve(), args)),
     }
 }

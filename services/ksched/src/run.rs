@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::Context;
 use clap::Args;
+use ksched_runtime::api::{self, Api};
 use ksched_runtime::{Config, Overrides, Status, run_processor, ticker, topics::ensure_topics};
 use ksched_store::Store;
 use tracing::{error, info, warn};
@@ -107,56 +108,104 @@ pub fn main(args: RunArgs) -> ExitCode {
     }
 }
 
+/// A running scheduler: processor thread, ticker, HTTP API, on one async runtime.
+pub struct Service {
+    pub rt: tokio::runtime::Runtime,
+    pub shutdown: Arc<AtomicBool>,
+    processor: std::thread::JoinHandle<ksched_runtime::Result<()>>,
+    ticker: std::thread::JoinHandle<()>,
+}
+
+impl Service {
+    /// Opens the store, creates missing topics (if configured), starts everything.
+    pub fn start(config: Config) -> anyhow::Result<Service> {
+        let settings = config.settings.clone();
+        std::fs::create_dir_all(&settings.storage.data_dir).with_context(|| {
+            format!(
+                "creating the data directory {}",
+                settings.storage.data_dir.display()
+            )
+        })?;
+        let partition = u16::try_from(settings.processor.journal_partition)
+            .context("processor.journal_partition")?;
+        let store = Store::open(&settings.storage.data_dir, partition)?;
+        let topics = ksched_runtime::topics_of(&config);
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .context("starting the async runtime")?;
+        if settings.topics.create {
+            rt.block_on(ensure_topics(&settings, &topics))?;
+        }
+        let shutdown = Arc::new(AtomicBool::new(false));
+        let status = Arc::new(Status::new());
+        let ticker = ticker::spawn(&settings, &topics, shutdown.clone())?;
+        if settings.http.enabled {
+            let api = Arc::new(Api::new(
+                &settings,
+                topics.clone(),
+                store.clone(),
+                status.clone(),
+            )?);
+            let listen = settings.http.listen.clone();
+            let stop = shutdown.clone();
+            rt.spawn(async move {
+                let until = async move {
+                    while !stop.load(Ordering::Relaxed) {
+                        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    }
+                };
+                if let Err(e) = api::serve(&listen, api, until).await {
+                    error!(error = %e, "HTTP API stopped");
+                }
+            });
+        }
+        info!(
+            bootstrap = %settings.kafka.bootstrap_servers,
+            data_dir = %settings.storage.data_dir.display(),
+            "ksched starting"
+        );
+        let processor = {
+            let shutdown = shutdown.clone();
+            std::thread::Builder::new()
+                .name("ksched-processor".into())
+                .spawn(move || run_processor(config, store, status, shutdown))
+                .context("starting the processor thread")?
+        };
+        Ok(Service {
+            rt,
+            shutdown,
+            processor,
+            ticker,
+        })
+    }
+
+    /// Waits for the processor to stop (after `shutdown` is set, or on a fatal error), then
+    /// stops the rest.
+    pub fn wait(self) -> anyhow::Result<()> {
+        let result = self
+            .processor
+            .join()
+            .map_err(|_| anyhow::anyhow!("the processor thread panicked"))?;
+        self.shutdown.store(true, Ordering::Relaxed);
+        let _ = self.ticker.join();
+        self.rt.shutdown_timeout(std::time::Duration::from_secs(2));
+        result?;
+        info!("ksched stopped");
+        Ok(())
+    }
+}
+
 /// Starts everything and blocks until a signal (or a fatal error) stops it.
 pub fn serve(config: Config) -> anyhow::Result<()> {
-    let settings = config.settings.clone();
-    std::fs::create_dir_all(&settings.storage.data_dir).with_context(|| {
-        format!(
-            "creating the data directory {}",
-            settings.storage.data_dir.display()
-        )
-    })?;
-    let partition = u16::try_from(settings.processor.journal_partition)
-        .context("processor.journal_partition")?;
-    let store = Store::open(&settings.storage.data_dir, partition)?;
-    let topics = ksched_runtime::topics_of(&config);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
-    if settings.topics.create {
-        rt.block_on(ensure_topics(&settings, &topics))?;
-    }
-    let shutdown = Arc::new(AtomicBool::new(false));
-    let status = Arc::new(Status::new());
-    rt.spawn(signals(shutdown.clone()));
-    let ticker = ticker::spawn(&settings, &topics, shutdown.clone())?;
-    info!(
-        bootstrap = %settings.kafka.bootstrap_servers,
-        data_dir = %settings.storage.data_dir.display(),
-        "ksched starting"
-    );
-    let processor = {
-        let (shutdown, status) = (shutdown.clone(), status.clone());
-        std::thread::Builder::new()
-            .name("ksched-processor".into())
-            .spawn(move || run_processor(config, store, status, shutdown))
-            .context("starting the processor thread")?
-    };
-    let result = processor
-        .join()
-        .map_err(|_| anyhow::anyhow!("the processor thread panicked"))?;
-    shutdown.store(true, Ordering::Relaxed);
-    let _ = ticker.join();
-    rt.shutdown_timeout(std::time::Duration::from_secs(2));
-    result?;
-    info!("ksched stopped");
-    Ok(())
+    let service = Service::start(config)?;
+    service.rt.spawn(signals(service.shutdown.clone()));
+    service.wait()
 }
 
 /// First SIGINT/SIGTERM: finish the open batch and stop. Second: exit at once.
-async fn signals(shutdown: Arc<AtomicBool>) {
+pub async fn signals(shutdown: Arc<AtomicBool>) {
     use tokio::signal::unix::{SignalKind, signal};
     let (Ok(mut int), Ok(mut term)) = (
         signal(SignalKind::interrupt()),

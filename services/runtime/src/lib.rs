@@ -1,7 +1,9 @@
 //! ksched's processor around the pure core: settings, topics, the exactly-once loop, recovery,
 //! the ticker.
 
+pub mod api;
 pub mod error;
+pub mod metrics;
 pub mod processor;
 pub mod settings;
 pub mod status;
@@ -46,7 +48,7 @@ pub fn run_processor(
     let policy = Arc::new(RegoEngine::new());
     let mut backoff = Duration::from_millis(200);
     while !shutdown.load(Ordering::Relaxed) {
-        status.caught_up.store(false, Ordering::Relaxed);
+        status.set_caught_up(false);
         let started = Processor::start(
             config.clone(),
             topics.clone(),
@@ -67,6 +69,7 @@ pub fn run_processor(
                 return Err(e);
             }
             Err(e) => {
+                status.metrics.recoveries.inc();
                 warn!(error = %e, backoff_ms = backoff.as_millis() as u64, "processor failed; recovering from the store and the journal");
                 ticker::sleep_unless(&shutdown, backoff);
                 backoff = (backoff * 2).min(Duration::from_secs(10));

@@ -62,6 +62,31 @@ impl ProducerContext for Delivery {
     }
 }
 
+/// The input consumer's context: turns librdkafka statistics into the lag metric.
+struct InputContext {
+    status: Arc<Status>,
+}
+
+impl ClientContext for InputContext {
+    fn stats(&self, statistics: rdkafka::Statistics) {
+        for (topic, t) in &statistics.topics {
+            let lag: i64 = t
+                .partitions
+                .values()
+                .filter(|p| p.partition >= 0)
+                .map(|p| p.consumer_lag.max(0))
+                .sum();
+            self.status
+                .metrics
+                .consumer_lag
+                .with_label_values(&[topic.as_str()])
+                .set(lag);
+        }
+    }
+}
+
+impl rdkafka::consumer::ConsumerContext for InputContext {}
+
 /// An input record, copied out of the consumer.
 struct InputRecord {
     topic: String,
@@ -80,10 +105,11 @@ pub struct Processor {
     state: State,
     policy: Arc<RegoEngine>,
     producer: BaseProducer<Delivery>,
-    consumer: Option<BaseConsumer>,
+    consumer: Option<BaseConsumer<InputContext>>,
     transactional_id: String,
     status: Arc<Status>,
     sent: u64,
+    last_size_check: Instant,
 }
 
 impl std::fmt::Debug for Processor {
@@ -172,11 +198,13 @@ impl Processor {
             transactional_id,
             status,
             sent: 0,
+            last_size_check: Instant::now(),
         };
         p.catch_up()?;
         p.reconfigure()?;
         p.subscribe()?;
-        p.status.caught_up.store(true, Ordering::Relaxed);
+        p.status.metrics.gauges(&p.state);
+        p.status.set_caught_up(true);
         Ok(p)
     }
 
@@ -303,7 +331,7 @@ impl Processor {
 
     fn subscribe(&mut self) -> Result<()> {
         let settings = &self.config.settings;
-        let consumer: BaseConsumer = client_config(settings)
+        let consumer: BaseConsumer<InputContext> = client_config(settings)
             .set("client.id", format!("{}-inputs", settings.kafka.client_id))
             .set("group.id", &settings.processor.group_id)
             // Static membership: a restarted processor (same journal partition) takes its
@@ -315,7 +343,10 @@ impl Processor {
             .set("isolation.level", "read_committed")
             .set("fetch.wait.max.ms", "10")
             .set("fetch.queue.backoff.ms", "1")
-            .create()
+            .set("statistics.interval.ms", "5000")
+            .create_with_context(InputContext {
+                status: self.status.clone(),
+            })
             .map_err(kafka("creating the input consumer"))?;
         let inputs = self.topics.inputs();
         let names: Vec<&str> = inputs.iter().map(String::as_str).collect();
@@ -413,7 +444,9 @@ impl Processor {
             }
             Ok(Some(tpl))
         })?;
-        self.status.record_batch(n, started.elapsed());
+        self.status
+            .metrics
+            .batch(n, started.elapsed().as_secs_f64(), &self.state);
         debug!(
             records = n,
             elapsed_us = started.elapsed().as_micros() as u64,
@@ -433,7 +466,7 @@ impl Processor {
         for out in processed.outputs {
             self.send_output(out)?;
         }
-        self.status.record_entry(&processed.entry);
+        self.status.metrics.entry(&processed.entry, &self.state);
         Ok(())
     }
 
@@ -509,6 +542,17 @@ impl Processor {
         self.state.evict_cold();
         if let Some(w) = watermark {
             self.status.watermark.store(w, Ordering::Relaxed);
+            self.status.metrics.watermark.set(w);
+        }
+        self.status
+            .last_commit_ms
+            .store(wall_clock_ms(), Ordering::Relaxed);
+        if self.last_size_check.elapsed() > Duration::from_secs(10) {
+            self.last_size_check = Instant::now();
+            self.status
+                .metrics
+                .rocksdb_size
+                .set(i64::try_from(self.store.size_bytes()).unwrap_or(i64::MAX));
         }
         Ok(())
     }

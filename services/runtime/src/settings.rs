@@ -397,6 +397,18 @@ impl Config {
     }
 }
 
+/// Parses a settings file's text alone (no environment, no flags, no pools or policy): what
+/// the operator tools need to find Kafka and the API.
+pub fn parse_settings(text: &str) -> Result<Settings> {
+    if text.trim().is_empty() {
+        return Ok(Settings::default());
+    }
+    serde_norway::from_str(text).map_err(|e| Error::Config {
+        source_name: "settings".into(),
+        detail: e.to_string(),
+    })
+}
+
 fn load_pools(path: &Path) -> Result<PoolsFile> {
     let text = std::fs::read_to_string(path).map_err(|e| Error::Config {
         source_name: path.display().to_string(),

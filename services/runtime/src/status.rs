@@ -1,44 +1,44 @@
 //! What the processor tells the rest of the process (health, metrics): caught up or not,
-//! the journal watermark, batch and entry counters.
+//! the journal watermark, and the Prometheus metrics.
 
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 
-use ksched_core::events::JournalEntry;
+use crate::metrics::Metrics;
 
-/// Shared, lock-free processor status.
-#[derive(Debug, Default)]
+/// Shared processor status.
+#[derive(Debug)]
 pub struct Status {
     /// Recovery finished and the processor consumes inputs.
     pub caught_up: AtomicBool,
     /// Last journal offset reflected in RocksDB (-1: none yet).
     pub watermark: AtomicI64,
-    pub batches: AtomicU64,
-    pub inputs: AtomicU64,
-    pub events: AtomicU64,
-    /// Sum of batch commit durations, in microseconds.
-    pub commit_micros: AtomicU64,
+    /// Wall-clock ms of the last successful commit (0: none yet).
+    pub last_commit_ms: AtomicI64,
+    pub metrics: Metrics,
+}
+
+impl Default for Status {
+    fn default() -> Self {
+        Status::new()
+    }
 }
 
 impl Status {
     pub fn new() -> Status {
         Status {
+            caught_up: AtomicBool::new(false),
             watermark: AtomicI64::new(-1),
-            ..Status::default()
+            last_commit_ms: AtomicI64::new(0),
+            metrics: Metrics::new(),
         }
     }
 
-    pub(crate) fn record_batch(&self, _records: usize, took: Duration) {
-        self.batches.fetch_add(1, Ordering::Relaxed);
-        self.commit_micros.fetch_add(
-            u64::try_from(took.as_micros()).unwrap_or(u64::MAX),
-            Ordering::Relaxed,
-        );
+    pub fn set_caught_up(&self, v: bool) {
+        self.caught_up.store(v, Ordering::Relaxed);
+        self.metrics.caught_up.set(if v { 1.0 } else { 0.0 });
     }
 
-    pub(crate) fn record_entry(&self, entry: &JournalEntry) {
-        self.inputs.fetch_add(1, Ordering::Relaxed);
-        self.events
-            .fetch_add(entry.events.len() as u64, Ordering::Relaxed);
+    pub fn is_caught_up(&self) -> bool {
+        self.caught_up.load(Ordering::Relaxed)
     }
 }

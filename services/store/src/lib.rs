@@ -65,6 +65,7 @@ const META_LAST_PRUNE: &[u8] = b"last_idempotency_prune";
 const META_DLQ_COUNTS: &[u8] = b"dlq_by_reason";
 const META_DLQ_SEQ: &[u8] = b"dlq_seq";
 const META_CONFIG: &[u8] = b"config";
+const META_JOB_COUNTS: &[u8] = b"jobs_by_state";
 
 #[derive(Debug, Error)]
 pub enum Error {
@@ -213,6 +214,7 @@ impl Store {
         state.entries = self.get_meta(META_ENTRIES)?.unwrap_or(0);
         state.last_idempotency_prune = self.get_meta(META_LAST_PRUNE)?.unwrap_or(0);
         state.dead_letters_by_reason = self.get_meta(META_DLQ_COUNTS)?.unwrap_or_default();
+        state.jobs_by_state = self.get_meta(META_JOB_COUNTS)?.unwrap_or_default();
         if let Some(raw) = self.get_meta::<Reconfigure>(META_CONFIG)? {
             let rules = Rules::from_json(&raw.rules_json).map_err(|e| Error::Decode {
                 what: "config rules".into(),
@@ -325,6 +327,11 @@ impl Store {
             self.key(META_DLQ_COUNTS),
             encode(&state.dead_letters_by_reason),
         );
+        b.put_cf(
+            meta,
+            self.key(META_JOB_COUNTS),
+            encode(&state.jobs_by_state),
+        );
         if let Some(w) = watermark {
             b.put_cf(meta, self.key(META_WATERMARK), encode(&w));
         }
@@ -390,6 +397,54 @@ impl Store {
     /// Dead letters by reason code, as counted by the projection.
     pub fn dead_letter_counts(&self) -> Result<BTreeMap<String, u64>> {
         Ok(self.get_meta(META_DLQ_COUNTS)?.unwrap_or_default())
+    }
+
+    /// Jobs per state, as counted by the projection.
+    pub fn job_counts(&self) -> Result<BTreeMap<ksched_core::events::JobState, u64>> {
+        Ok(self.get_meta(META_JOB_COUNTS)?.unwrap_or_default())
+    }
+
+    /// Non-terminal jobs (the `active` index), in job_id order.
+    pub fn active_jobs(&self) -> Result<Vec<(String, Job)>> {
+        let mut out = Vec::new();
+        for (k, ()) in self.scan::<()>(CF_ACTIVE)? {
+            let id = utf8(k);
+            if let Some(job) = self.job(&id)? {
+                out.push((id, job));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Jobs in job_id order from `after` (exclusive), passing `keep`, at most `limit`.
+    pub fn scan_jobs(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+        mut keep: impl FnMut(&str, &Job) -> bool,
+    ) -> Result<Vec<(String, Job)>> {
+        let prefix = self.partition.to_be_bytes();
+        let start = self.key(after.unwrap_or("").as_bytes());
+        let mut out = Vec::new();
+        let iter = self.db.iterator_cf(
+            self.cf(CF_JOBS),
+            IteratorMode::From(&start, Direction::Forward),
+        );
+        for item in iter {
+            let (k, v) = item?;
+            if !k.starts_with(&prefix) || out.len() >= limit {
+                break;
+            }
+            let id = String::from_utf8_lossy(&k[2..]).into_owned();
+            if after.is_some_and(|a| a == id) {
+                continue;
+            }
+            let job: Job = decode(CF_JOBS, &v)?;
+            if keep(&id, &job) {
+                out.push((id, job));
+            }
+        }
+        Ok(out)
     }
 
     /// Flushes memtables to disk (shutdown).

@@ -147,6 +147,8 @@ fn persisted_and_reloaded_state_matches_the_in_memory_projection() {
     assert_eq!(loaded.queues, reference.queues);
     assert_eq!(loaded.timers, reference.timers);
     assert_eq!(loaded.tenant_active, reference.tenant_active);
+    assert_eq!(loaded.jobs_by_state, reference.jobs_by_state);
+    assert_eq!(store.job_counts().unwrap(), reference.jobs_by_state);
     let active: Vec<&String> = reference
         .jobs
         .iter()

@@ -83,6 +83,9 @@ pub struct WorkerConfig {
     pub properties: BTreeMap<String, String>,
     /// Consumer group; default `<prefix>workers.<pool>`.
     pub group_id: Option<String>,
+    /// Free memory to report (bytes) instead of the host's, e.g. a slot size the capacity
+    /// strategy should pack against. Default none.
+    pub memory_free_bytes: Option<i64>,
     /// Report the host's CPU load and memory in heartbeats. Default true; tests that run
     /// many workers on one busy machine turn it off so load never marks them overloaded.
     pub report_host_load: bool,
@@ -102,6 +105,7 @@ impl WorkerConfig {
             capabilities: Vec::new(),
             properties: BTreeMap::new(),
             group_id: None,
+            memory_free_bytes: None,
             report_host_load: true,
         }
     }
@@ -341,7 +345,7 @@ impl Worker {
             cpu_load: load.cpu_percent,
             gpu_utilization: 0.0,
             memory_load: load.memory_percent,
-            memory_free_bytes: load.memory_free_bytes,
+            memory_free_bytes: self.config.memory_free_bytes.or(load.memory_free_bytes),
             capabilities: self.config.capabilities.clone(),
             labels: self.config.labels.clone(),
             owned_partitions: self.owned_partitions(),

@@ -1,0 +1,493 @@
+//! The operator commands: submit, jobs, workers, cancel, approve, reject, dlq, journal.
+//!
+//! Queries and approve/reject/cancel go through the HTTP API of `ksched run` (`--api`);
+//! `submit` and `journal tail` talk to Kafka directly (`--bootstrap-servers`), so they work
+//! without a running scheduler. Defaults come from `config/ksched.yaml` when it exists.
+//!
+//! Exit codes: 0 done, 1 failed (unreachable, server error), 2 usage, 3 not found,
+//! 4 conflict (e.g. the job is not awaiting approval), 5 rejected input.
+
+pub mod journal;
+pub mod output;
+pub mod submit;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Subcommand};
+use serde_json::{Value, json};
+
+use output::{Format, cell, table, time_cell};
+
+pub const EXIT_FAILED: u8 = 1;
+pub const EXIT_NOT_FOUND: u8 = 3;
+pub const EXIT_CONFLICT: u8 = 4;
+pub const EXIT_BAD_INPUT: u8 = 5;
+
+/// Where the tools connect, shared by every operator command.
+#[derive(Debug, Clone, Args)]
+pub struct Connection {
+    /// Settings file to take defaults from (Kafka, topic prefix, HTTP address).
+    #[arg(long, global = true, default_value = crate::run::DEFAULT_CONFIG, env = "KSCHED_CONFIG")]
+    pub config: PathBuf,
+    /// Kafka bootstrap servers (default: from the settings file, else 127.0.0.1:9092).
+    #[arg(long, global = true, env = "KAFKA_BOOTSTRAP_SERVERS")]
+    pub bootstrap_servers: Option<String>,
+    /// Base URL of the scheduler's HTTP API (default: from the settings file).
+    #[arg(long, global = true, env = "KSCHED_API")]
+    pub api: Option<String>,
+    /// ksched's topic prefix (default: from the settings file, else `ksched.`).
+    #[arg(long, global = true)]
+    pub prefix: Option<String>,
+    /// Output format.
+    #[arg(long, short = 'o', global = true, value_enum, default_value_t = Format::Table)]
+    pub output: Format,
+}
+
+/// Resolved connection settings.
+#[derive(Debug, Clone)]
+pub struct Target {
+    pub bootstrap: String,
+    pub api: String,
+    pub prefix: String,
+    pub output: Format,
+}
+
+impl Connection {
+    pub fn resolve(&self) -> Target {
+        let settings = std::fs::read_to_string(&self.config)
+            .ok()
+            .and_then(|text| serde_norway_settings(&text));
+        let (bootstrap, prefix, listen) = match &settings {
+            Some(s) => (
+                s.kafka.bootstrap_servers.clone(),
+                s.topics.prefix.clone(),
+                s.http.listen.clone(),
+            ),
+            None => (
+                "127.0.0.1:9092".to_owned(),
+                "ksched.".to_owned(),
+                "127.0.0.1:8080".to_owned(),
+            ),
+        };
+        Target {
+            bootstrap: self.bootstrap_servers.clone().unwrap_or(bootstrap),
+            api: self
+                .api
+                .clone()
+                .unwrap_or_else(|| format!("http://{listen}"))
+                .trim_end_matches('/')
+                .to_owned(),
+            prefix: self.prefix.clone().unwrap_or(prefix),
+            output: self.output,
+        }
+    }
+}
+
+fn serde_norway_settings(text: &str) -> Option<ksched_runtime::Settings> {
+    ksched_runtime::settings::parse_settings(text).ok()
+}
+
+/// A failure with the exit code that says what kind.
+#[derive(Debug)]
+pub struct Failure {
+    pub code: u8,
+    pub message: String,
+}
+
+impl Failure {
+    pub fn new(code: u8, message: impl Into<String>) -> Failure {
+        Failure {
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+pub type CliResult = Result<(), Failure>;
+
+/// Runs a command, printing a failure and returning its exit code.
+pub fn finish(r: CliResult) -> ExitCode {
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(f) => {
+            eprintln!("ksched: {}", f.message);
+            ExitCode::from(f.code)
+        }
+    }
+}
+
+/// Calls the HTTP API; maps statuses to exit codes.
+pub fn call(t: &Target, method: &str, path: &str, body: Option<Value>) -> Result<Value, Failure> {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(30)))
+        .build()
+        .into();
+    let url = format!("{}{path}", t.api);
+    let resp = match (method, body) {
+        ("GET", _) => agent.get(&url).call(),
+        (_, Some(b)) => agent.post(&url).send_json(&b),
+        (_, None) => agent.post(&url).send_empty(),
+    };
+    let mut resp = resp.map_err(|e| {
+        Failure::new(
+            EXIT_FAILED,
+            format!(
+                "cannot reach the scheduler's HTTP API at {} ({e}); is `ksched run` up? (--api to point elsewhere)",
+                t.api
+            ),
+        )
+    })?;
+    let status = resp.status().as_u16();
+    let value: Value = resp.body_mut().read_json().unwrap_or_else(
+        |_| json!({ "error": format!("HTTP {status} with a body that is not JSON") }),
+    );
+    let message = || {
+        value
+            .get("error")
+            .and_then(Value::as_str)
+            .unwrap_or("request failed")
+            .to_owned()
+    };
+    match status {
+        200..=299 => Ok(value),
+        404 => Err(Failure::new(EXIT_NOT_FOUND, message())),
+        409 => Err(Failure::new(EXIT_CONFLICT, message())),
+        400 => Err(Failure::new(EXIT_BAD_INPUT, message())),
+        _ => Err(Failure::new(
+            EXIT_FAILED,
+            format!("HTTP {status}: {}", message()),
+        )),
+    }
+}
+
+/// `ksched jobs ...`
+#[derive(Debug, Subcommand)]
+pub enum JobsCommand {
+    /// Show one job.
+    Get { job_id: String },
+    /// List jobs (filters combine).
+    List {
+        /// PENDING, APPROVAL_REQUIRED, SCHEDULED, DISPATCHED, RUNNING, SUCCEEDED, FAILED,
+        /// CANCELLED, TIMEOUT, DENIED or OUTPUT_QUARANTINED.
+        #[arg(long)]
+        state: Option<String>,
+        #[arg(long)]
+        tenant: Option<String>,
+        #[arg(long)]
+        pool: Option<String>,
+        #[arg(long)]
+        topic: Option<String>,
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+    },
+    /// A job's history: every event, in order.
+    History { job_id: String },
+}
+
+fn query(pairs: &[(&str, Option<String>)]) -> String {
+    let parts: Vec<String> = pairs
+        .iter()
+        .filter_map(|(k, v)| v.as_ref().map(|v| format!("{k}={}", urlencode(v))))
+        .collect();
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!("?{}", parts.join("&"))
+    }
+}
+
+fn urlencode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+pub fn jobs(t: &Target, cmd: JobsCommand) -> CliResult {
+    match cmd {
+        JobsCommand::Get { job_id } => {
+            let v = call(
+                t,
+                "GET",
+                &format!("/api/v1/jobs/{}", urlencode(&job_id)),
+                None,
+            )?;
+            match t.output {
+                Format::Json => output::json(&v),
+                Format::Table => {
+                    let fields = [
+                        "job_id",
+                        "state",
+                        "tenant_id",
+                        "principal_id",
+                        "topic",
+                        "priority",
+                        "pools",
+                        "pool",
+                        "worker_id",
+                        "attempt",
+                        "wait_reason",
+                        "progress",
+                        "last_error",
+                        "dlq_reason",
+                        "result_ptr",
+                        "job_hash",
+                        "policy_snapshot",
+                        "labels",
+                        "env",
+                        "payload_size",
+                        "constraints",
+                    ];
+                    let mut rows: Vec<Vec<String>> = fields
+                        .iter()
+                        .map(|f| vec![(*f).to_owned(), cell(&v[*f])])
+                        .collect();
+                    for f in [
+                        "submitted_at",
+                        "accepted_at",
+                        "updated_at",
+                        "deadline_at",
+                        "retry_at",
+                    ] {
+                        rows.push(vec![f.to_owned(), time_cell(&v[f])]);
+                    }
+                    table(&["FIELD", "VALUE"], &rows);
+                }
+            }
+        }
+        JobsCommand::List {
+            state,
+            tenant,
+            pool,
+            topic,
+            limit,
+        } => {
+            let q = query(&[
+                ("state", state),
+                ("tenant", tenant),
+                ("pool", pool),
+                ("topic", topic),
+                ("limit", Some(limit.to_string())),
+            ]);
+            let v = call(t, "GET", &format!("/api/v1/jobs{q}"), None)?;
+            match t.output {
+                Format::Json => output::json(&v),
+                Format::Table => {
+                    let rows: Vec<Vec<String>> = v["jobs"]
+                        .as_array()
+                        .map(|a| {
+                            a.iter()
+                                .map(|j| {
+                                    vec![
+                                        cell(&j["job_id"]),
+                                        cell(&j["state"]),
+                                        cell(&j["tenant_id"]),
+                                        cell(&j["pool"]),
+                                        cell(&j["worker_id"]),
+                                        cell(&j["attempt"]),
+                                        time_cell(&j["updated_at"]),
+                                    ]
+                                })
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                    table(
+                        &[
+                            "JOB",
+                            "STATE",
+                            "TENANT",
+                            "POOL",
+                            "WORKER",
+                            "ATTEMPT",
+                            "UPDATED (UTC)",
+                        ],
+                        &rows,
+                    );
+                }
+            }
+        }
+        JobsCommand::History { job_id } => {
+            let v = call(
+                t,
+                "GET",
+                &format!("/api/v1/jobs/{}/history", urlencode(&job_id)),
+                None,
+            )?;
+            match t.output {
+                Format::Json => output::json(&v),
+                Format::Table => {
+                    let rows: Vec<Vec<String>> = v["history"]
+                        .as_array()
+                        .map(|a| {
+                            a.iter()
+                                .map(|h| {
+                                    vec![time_cell(&h["at"]), cell(&h["event"]), cell(&h["detail"])]
+                                })
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                    println!(
+                        "{} {} (attempt {})",
+                        cell(&v["job_id"]),
+                        cell(&v["state"]),
+                        cell(&v["attempt"])
+                    );
+                    table(&["AT (UTC)", "EVENT", "DETAIL"], &rows);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+pub fn workers_list(t: &Target) -> CliResult {
+    let v = call(t, "GET", "/api/v1/workers", None)?;
+    match t.output {
+        Format::Json => output::json(&v),
+        Format::Table => {
+            let rows: Vec<Vec<String>> = v["workers"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .map(|w| {
+                            vec![
+                                cell(&w["worker_id"]),
+                                cell(&w["pool"]),
+                                cell(&w["alive"]),
+                                format!(
+                                    "{}/{}",
+                                    cell(&w["active_jobs"]),
+                                    cell(&w["max_parallel_jobs"])
+                                ),
+                                format!("{:.0}", w["cpu_load"].as_f64().unwrap_or(0.0)),
+                                cell(&w["owned_partitions"]),
+                                cell(&w["draining"]),
+                                time_cell(&w["last_seen"]),
+                            ]
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            table(
+                &[
+                    "WORKER",
+                    "POOL",
+                    "ALIVE",
+                    "ACTIVE/MAX",
+                    "CPU%",
+                    "PARTITIONS",
+                    "DRAINING",
+                    "LAST SEEN (UTC)",
+                ],
+                &rows,
+            );
+        }
+    }
+    Ok(())
+}
+
+pub fn control(t: &Target, action: &str, job_id: &str, body: Value) -> CliResult {
+    let v = call(
+        t,
+        "POST",
+        &format!("/api/v1/jobs/{}/{action}", urlencode(job_id)),
+        Some(body),
+    )?;
+    match t.output {
+        Format::Json => output::json(&v),
+        Format::Table => println!("{job_id}: {}", cell(&v["status"])),
+    }
+    Ok(())
+}
+
+/// `ksched dlq ...`
+#[derive(Debug, Subcommand)]
+pub enum DlqCommand {
+    /// Dead letters, newest first.
+    List {
+        /// Only this reason code.
+        #[arg(long)]
+        reason: Option<String>,
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+    },
+    /// The dead letters of one job.
+    Show { job_id: String },
+}
+
+pub fn dlq(t: &Target, cmd: DlqCommand) -> CliResult {
+    let (q, show) = match &cmd {
+        DlqCommand::List { reason, limit } => (
+            query(&[
+                ("reason", reason.clone()),
+                ("limit", Some(limit.to_string())),
+            ]),
+            None,
+        ),
+        DlqCommand::Show { job_id } => (
+            query(&[
+                ("job_id", Some(job_id.clone())),
+                ("limit", Some("1000".into())),
+            ]),
+            Some(job_id.clone()),
+        ),
+    };
+    let v = call(t, "GET", &format!("/api/v1/dlq{q}"), None)?;
+    let list = v["dead_letters"].as_array().cloned().unwrap_or_default();
+    if let Some(id) = &show
+        && list.is_empty()
+    {
+        return Err(Failure::new(
+            EXIT_NOT_FOUND,
+            format!("no dead letter for job {id}"),
+        ));
+    }
+    match t.output {
+        Format::Json => output::json(&v),
+        Format::Table if show.is_some() => {
+            for d in &list {
+                let rows: Vec<Vec<String>> = [
+                    "job_id",
+                    "reason_code",
+                    "reason",
+                    "last_state",
+                    "attempts",
+                    "topic",
+                    "tenant_id",
+                    "cause",
+                ]
+                .iter()
+                .map(|f| vec![(*f).to_owned(), cell(&d[*f])])
+                .chain([vec!["at".to_owned(), time_cell(&d["at"])]])
+                .collect();
+                table(&["FIELD", "VALUE"], &rows);
+            }
+        }
+        Format::Table => {
+            let rows: Vec<Vec<String>> = list
+                .iter()
+                .map(|d| {
+                    vec![
+                        time_cell(&d["at"]),
+                        cell(&d["job_id"]),
+                        cell(&d["reason_code"]),
+                        cell(&d["attempts"]),
+                        cell(&d["reason"]),
+                    ]
+                })
+                .collect();
+            table(
+                &["AT (UTC)", "JOB", "REASON CODE", "ATTEMPTS", "REASON"],
+                &rows,
+            );
+        }
+    }
+    Ok(())
+}

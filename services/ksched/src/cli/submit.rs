@@ -1,0 +1,231 @@
+//! `ksched submit`: produce a JobRequest to a job topic.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+use ksched_core::records::{Budget, JobMeta, JobRequest, Priority};
+use rdkafka::ClientConfig;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use serde::Deserialize;
+use serde_json::json;
+
+use super::output::{self, Format};
+use super::{CliResult, EXIT_BAD_INPUT, EXIT_FAILED, Failure, Target};
+
+#[derive(Debug, Args)]
+pub struct SubmitArgs {
+    /// A JSON job description (fields as in the JobRequest schema; payload as a string).
+    /// Flags given as well override its fields.
+    #[arg(long, short = 'f')]
+    pub file: Option<PathBuf>,
+    /// Job topic [default: job.default].
+    #[arg(long)]
+    pub topic: Option<String>,
+    /// Job id [default: generated].
+    #[arg(long)]
+    pub job_id: Option<String>,
+    /// Tenant [default: default].
+    #[arg(long)]
+    pub tenant: Option<String>,
+    #[arg(long)]
+    pub principal: Option<String>,
+    /// critical, interactive or batch [default: batch].
+    #[arg(long)]
+    pub priority: Option<String>,
+    /// Label KEY=VALUE (repeatable).
+    #[arg(long = "label", value_name = "KEY=VALUE")]
+    pub labels: Vec<String>,
+    /// Environment KEY=VALUE (repeatable); keys starting with '$' are secret.
+    #[arg(long = "env", value_name = "KEY=VALUE")]
+    pub env: Vec<String>,
+    /// Payload text.
+    #[arg(long, conflicts_with = "payload_file")]
+    pub payload: Option<String>,
+    /// Payload from a file.
+    #[arg(long)]
+    pub payload_file: Option<PathBuf>,
+    /// Capability a pool must offer (repeatable).
+    #[arg(long = "requires", value_name = "CAPABILITY")]
+    pub requires: Vec<String>,
+    #[arg(long)]
+    pub capability: Option<String>,
+    /// Risk tag for the policy (repeatable).
+    #[arg(long = "risk-tag")]
+    pub risk_tags: Vec<String>,
+    #[arg(long)]
+    pub idempotency_key: Option<String>,
+    #[arg(long)]
+    pub deadline_ms: Option<i64>,
+    #[arg(long)]
+    pub max_runtime_ms: Option<i64>,
+    #[arg(long)]
+    pub workflow_id: Option<String>,
+}
+
+/// The JSON file format: every field optional.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+struct JobFile {
+    job_id: Option<String>,
+    topic: Option<String>,
+    tenant_id: Option<String>,
+    principal_id: Option<String>,
+    priority: Option<String>,
+    labels: BTreeMap<String, String>,
+    env: BTreeMap<String, String>,
+    payload: Option<String>,
+    budget: Budget,
+    meta: JobMeta,
+    workflow_id: Option<String>,
+    step_index: Option<i32>,
+}
+
+fn pairs(items: &[String], what: &str) -> Result<BTreeMap<String, String>, Failure> {
+    items
+        .iter()
+        .map(|kv| {
+            kv.split_once('=')
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .filter(|(k, _)| !k.is_empty())
+                .ok_or_else(|| {
+                    Failure::new(EXIT_BAD_INPUT, format!("{what} {kv:?} is not KEY=VALUE"))
+                })
+        })
+        .collect()
+}
+
+fn priority(s: &str) -> Result<Priority, Failure> {
+    match s.to_ascii_lowercase().as_str() {
+        "critical" => Ok(Priority::Critical),
+        "interactive" => Ok(Priority::Interactive),
+        "batch" => Ok(Priority::Batch),
+        other => Err(Failure::new(
+            EXIT_BAD_INPUT,
+            format!("priority {other:?} is not critical, interactive or batch"),
+        )),
+    }
+}
+
+/// Builds the request from the file and the flags.
+pub fn build(args: &SubmitArgs, now_ms: i64) -> Result<JobRequest, Failure> {
+    let file: JobFile = match &args.file {
+        Some(p) => {
+            let text = std::fs::read_to_string(p).map_err(|e| {
+                Failure::new(EXIT_BAD_INPUT, format!("reading {}: {e}", p.display()))
+            })?;
+            serde_json::from_str(&text)
+                .map_err(|e| Failure::new(EXIT_BAD_INPUT, format!("{}: {e}", p.display())))?
+        }
+        None => JobFile::default(),
+    };
+    let mut labels = file.labels;
+    labels.extend(pairs(&args.labels, "label")?);
+    let mut env = file.env;
+    env.extend(pairs(&args.env, "env")?);
+    let payload = match (&args.payload, &args.payload_file) {
+        (Some(p), _) => p.clone().into_bytes(),
+        (None, Some(f)) => std::fs::read(f)
+            .map_err(|e| Failure::new(EXIT_BAD_INPUT, format!("reading {}: {e}", f.display())))?,
+        (None, None) => file.payload.unwrap_or_default().into_bytes(),
+    };
+    let mut meta = file.meta;
+    meta.requires.extend(args.requires.iter().cloned());
+    meta.risk_tags.extend(args.risk_tags.iter().cloned());
+    if let Some(c) = &args.capability {
+        meta.capability = Some(c.clone());
+    }
+    if let Some(k) = &args.idempotency_key {
+        meta.idempotency_key = Some(k.clone());
+    }
+    let mut budget = file.budget;
+    if args.deadline_ms.is_some() {
+        budget.deadline_ms = args.deadline_ms;
+    }
+    if args.max_runtime_ms.is_some() {
+        budget.max_runtime_ms = args.max_runtime_ms;
+    }
+    let prio = match args.priority.as_ref().or(file.priority.as_ref()) {
+        Some(p) => priority(p)?,
+        None => Priority::Batch,
+    };
+    let job_id = args
+        .job_id
+        .clone()
+        .or(file.job_id)
+        .unwrap_or_else(|| format!("job-{}", uuid::Uuid::new_v4().simple()));
+    Ok(JobRequest {
+        job_id,
+        topic: args
+            .topic
+            .clone()
+            .or(file.topic)
+            .unwrap_or_else(|| "job.default".to_owned()),
+        tenant_id: args
+            .tenant
+            .clone()
+            .or(file.tenant_id)
+            .unwrap_or_else(|| "default".to_owned()),
+        principal_id: args.principal.clone().or(file.principal_id),
+        priority: prio,
+        labels,
+        env,
+        payload,
+        budget,
+        meta,
+        workflow_id: args.workflow_id.clone().or(file.workflow_id),
+        step_index: file.step_index,
+        compensation: None,
+        submitted_at: now_ms,
+    })
+}
+
+pub fn submit(t: &Target, args: SubmitArgs) -> CliResult {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64);
+    let request = build(&args, now)?;
+    let bytes = ksched_codec::encode(&request)
+        .map_err(|e| Failure::new(EXIT_BAD_INPUT, format!("encoding the job: {e}")))?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Failure::new(EXIT_FAILED, e.to_string()))?;
+    let (partition, offset) = rt.block_on(async {
+        let producer: FutureProducer = ClientConfig::new()
+            .set("bootstrap.servers", &t.bootstrap)
+            .set("enable.idempotence", "true")
+            .set("message.timeout.ms", "15000")
+            .create()
+            .map_err(|e| Failure::new(EXIT_FAILED, format!("kafka: {e}")))?;
+        producer
+            .send(
+                FutureRecord::to(&request.topic)
+                    .key(&request.job_id)
+                    .payload(&bytes),
+                Duration::from_secs(15),
+            )
+            .await
+            .map(|d| (d.partition, d.offset))
+            .map_err(|(e, _)| {
+                Failure::new(
+                    EXIT_FAILED,
+                    format!(
+                        "could not produce to {} at {}: {e} (does the topic exist? is the broker up?)",
+                        request.topic, t.bootstrap
+                    ),
+                )
+            })
+    })?;
+    match t.output {
+        Format::Json => output::json(&json!({
+            "job_id": request.job_id,
+            "topic": request.topic,
+            "partition": partition,
+            "offset": offset,
+        })),
+        Format::Table => println!("{}", request.job_id),
+    }
+    Ok(())
+}

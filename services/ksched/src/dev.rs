@@ -1,0 +1,504 @@
+//! `ksched dev`: the embedded default. One process: an in-memory Kafka (librdkafka's mock
+//! cluster, memory only), RocksDB in ./data/dev, the scheduler, demo workers in two pools, and
+//! a stream of demo jobs, printed as they happen. `--bootstrap-servers` uses a real broker.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use ksched_core::events::{Event, Input, JournalEntry};
+use ksched_core::records::{JobRequest, Priority, ResultMeta};
+use ksched_core::rules::{PoolRules, Rules, StrategyKind};
+use ksched_policy::PolicyBundle;
+use ksched_runtime::{Config, Settings, topics_of};
+use ksched_worker::{Outcome, Worker, WorkerConfig};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message;
+use rdkafka::mocking::MockCluster;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use tokio_util::sync::CancellationToken;
+
+use crate::cli::output::time;
+use crate::run::{Service, init_tracing, signals};
+
+/// The demo's safety policy: prod needs a human, destructive prod jobs never run.
+pub const DEV_POLICY: &str = r#"package ksched.input
+
+default allow := true
+
+deny contains "destructive jobs never run in prod" if {
+    input.job.labels.env == "prod"
+    "destructive" in input.job.meta.risk_tags
+}
+
+require_approval contains "jobs touching prod need a human" if {
+    input.job.labels.env == "prod"
+    not "destructive" in input.job.meta.risk_tags
+}
+
+constraints := {"max_retries": 2} if input.job.labels.flaky == "true"
+"#;
+
+pub const CPU_TOPIC: &str = "job.dev.cpu";
+pub const GPU_TOPIC: &str = "job.dev.gpu";
+
+#[derive(Debug, Args)]
+pub struct DevArgs {
+    /// Use this Kafka instead of the embedded in-memory one.
+    #[arg(long)]
+    pub bootstrap_servers: Option<String>,
+    /// RocksDB directory (wiped at start when Kafka is in memory: nothing else survives).
+    #[arg(long, default_value = "./data/dev")]
+    pub data_dir: PathBuf,
+    /// HTTP API address.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub http_listen: String,
+    /// Stop after this many seconds (0: run until Ctrl-C).
+    #[arg(long, default_value_t = 0)]
+    pub duration: u64,
+    /// Seconds between background demo jobs after the first wave (0: none).
+    #[arg(long, default_value_t = 3)]
+    pub trickle: u64,
+    /// Print each journal entry's events (otherwise only the notable ones).
+    #[arg(long)]
+    pub verbose: bool,
+}
+
+fn dev_rules() -> Rules {
+    let mut r = Rules::default();
+    r.topics.insert(CPU_TOPIC.into(), vec!["cpu".into()]);
+    r.topics.insert(GPU_TOPIC.into(), vec!["gpu".into()]);
+    r.pools.insert("cpu".into(), PoolRules::default());
+    r.pools.insert(
+        "gpu".into(),
+        PoolRules {
+            requires: vec!["gpu".into()],
+            strategy: StrategyKind::Capacity,
+        },
+    );
+    r.timing.worker_ttl_ms = 10_000;
+    r.retry.initial_backoff_ms = 500;
+    r.retry.max_backoff_ms = 2_000;
+    r
+}
+
+fn dev_config(args: &DevArgs, bootstrap: &str, in_memory: bool) -> Config {
+    let mut settings = Settings::default();
+    settings.kafka.bootstrap_servers = bootstrap.to_owned();
+    settings.kafka.client_id = "ksched-dev".into();
+    settings.topics.create = !in_memory;
+    settings.topics.dispatch_partitions = 4;
+    settings.processor.group_id = "ksched-dev-processor".into();
+    settings.processor.tick_interval_ms = 500;
+    settings.storage.data_dir = args.data_dir.clone();
+    settings.http.listen = args.http_listen.clone();
+    settings.log.level = "warn,ksched=warn".into();
+    let rules = dev_rules();
+    settings.scheduler.timing = rules.timing.clone();
+    settings.scheduler.retry = rules.retry.clone();
+    let mut policy = PolicyBundle::default();
+    policy
+        .modules
+        .insert("input.rego".into(), DEV_POLICY.into());
+    policy.data_json = "{}".into();
+    Config {
+        settings,
+        rules,
+        policy,
+        source: None,
+    }
+}
+
+/// The first wave of demo jobs and what each one shows.
+pub fn demo_jobs() -> Vec<(JobRequest, &'static str)> {
+    let job = |id: &str, topic: &str| JobRequest {
+        job_id: id.into(),
+        topic: topic.into(),
+        tenant_id: "demo".into(),
+        principal_id: Some("dev".into()),
+        priority: Priority::Interactive,
+        payload: b"demo".to_vec(),
+        submitted_at: now_ms(),
+        ..Default::default()
+    };
+    let mut out = Vec::new();
+    for i in 1..=3 {
+        out.push((
+            job(&format!("demo-hello-{i}"), CPU_TOPIC),
+            "runs on a cpu worker",
+        ));
+    }
+    let mut render = job("demo-render-1", GPU_TOPIC);
+    render.meta.requires = vec!["gpu".into()];
+    render.labels.insert("memory".into(), "2Gi".into());
+    out.push((render, "needs a gpu and 2Gi: bin-packed on the gpu pool"));
+    let mut flaky = job("demo-flaky-1", CPU_TOPIC);
+    flaky.labels.insert("flaky".into(), "true".into());
+    out.push((
+        flaky,
+        "fails its first attempt, is retried after a backoff, then succeeds",
+    ));
+    let mut deploy = job("demo-deploy-prod", CPU_TOPIC);
+    deploy.labels.insert("env".into(), "prod".into());
+    out.push((deploy, "touches prod: waits for approval"));
+    let mut wipe = job("demo-wipe-prod", CPU_TOPIC);
+    wipe.labels.insert("env".into(), "prod".into());
+    wipe.meta.risk_tags = vec!["destructive".into()];
+    out.push((wipe, "destructive in prod: denied by policy"));
+    let mut broken = job("demo-broken-1", CPU_TOPIC);
+    broken.labels.insert("demo.fatal".into(), "true".into());
+    out.push((
+        broken,
+        "fails fatally: dead-lettered with the worker's error code",
+    ));
+    out
+}
+
+/// What the demo workers do with a job.
+async fn demo_handler(job: ksched_worker::JobContext) -> Outcome {
+    let labels = &job.dispatch.job.labels;
+    let steps = 4;
+    for i in 1..=steps {
+        tokio::select! {
+            _ = job.cancel.cancelled() => return Outcome::Cancelled,
+            _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+        }
+        job.progress(f64::from(i) / f64::from(steps), "").await;
+    }
+    if labels.get("demo.fatal").is_some_and(|v| v == "true") {
+        return Outcome::fatal(
+            "demo_input_invalid",
+            "the demo asked this job to fail for good",
+        );
+    }
+    if labels.get("flaky").is_some_and(|v| v == "true") && job.attempt() == 1 {
+        return Outcome::retryable("demo_transient", "first attempt fails by design");
+    }
+    Outcome::Succeeded {
+        result_ptr: Some(format!("memory://results/{}", job.job_id())),
+        meta: ResultMeta {
+            size_bytes: Some(42),
+            content_type: Some("text/plain".into()),
+            labels: BTreeMap::new(),
+        },
+    }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+pub fn main(args: DevArgs) -> ExitCode {
+    match dev(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ksched dev: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn dev(args: DevArgs) -> anyhow::Result<()> {
+    // The mock cluster lives on this thread for the whole run (it is not Send).
+    let mock = match &args.bootstrap_servers {
+        Some(_) => None,
+        None => Some(MockCluster::new(1).context("starting the embedded Kafka")?),
+    };
+    let bootstrap = match (&mock, &args.bootstrap_servers) {
+        (Some(m), _) => m.bootstrap_servers(),
+        (None, Some(b)) => b.clone(),
+        (None, None) => unreachable!("one of the two is set"),
+    };
+    let in_memory = mock.is_some();
+    if in_memory && args.data_dir.exists() {
+        // The journal it mirrored is gone with the last in-memory Kafka.
+        std::fs::remove_dir_all(&args.data_dir)
+            .with_context(|| format!("clearing {}", args.data_dir.display()))?;
+    }
+    let config = dev_config(&args, &bootstrap, in_memory);
+    init_tracing("text", &config.settings.log.level);
+    let topics = topics_of(&config);
+    if let Some(m) = &mock {
+        let s = &config.settings.topics;
+        let create = |name: &str, partitions: i32| {
+            m.create_topic(name, partitions, 1)
+                .with_context(|| format!("creating {name} in the embedded Kafka"))
+        };
+        for t in &topics.jobs {
+            create(t, s.job_partitions)?;
+        }
+        create(&topics.results, s.results_partitions)?;
+        create(&topics.control, s.control_partitions)?;
+        create(&topics.heartbeats, s.heartbeats_partitions)?;
+        create(&topics.journal, s.journal_partitions)?;
+        create(&topics.dlq, s.dlq_partitions)?;
+        for p in &topics.pools {
+            create(&topics.dispatch(p), s.dispatch_partitions)?;
+        }
+    }
+    banner(&args, &bootstrap, in_memory);
+
+    let service = Service::start(config.clone())?;
+    service.rt.spawn(signals(service.shutdown.clone()));
+    let stop = CancellationToken::new();
+
+    // Print the journal as it grows.
+    let printer = {
+        let (bootstrap, journal, shutdown, verbose) = (
+            bootstrap.clone(),
+            topics.journal.clone(),
+            service.shutdown.clone(),
+            args.verbose,
+        );
+        std::thread::spawn(move || print_journal(&bootstrap, &journal, &shutdown, verbose))
+    };
+
+    // Demo workers: two on cpu, one on gpu.
+    let _runtime = service.rt.enter();
+    let mut workers = Vec::new();
+    for (id, pool, gpu) in [
+        ("cpu-worker-1", "cpu", false),
+        ("cpu-worker-2", "cpu", false),
+        ("gpu-worker-1", "gpu", true),
+    ] {
+        let mut cfg = WorkerConfig::new(&bootstrap, id, pool);
+        cfg.heartbeat_interval = Duration::from_secs(1);
+        cfg.max_parallel_jobs = 2;
+        cfg.report_host_load = false;
+        if gpu {
+            cfg.capabilities = vec!["gpu".into()];
+            cfg.memory_free_bytes = Some(16 << 30);
+            cfg.labels.insert("accelerator".into(), "demo-gpu".into());
+        }
+        let worker = Worker::new(cfg)?;
+        let token = stop.clone();
+        workers.push(
+            service
+                .rt
+                .spawn(async move { worker.run(demo_handler, token).await }),
+        );
+    }
+
+    // The demo jobs, then a trickle.
+    let (submitter, shutdown) = (stop.clone(), service.shutdown.clone());
+    let trickle = args.trickle;
+    let bootstrap_for_jobs = bootstrap.clone();
+    service.rt.spawn(async move {
+        let producer: FutureProducer = match ClientConfig::new()
+            .set("bootstrap.servers", &bootstrap_for_jobs)
+            .create()
+        {
+            Ok(p) => p,
+            Err(e) => {
+                eprintln!("ksched dev: cannot submit demo jobs: {e}");
+                return;
+            }
+        };
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        for (job, what) in demo_jobs() {
+            println!("submit   {:<18} {what}", job.job_id);
+            submit(&producer, &job).await;
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        if trickle == 0 {
+            return;
+        }
+        let mut n = 0u64;
+        while !submitter.is_cancelled() && !shutdown.load(Ordering::Relaxed) {
+            tokio::time::sleep(Duration::from_secs(trickle)).await;
+            n += 1;
+            let mut job = demo_jobs().remove(0).0;
+            job.job_id = format!("demo-batch-{n}");
+            job.priority = Priority::Batch;
+            job.submitted_at = now_ms();
+            submit(&producer, &job).await;
+        }
+    });
+
+    // Run until the duration passes or a signal arrives.
+    let shutdown = service.shutdown.clone();
+    let limit = (args.duration > 0).then(|| Duration::from_secs(args.duration));
+    let started = std::time::Instant::now();
+    while !shutdown.load(Ordering::Relaxed) && limit.is_none_or(|l| started.elapsed() < l) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    println!("stopping: workers drain, the open batch commits");
+    stop.cancel();
+    service.rt.block_on(async {
+        for w in workers {
+            let _ = w.await;
+        }
+    });
+    shutdown.store(true, Ordering::Relaxed);
+    let _ = printer.join();
+    service.wait()?;
+    drop(mock);
+    Ok(())
+}
+
+async fn submit(producer: &FutureProducer, job: &JobRequest) {
+    let Ok(bytes) = ksched_codec::encode(job) else {
+        return;
+    };
+    if let Err((e, _)) = producer
+        .send(
+            FutureRecord::to(&job.topic)
+                .key(&job.job_id)
+                .payload(&bytes),
+            Duration::from_secs(10),
+        )
+        .await
+    {
+        eprintln!("ksched dev: submitting {}: {e}", job.job_id);
+    }
+}
+
+fn banner(args: &DevArgs, bootstrap: &str, in_memory: bool) {
+    let kafka = if in_memory {
+        format!(
+            "EMBEDDED IN-MEMORY KAFKA at {bootstrap} (librdkafka mock cluster: memory only, everything is gone on exit)"
+        )
+    } else {
+        format!("Kafka at {bootstrap}")
+    };
+    let api = format!("http://{}", args.http_listen);
+    println!(
+        "\nksched dev\n  {kafka}\n  RocksDB projection in {}\n  HTTP API {api}\n  pools: cpu (2 workers, least_loaded), gpu (1 worker, capacity)\n\n\
+         Inspect while it runs (another terminal):\n  \
+         curl {api}/api/v1/jobs\n  \
+         ksched jobs list --api {api}\n  \
+         ksched jobs history demo-flaky-1 --api {api}\n  \
+         ksched workers list --api {api}\n  \
+         ksched dlq list --api {api}\n  \
+         ksched approve demo-deploy-prod --api {api}\n  \
+         ksched journal tail --follow --bootstrap-servers {bootstrap}\n  \
+         curl {api}/metrics\n\nCtrl-C stops it.\n",
+        args.data_dir.display()
+    );
+}
+
+/// Prints journal entries as they are committed, until `shutdown`.
+fn print_journal(bootstrap: &str, topic: &str, shutdown: &AtomicBool, verbose: bool) {
+    let consumer: BaseConsumer = match ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", "ksched-dev-printer")
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .create()
+    {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("ksched dev: cannot read the journal: {e}");
+            return;
+        }
+    };
+    let mut tpl = TopicPartitionList::new();
+    if tpl
+        .add_partition_offset(topic, 0, Offset::Beginning)
+        .is_err()
+        || consumer.assign(&tpl).is_err()
+    {
+        return;
+    }
+    while !shutdown.load(Ordering::Relaxed) {
+        let Some(Ok(m)) = consumer.poll(Duration::from_millis(200)) else {
+            continue;
+        };
+        let Some(Ok(entry)) = m.payload().map(ksched_codec::decode::<JournalEntry>) else {
+            continue;
+        };
+        for line in describe(&entry, verbose) {
+            println!("{}  {line}", &time(entry.log_time)[11..]);
+        }
+    }
+}
+
+/// One line per notable event of an entry.
+pub fn describe(entry: &JournalEntry, verbose: bool) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in &entry.events {
+        let line = match e {
+            Event::JobAccepted(a) => Some(format!(
+                "{:<18} accepted on {} -> pools [{}]",
+                a.job_id,
+                a.request.topic,
+                a.pools.join(", ")
+            )),
+            Event::JobScheduled(s) => {
+                let score = s
+                    .candidates
+                    .iter()
+                    .find(|c| c.worker_id == s.worker_id)
+                    .and_then(|c| c.score)
+                    .map(|x| format!(" score {x:.2}"))
+                    .unwrap_or_default();
+                Some(format!(
+                    "{:<18} attempt {} -> {} ({} of {} candidates,{score})",
+                    s.job_id,
+                    s.attempt,
+                    s.worker_id,
+                    s.strategy,
+                    s.candidates.len()
+                ))
+            }
+            Event::JobRunning(r) => {
+                verbose.then(|| format!("{:<18} running on {}", r.job_id, r.worker_id))
+            }
+            Event::JobSucceeded(s) => Some(format!(
+                "{:<18} SUCCEEDED on {} ({} ms)",
+                s.job_id, s.worker_id, s.execution_ms
+            )),
+            Event::JobRetrying(r) => Some(format!(
+                "{:<18} attempt {} failed ({}); retry in {} ms",
+                r.job_id, r.attempt, r.error_code, r.backoff_ms
+            )),
+            Event::JobFailed(f) => Some(format!("{:<18} FAILED: {}", f.job_id, f.reason_code)),
+            Event::JobDenied(d) => {
+                Some(format!("{:<18} DENIED: {}", d.job_id, d.reasons.join("; ")))
+            }
+            Event::ApprovalRequested(a) => Some(format!(
+                "{:<18} APPROVAL REQUIRED ({}): run `ksched approve {}`",
+                a.job_id,
+                a.reasons.join("; "),
+                a.job_id
+            )),
+            Event::JobApproved(a) => Some(format!("{:<18} approved by {}", a.job_id, a.approver)),
+            Event::JobCancelled(c) => {
+                Some(format!("{:<18} CANCELLED by {}", c.job_id, c.principal_id))
+            }
+            Event::JobTimedOut(t) => Some(format!("{:<18} TIMEOUT: {}", t.job_id, t.detail)),
+            Event::JobWaiting(w) => Some(format!("{:<18} waiting: {}", w.job_id, w.detail)),
+            Event::DeadLettered(d) => Some(format!(
+                "{:<18} -> DLQ {}: {}",
+                d.dead_letter.job_id, d.dead_letter.reason_code, d.dead_letter.reason
+            )),
+            Event::WorkerUpdated(u) if u.joined => Some(format!(
+                "worker {} joined pool {}",
+                u.worker_id, u.heartbeat.pool
+            )),
+            Event::WorkerLost(l) => Some(format!("worker {} LOST", l.worker_id)),
+            Event::CircuitChanged(c) => Some(format!(
+                "pool {} circuit {:?} -> {:?}: {}",
+                c.pool, c.from, c.to, c.reason
+            )),
+            Event::ConfigApplied(c) => Some(format!(
+                "rules {} and policy {} in force",
+                c.config.rules_id, c.config.policy_snapshot
+            )),
+            other if verbose => Some(format!("{} {}", other.name(), other.job_id().unwrap_or(""))),
+            _ => None,
+        };
+        out.extend(line);
+    }
+    if verbose && out.is_empty() && !matches!(entry.input, Input::Tick(_) | Input::Heartbeat(_)) {
+        out.push(format!("{} (no events)", entry.input.kind()));
+    }
+    out
+}

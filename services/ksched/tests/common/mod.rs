@@ -1,0 +1,240 @@
+//! `ksched run` as a child process with its own topics, data and HTTP port; the `ksched`
+//! binary for CLI calls; an HTTP client.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use ksched_testkit::{bootstrap_servers, unique};
+
+pub const POLICY: &str = r#"package ksched.input
+
+default allow := true
+
+require_approval contains "a human must approve" if input.job.labels.approval == "required"
+
+deny contains "denied by the test policy" if input.job.labels.deny == "true"
+"#;
+
+pub struct RunningScheduler {
+    pub child: Child,
+    pub bootstrap: String,
+    pub prefix: String,
+    pub job_topic: String,
+    pub api: String,
+    pub dir: tempfile::TempDir,
+    pub config: PathBuf,
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+pub fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_ksched")
+}
+
+impl RunningScheduler {
+    /// Writes a configuration and starts `ksched run`; returns once /health/ready says so.
+    pub fn start(extra: &str) -> RunningScheduler {
+        let bootstrap = bootstrap_servers().unwrap_or_else(|e| panic!("{e}"));
+        let prefix = format!("{}.", unique("cli"));
+        let job_topic = format!("{prefix}jobs");
+        let dir = tempfile::tempdir().unwrap();
+        let policy = dir.path().join("policy");
+        std::fs::create_dir_all(&policy).unwrap();
+        std::fs::write(policy.join("input.rego"), POLICY).unwrap();
+        std::fs::write(
+            dir.path().join("pools.yaml"),
+            format!("topics:\n  {job_topic}: default\npools:\n  default: {{}}\n"),
+        )
+        .unwrap();
+        let port = free_port();
+        let api = format!("http://127.0.0.1:{port}");
+        let config = dir.path().join("ksched.yaml");
+        std::fs::write(
+            &config,
+            format!(
+                "kafka:\n  bootstrap_servers: {bootstrap}\n\
+                 topics:\n  prefix: {prefix}\n  dispatch_partitions: 2\n  job_partitions: 2\n  results_partitions: 2\n\
+                 processor:\n  group_id: {prefix}processor\n  tick_interval_ms: 200\n  commit_interval_ms: 10\n\
+                 scheduler:\n  overload:\n    cpu_load: 1000\n  retry:\n    initial_backoff_ms: 100\n    max_backoff_ms: 500\n\
+                 storage:\n  data_dir: {}\n\
+                 http:\n  listen: 127.0.0.1:{port}\n{extra}",
+                dir.path().join("data").display()
+            ),
+        )
+        .unwrap();
+        let log = std::fs::File::create(dir.path().join("ksched.log")).unwrap();
+        let child = Command::new(bin())
+            .args(["run", "--config"])
+            .arg(&config)
+            .stdout(Stdio::from(log.try_clone().unwrap()))
+            .stderr(Stdio::from(log))
+            .spawn()
+            .unwrap();
+        let c = RunningScheduler {
+            child,
+            bootstrap,
+            prefix,
+            job_topic,
+            api,
+            dir,
+            config,
+        };
+        c.wait_ready();
+        c
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("ksched.log")).unwrap_or_default()
+    }
+
+    fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok((200, _)) = http(&format!("{}/health/ready", self.api), "GET", None) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "ksched run never got ready:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// Runs `ksched <args>` against this scheduler; returns (exit code, stdout, stderr).
+    pub fn cli(&self, args: &[&str]) -> (i32, String, String) {
+        let out: Output = Command::new(bin())
+            .args(args)
+            .args([
+                "--bootstrap-servers",
+                &self.bootstrap,
+                "--api",
+                &self.api,
+                "--prefix",
+                &self.prefix,
+            ])
+            .arg("--config")
+            .arg(&self.config)
+            .output()
+            .unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    pub fn stop(mut self) {
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status();
+        let status = self.child.wait().unwrap();
+        assert!(
+            status.success(),
+            "ksched run did not stop cleanly: {status:?}\n{}",
+            self.log()
+        );
+    }
+
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+}
+
+impl Drop for RunningScheduler {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A minimal HTTP/1.1 client (status, body), so the tests check the server, not a library.
+pub fn http(url: &str, method: &str, body: Option<&str>) -> std::io::Result<(u16, String)> {
+    use std::io::{Read, Write};
+    let rest = url.strip_prefix("http://").unwrap();
+    let (host, path) = rest
+        .split_once('/')
+        .map_or((rest, "/".to_owned()), |(h, p)| (h, format!("/{p}")));
+    let mut s = std::net::TcpStream::connect(host)?;
+    s.set_read_timeout(Some(Duration::from_secs(30)))?;
+    let body = body.unwrap_or("");
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )?;
+    let mut resp = Vec::new();
+    s.read_to_end(&mut resp)?;
+    let resp = String::from_utf8_lossy(&resp).into_owned();
+    let status: u16 = resp
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let (head, body) = resp.split_once("\r\n\r\n").unwrap_or((&resp, ""));
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        dechunk(body)
+    } else {
+        body.to_owned()
+    };
+    Ok((status, body))
+}
+
+fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = s.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        s = &rest[n + 2..];
+    }
+    out
+}
+
+pub fn json(url: &str) -> serde_json::Value {
+    let (code, body) = http(url, "GET", None).unwrap();
+    assert_eq!(code, 200, "GET {url}: {body}");
+    serde_json::from_str(&body).unwrap()
+}
+
+/// Polls `cond` until it holds or panics after `secs`.
+pub fn wait_until(what: &str, secs: u64, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+pub fn job_state(api: &str, id: &str) -> Option<String> {
+    let (code, body) = http(&format!("{api}/api/v1/jobs/{id}"), "GET", None).ok()?;
+    (code == 200).then(|| {
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        v["state"].as_str().unwrap_or("").to_owned()
+    })
+}
+
+pub fn wait_state(api: &str, id: &str, state: &str) {
+    wait_until(&format!("{id} to be {state}"), 60, || {
+        job_state(api, id).as_deref() == Some(state)
+    });
+}
+
+pub fn path_str(p: &Path) -> String {
+    p.display().to_string()
+}

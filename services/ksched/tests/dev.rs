@@ -1,0 +1,96 @@
+//! `ksched dev` for a bounded time: the embedded in-memory Kafka, the scheduler, the demo
+//! workers and the demo jobs, which reach their expected terminal states (the approval one
+//! after an approval through the HTTP API).
+
+mod common;
+
+use std::process::{Command, Stdio};
+
+use common::*;
+
+#[test]
+fn ksched_dev_runs_the_demo_to_its_expected_outcomes() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let api = format!("http://127.0.0.1:{port}");
+    let out_path = dir.path().join("dev.out");
+    let out = std::fs::File::create(&out_path).unwrap();
+    let mut child = Command::new(bin())
+        .args([
+            "dev",
+            "--duration",
+            "90",
+            "--http-listen",
+            &format!("127.0.0.1:{port}"),
+            "--data-dir",
+        ])
+        .arg(dir.path().join("data"))
+        .stdout(Stdio::from(out.try_clone().unwrap()))
+        .stderr(Stdio::from(out))
+        .spawn()
+        .unwrap();
+    let output = || std::fs::read_to_string(&out_path).unwrap_or_default();
+
+    wait_until("the demo approval request", 60, || {
+        job_state(&api, "demo-deploy-prod").as_deref() == Some("APPROVAL_REQUIRED")
+    });
+    let (code, body) = http(
+        &format!("{api}/api/v1/jobs/demo-deploy-prod/approve"),
+        "POST",
+        Some(r#"{"approver":"test"}"#),
+    )
+    .unwrap();
+    assert_eq!(code, 202, "{body}");
+
+    for (job, state) in [
+        ("demo-hello-1", "SUCCEEDED"),
+        ("demo-hello-2", "SUCCEEDED"),
+        ("demo-hello-3", "SUCCEEDED"),
+        ("demo-render-1", "SUCCEEDED"),
+        ("demo-flaky-1", "SUCCEEDED"),
+        ("demo-deploy-prod", "SUCCEEDED"),
+        ("demo-wipe-prod", "DENIED"),
+        ("demo-broken-1", "FAILED"),
+    ] {
+        wait_until(&format!("{job} to be {state}"), 60, || {
+            job_state(&api, job).as_deref() == Some(state)
+        });
+    }
+    let flaky = json(&format!("{api}/api/v1/jobs/demo-flaky-1"));
+    assert_eq!(flaky["attempt"], 2, "retried once");
+    let render = json(&format!("{api}/api/v1/jobs/demo-render-1"));
+    assert_eq!(render["pool"], "gpu");
+    let dlq = json(&format!("{api}/api/v1/dlq"));
+    let codes: Vec<&str> = dlq["dead_letters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["reason_code"].as_str().unwrap())
+        .collect();
+    assert!(
+        codes.contains(&"safety_denied") && codes.contains(&"demo_input_invalid"),
+        "{codes:?}"
+    );
+    wait_until("a trickle job", 30, || {
+        job_state(&api, "demo-batch-1").is_some()
+    });
+
+    Command::new("kill")
+        .arg("-INT")
+        .arg(child.id().to_string())
+        .status()
+        .unwrap();
+    let status = child.wait().unwrap();
+    let text = output();
+    assert!(status.success(), "{status:?}\n{text}");
+    assert!(text.contains("EMBEDDED IN-MEMORY KAFKA"), "{text}");
+    assert!(
+        text.contains("demo-flaky-1") && text.contains("retry in"),
+        "{text}"
+    );
+    assert!(text.contains("APPROVAL REQUIRED"), "{text}");
+    assert!(
+        text.contains("ksched jobs list"),
+        "tells how to inspect: {text}"
+    );
+}

@@ -1,0 +1,555 @@
+//! The HTTP API served by `ksched run` (docs/openapi.yaml): read-only queries over the
+//! projection, approve/reject/cancel (which produce control records, like the CLI), health
+//! and readiness, and `/metrics`. Secret env values are hidden in every view.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::extract::{Path, Query, State as AxState};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use ksched_core::events::JobState;
+use ksched_core::records::{ApproveJob, CancelJob, DeadLetter, RejectJob, redact_env};
+use ksched_core::state::{Job, Worker};
+use ksched_store::Store;
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tracing::info;
+
+use crate::error::{Result, kafka};
+use crate::processor::wall_clock_ms;
+use crate::settings::Settings;
+use crate::status::Status;
+use crate::topics::{Topics, client_config};
+
+/// Most jobs one list request returns.
+pub const MAX_LIMIT: usize = 10_000;
+/// Jobs a list request returns without `limit`.
+pub const DEFAULT_LIMIT: usize = 100;
+
+/// What the handlers share.
+pub struct Api {
+    store: Store,
+    status: Arc<Status>,
+    producer: FutureProducer,
+    topics: Topics,
+    kafka_ok: Mutex<(Option<Instant>, bool)>,
+}
+
+impl std::fmt::Debug for Api {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Api").finish_non_exhaustive()
+    }
+}
+
+impl Api {
+    pub fn new(
+        settings: &Settings,
+        topics: Topics,
+        store: Store,
+        status: Arc<Status>,
+    ) -> Result<Api> {
+        let producer: FutureProducer = client_config(settings)
+            .set("client.id", format!("{}-api", settings.kafka.client_id))
+            .set("enable.idempotence", "true")
+            .set("message.timeout.ms", "10000")
+            .create()
+            .map_err(kafka("creating the API producer"))?;
+        Ok(Api {
+            store,
+            status,
+            producer,
+            topics,
+            kafka_ok: Mutex::new((None, false)),
+        })
+    }
+
+    /// Whether the broker answers a metadata request (cached for a second).
+    fn kafka_reachable(&self) -> bool {
+        let mut guard = self.kafka_ok.lock().unwrap_or_else(|p| p.into_inner());
+        if let (Some(at), ok) = *guard
+            && at.elapsed() < Duration::from_secs(1)
+        {
+            return ok;
+        }
+        let ok = self
+            .producer
+            .client()
+            .fetch_metadata(Some(&self.topics.control), Duration::from_millis(1500))
+            .is_ok();
+        *guard = (Some(Instant::now()), ok);
+        ok
+    }
+}
+
+/// A JSON error with a status code.
+struct ApiError(StatusCode, String);
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.0, axum::Json(json!({ "error": self.1 }))).into_response()
+    }
+}
+
+fn bad_request(msg: impl Into<String>) -> ApiError {
+    ApiError(StatusCode::BAD_REQUEST, msg.into())
+}
+
+fn internal(e: impl std::fmt::Display) -> ApiError {
+    ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
+}
+
+type ApiResult<T = axum::Json<Value>> = std::result::Result<T, ApiError>;
+
+/// The routes.
+pub fn router(api: Arc<Api>) -> Router {
+    Router::new()
+        .route("/health/live", get(live))
+        .route("/health/ready", get(ready))
+        .route("/metrics", get(metrics))
+        .route("/api/v1/jobs", get(list_jobs))
+        .route("/api/v1/jobs/{id}", get(get_job))
+        .route("/api/v1/jobs/{id}/history", get(job_history))
+        .route("/api/v1/jobs/{id}/approve", post(approve))
+        .route("/api/v1/jobs/{id}/reject", post(reject))
+        .route("/api/v1/jobs/{id}/cancel", post(cancel))
+        .route("/api/v1/workers", get(workers))
+        .route("/api/v1/dlq", get(dlq))
+        .route("/api/v1/tenants", get(tenants))
+        .fallback(|| async { ApiError(StatusCode::NOT_FOUND, "no such route".into()) })
+        .with_state(api)
+}
+
+/// Serves the API on `listen` until `shutdown` resolves.
+pub async fn serve(
+    listen: &str,
+    api: Arc<Api>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<()> {
+    let listener = tokio::net::TcpListener::bind(listen).await.map_err(|e| {
+        crate::error::Error::Other(format!("binding the HTTP API to {listen}: {e}"))
+    })?;
+    info!(listen, "HTTP API listening");
+    axum::serve(listener, router(api))
+        .with_graceful_shutdown(shutdown)
+        .await
+        .map_err(|e| crate::error::Error::Other(format!("HTTP API: {e}")))
+}
+
+async fn live() -> axum::Json<Value> {
+    axum::Json(json!({ "status": "ok" }))
+}
+
+async fn ready(AxState(api): AxState<Arc<Api>>) -> Response {
+    let caught_up = api.status.is_caught_up();
+    let kafka = {
+        let api = api.clone();
+        tokio::task::spawn_blocking(move || api.kafka_reachable())
+            .await
+            .unwrap_or(false)
+    };
+    let body = json!({
+        "ready": caught_up && kafka,
+        "caught_up": caught_up,
+        "kafka_reachable": kafka,
+        "journal_watermark": api.status.watermark.load(std::sync::atomic::Ordering::Relaxed),
+    });
+    let code = if caught_up && kafka {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (code, axum::Json(body)).into_response()
+}
+
+async fn metrics(AxState(api): AxState<Arc<Api>>) -> Response {
+    (
+        [("content-type", "text/plain; version=0.0.4")],
+        api.status.metrics.render(),
+    )
+        .into_response()
+}
+
+/// A job as the API and the CLI show it (secret env values hidden, payload as its size).
+pub fn job_view(id: &str, j: &Job) -> Value {
+    let r = &j.request;
+    json!({
+        "job_id": id,
+        "state": j.state.as_str(),
+        "tenant_id": r.tenant_id,
+        "principal_id": r.principal_id,
+        "topic": r.topic,
+        "priority": r.priority.as_str(),
+        "pools": j.pools,
+        "attempt": j.attempt,
+        "worker_id": j.worker_id,
+        "pool": j.pool,
+        "labels": r.labels,
+        "env": redact_env(&r.env),
+        "payload_size": r.payload.len(),
+        "budget": { "deadline_ms": r.budget.deadline_ms, "max_runtime_ms": r.budget.max_runtime_ms },
+        "meta": {
+            "idempotency_key": r.meta.idempotency_key,
+            "capability": r.meta.capability,
+            "risk_tags": r.meta.risk_tags,
+            "requires": r.meta.requires,
+            "actor_id": r.meta.actor_id,
+        },
+        "workflow_id": r.workflow_id,
+        "constraints": {
+            "max_retries": j.constraints.max_retries,
+            "max_concurrent_jobs": j.constraints.max_concurrent_jobs,
+            "max_runtime_ms": j.constraints.max_runtime_ms,
+            "deadline_ms": j.constraints.deadline_ms,
+            "labels": j.constraints.labels,
+        },
+        "job_hash": j.job_hash,
+        "policy_snapshot": j.policy_snapshot,
+        "submitted_at": r.submitted_at,
+        "accepted_at": j.accepted_at,
+        "updated_at": j.updated_at,
+        "deadline_at": j.deadline_at,
+        "retry_at": j.retry_at,
+        "wait_reason": j.wait_reason,
+        "progress": j.progress,
+        "last_error": j.last_error,
+        "result_ptr": j.result_ptr,
+        "execution_ms": j.execution_ms,
+        "dlq_reason": j.dlq_reason,
+    })
+}
+
+pub fn worker_view(id: &str, w: &Worker) -> Value {
+    let hb = &w.heartbeat;
+    json!({
+        "worker_id": id,
+        "pool": hb.pool,
+        "alive": w.alive,
+        "last_seen": w.last_seen,
+        "joined_at": w.joined_at,
+        "active_jobs": hb.active_jobs,
+        "max_parallel_jobs": hb.max_parallel_jobs,
+        "cpu_load": hb.cpu_load,
+        "gpu_utilization": hb.gpu_utilization,
+        "memory_load": hb.memory_load,
+        "memory_free_bytes": hb.memory_free_bytes,
+        "capabilities": hb.capabilities,
+        "labels": hb.labels,
+        "owned_partitions": hb.owned_partitions,
+        "draining": hb.draining,
+    })
+}
+
+pub fn dead_letter_view(d: &DeadLetter) -> Value {
+    json!({
+        "job_id": d.job_id,
+        "topic": d.topic,
+        "tenant_id": d.tenant_id,
+        "reason_code": d.reason_code,
+        "reason": d.reason,
+        "last_state": d.last_state,
+        "attempts": d.attempts,
+        "cause": { "topic": d.cause_topic, "partition": d.cause_partition, "offset": d.cause_offset },
+        "at": d.at,
+    })
+}
+
+fn limit_of(q: &HashMap<String, String>) -> ApiResult<usize> {
+    match q.get("limit") {
+        None => Ok(DEFAULT_LIMIT),
+        Some(v) => match v.parse::<usize>() {
+            Ok(n) if (1..=MAX_LIMIT).contains(&n) => Ok(n),
+            _ => Err(bad_request(format!(
+                "limit must be a number from 1 to {MAX_LIMIT}, got {v:?}"
+            ))),
+        },
+    }
+}
+
+/// Checks query parameters against the known ones.
+fn only(q: &HashMap<String, String>, known: &[&str]) -> ApiResult<()> {
+    for k in q.keys() {
+        if !known.contains(&k.as_str()) {
+            return Err(bad_request(format!(
+                "unknown query parameter {k:?}; known: {}",
+                known.join(", ")
+            )));
+        }
+    }
+    Ok(())
+}
+
+async fn list_jobs(
+    AxState(api): AxState<Arc<Api>>,
+    Query(q): Query<HashMap<String, String>>,
+) -> ApiResult {
+    only(&q, &["state", "tenant", "pool", "topic", "limit", "after"])?;
+    let limit = limit_of(&q)?;
+    let state = match q.get("state") {
+        None => None,
+        Some(s) => Some(JobState::parse(s).ok_or_else(|| {
+            bad_request(format!(
+                "unknown state {s:?}; one of {}",
+                JobState::ALL.map(JobState::as_str).join(", ")
+            ))
+        })?),
+    };
+    let (tenant, pool, topic) = (
+        q.get("tenant").cloned(),
+        q.get("pool").cloned(),
+        q.get("topic").cloned(),
+    );
+    let keep = move |_: &str, j: &Job| {
+        state.is_none_or(|s| j.state == s)
+            && tenant.as_ref().is_none_or(|t| &j.request.tenant_id == t)
+            && pool
+                .as_ref()
+                .is_none_or(|p| j.pool.as_ref() == Some(p) || j.pools.contains(p))
+            && topic.as_ref().is_none_or(|t| &j.request.topic == t)
+    };
+    let store = api.store.clone();
+    let after = q.get("after").cloned();
+    let active_only = state.is_some_and(|s| !s.is_terminal());
+    let jobs = tokio::task::spawn_blocking(move || {
+        if active_only {
+            // Non-terminal states are served from the active index, not a full scan.
+            store.active_jobs().map(|all| {
+                all.into_iter()
+                    .filter(|(id, j)| after.as_ref().is_none_or(|a| id > a) && keep(id, j))
+                    .take(limit)
+                    .collect::<Vec<_>>()
+            })
+        } else {
+            store.scan_jobs(after.as_deref(), limit, keep)
+        }
+    })
+    .await
+    .map_err(internal)?
+    .map_err(internal)?;
+    let next = (jobs.len() == limit)
+        .then(|| jobs.last().map(|(id, _)| id.clone()))
+        .flatten();
+    Ok(axum::Json(json!({
+        "jobs": jobs.iter().map(|(id, j)| job_view(id, j)).collect::<Vec<_>>(),
+        "next_after": next,
+    })))
+}
+
+fn load_job(api: &Api, id: &str) -> ApiResult<Job> {
+    api.store
+        .job(id)
+        .map_err(internal)?
+        .ok_or_else(|| ApiError(StatusCode::NOT_FOUND, format!("no job {id}")))
+}
+
+async fn get_job(AxState(api): AxState<Arc<Api>>, Path(id): Path<String>) -> ApiResult {
+    let job = load_job(&api, &id)?;
+    Ok(axum::Json(job_view(&id, &job)))
+}
+
+async fn job_history(AxState(api): AxState<Arc<Api>>, Path(id): Path<String>) -> ApiResult {
+    let job = load_job(&api, &id)?;
+    Ok(axum::Json(json!({
+        "job_id": id,
+        "state": job.state.as_str(),
+        "attempt": job.attempt,
+        "history": job.history.iter().map(|h| json!({"at": h.at, "event": h.event, "detail": h.detail})).collect::<Vec<_>>(),
+    })))
+}
+
+async fn send_control<T: ksched_codec::Record>(
+    api: &Api,
+    job_id: &str,
+    record: &T,
+) -> ApiResult<()> {
+    let bytes = ksched_codec::encode(record).map_err(internal)?;
+    api.producer
+        .send(
+            FutureRecord::to(&api.topics.control)
+                .key(job_id)
+                .payload(&bytes),
+            Duration::from_secs(10),
+        )
+        .await
+        .map_err(|(e, _)| ApiError(StatusCode::SERVICE_UNAVAILABLE, format!("kafka: {e}")))?;
+    Ok(())
+}
+
+fn parse_body<T: for<'de> Deserialize<'de>>(body: &[u8]) -> ApiResult<T> {
+    let body = if body.is_empty() {
+        b"{}".as_slice()
+    } else {
+        body
+    };
+    serde_json::from_slice(body).map_err(|e| bad_request(format!("request body: {e}")))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ApproveBody {
+    approver: String,
+    comment: Option<String>,
+}
+
+async fn approve(
+    AxState(api): AxState<Arc<Api>>,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> ApiResult<Response> {
+    let b: ApproveBody = parse_body(&body)?;
+    if b.approver.trim().is_empty() {
+        return Err(bad_request("approver must not be empty"));
+    }
+    let job = load_job(&api, &id)?;
+    if job.state != JobState::ApprovalRequired {
+        return Err(ApiError(
+            StatusCode::CONFLICT,
+            format!("job {id} is {}, not awaiting approval", job.state),
+        ));
+    }
+    let record = ApproveJob {
+        job_id: id.clone(),
+        job_hash: job.job_hash.clone(),
+        policy_snapshot: job.policy_snapshot.clone().unwrap_or_default(),
+        approver: b.approver,
+        comment: b.comment,
+        requested_at: wall_clock_ms(),
+    };
+    send_control(&api, &id, &record).await?;
+    Ok(accepted(json!({
+        "job_id": id,
+        "job_hash": record.job_hash,
+        "policy_snapshot": record.policy_snapshot,
+        "status": "approval sent",
+    })))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RejectBody {
+    approver: String,
+    reason: Option<String>,
+}
+
+async fn reject(
+    AxState(api): AxState<Arc<Api>>,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> ApiResult<Response> {
+    let b: RejectBody = parse_body(&body)?;
+    if b.approver.trim().is_empty() {
+        return Err(bad_request("approver must not be empty"));
+    }
+    let job = load_job(&api, &id)?;
+    if job.state != JobState::ApprovalRequired {
+        return Err(ApiError(
+            StatusCode::CONFLICT,
+            format!("job {id} is {}, not awaiting approval", job.state),
+        ));
+    }
+    let record = RejectJob {
+        job_id: id.clone(),
+        approver: b.approver,
+        reason: b.reason,
+        requested_at: wall_clock_ms(),
+    };
+    send_control(&api, &id, &record).await?;
+    Ok(accepted(
+        json!({ "job_id": id, "status": "rejection sent" }),
+    ))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CancelBody {
+    principal: String,
+    tenant: Option<String>,
+    reason: Option<String>,
+}
+
+async fn cancel(
+    AxState(api): AxState<Arc<Api>>,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> ApiResult<Response> {
+    let b: CancelBody = parse_body(&body)?;
+    if b.principal.trim().is_empty() {
+        return Err(bad_request("principal must not be empty"));
+    }
+    let job = load_job(&api, &id)?;
+    if job.state.is_terminal() {
+        return Err(ApiError(
+            StatusCode::CONFLICT,
+            format!("job {id} is already {}", job.state),
+        ));
+    }
+    let record = CancelJob {
+        job_id: id.clone(),
+        tenant_id: b.tenant,
+        principal_id: b.principal,
+        reason: b.reason,
+        requested_at: wall_clock_ms(),
+    };
+    send_control(&api, &id, &record).await?;
+    Ok(accepted(json!({ "job_id": id, "status": "cancel sent" })))
+}
+
+fn accepted(body: Value) -> Response {
+    (StatusCode::ACCEPTED, axum::Json(body)).into_response()
+}
+
+async fn workers(AxState(api): AxState<Arc<Api>>) -> ApiResult {
+    let ws = api.store.workers().map_err(internal)?;
+    Ok(axum::Json(json!({
+        "workers": ws.iter().map(|(id, w)| worker_view(id, w)).collect::<Vec<_>>(),
+    })))
+}
+
+async fn dlq(
+    AxState(api): AxState<Arc<Api>>,
+    Query(q): Query<HashMap<String, String>>,
+) -> ApiResult {
+    only(&q, &["reason", "job_id", "limit"])?;
+    let limit = limit_of(&q)?;
+    let mut all = api.store.dead_letters().map_err(internal)?;
+    all.reverse();
+    let list: Vec<Value> = all
+        .iter()
+        .filter(|d| q.get("reason").is_none_or(|r| &d.reason_code == r))
+        .filter(|d| q.get("job_id").is_none_or(|j| &d.job_id == j))
+        .take(limit)
+        .map(dead_letter_view)
+        .collect();
+    Ok(axum::Json(json!({
+        "dead_letters": list,
+        "counts_by_reason": api.store.dead_letter_counts().map_err(internal)?,
+    })))
+}
+
+async fn tenants(AxState(api): AxState<Arc<Api>>) -> ApiResult {
+    let active = api.store.active_jobs().map_err(internal)?;
+    let mut usage: std::collections::BTreeMap<String, (i64, i64, Option<i32>)> = Default::default();
+    for (_, j) in &active {
+        let e = usage
+            .entry(j.request.tenant_id.clone())
+            .or_insert((0, 0, None));
+        if j.state.is_active() {
+            e.0 += 1;
+        } else {
+            e.1 += 1;
+        }
+        e.2 = e.2.or(j.constraints.max_concurrent_jobs);
+    }
+    Ok(axum::Json(json!({
+        "tenants": usage.iter().map(|(t, (running, waiting, limit))| json!({
+            "tenant_id": t,
+            "active_jobs": running,
+            "waiting_jobs": waiting,
+            "max_concurrent_jobs": limit,
+        })).collect::<Vec<_>>(),
+    })))
+}

@@ -1,0 +1,234 @@
+//! Prometheus metrics of the scheduler. Names are constants here, in one place.
+
+use std::collections::BTreeMap;
+
+use ksched_core::events::{Event, JobState, JournalEntry};
+use ksched_core::state::State;
+use prometheus::{
+    Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
+    Opts, Registry, TextEncoder,
+};
+
+pub const JOBS: &str = "ksched_jobs";
+pub const QUEUE_DEPTH: &str = "ksched_queue_depth";
+pub const WORKERS: &str = "ksched_workers";
+pub const DISPATCH_LATENCY: &str = "ksched_dispatch_latency_seconds";
+pub const DEAD_LETTERS: &str = "ksched_dead_letters_total";
+pub const EVENTS: &str = "ksched_events_total";
+pub const JOURNAL_ENTRIES: &str = "ksched_journal_entries_total";
+pub const COMMIT_LATENCY: &str = "ksched_transaction_commit_seconds";
+pub const BATCH_SIZE: &str = "ksched_batch_size";
+pub const CONSUMER_LAG: &str = "ksched_consumer_lag";
+pub const ROCKSDB_SIZE: &str = "ksched_rocksdb_size_bytes";
+pub const WATERMARK: &str = "ksched_journal_watermark";
+pub const CAUGHT_UP: &str = "ksched_caught_up";
+pub const RECOVERIES: &str = "ksched_processor_recoveries_total";
+
+/// Every metric of the process.
+#[derive(Debug, Clone)]
+pub struct Metrics {
+    pub registry: Registry,
+    pub jobs: IntGaugeVec,
+    pub queue_depth: IntGaugeVec,
+    pub workers: IntGaugeVec,
+    pub dispatch_latency: Histogram,
+    pub dead_letters: IntCounterVec,
+    pub events: IntCounterVec,
+    pub journal_entries: IntCounter,
+    pub commit_latency: Histogram,
+    pub batch_size: Histogram,
+    pub consumer_lag: IntGaugeVec,
+    pub rocksdb_size: IntGauge,
+    pub watermark: IntGauge,
+    pub caught_up: Gauge,
+    pub recoveries: IntCounter,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+fn reg<T: prometheus::core::Collector + Clone + 'static>(r: &Registry, m: T) -> T {
+    r.register(Box::new(m.clone()))
+        .unwrap_or_else(|e| unreachable!("metric names are unique constants: {e}"));
+    m
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let r = Registry::new();
+        let latency_buckets = vec![
+            0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+        ];
+        let g = |name: &str, help: &str, labels: &[&str]| {
+            IntGaugeVec::new(Opts::new(name, help), labels).unwrap_or_else(|e| unreachable!("{e}"))
+        };
+        Metrics {
+            jobs: reg(&r, g(JOBS, "Jobs by state.", &["state"])),
+            queue_depth: reg(
+                &r,
+                g(
+                    QUEUE_DEPTH,
+                    "Jobs waiting in each pool's pending queue.",
+                    &["pool"],
+                ),
+            ),
+            workers: reg(
+                &r,
+                g(
+                    WORKERS,
+                    "Known workers by pool and liveness.",
+                    &["pool", "alive"],
+                ),
+            ),
+            dispatch_latency: reg(
+                &r,
+                Histogram::with_opts(
+                    HistogramOpts::new(
+                        DISPATCH_LATENCY,
+                        "From a job's acceptance to its first dispatch, in log time.",
+                    )
+                    .buckets(latency_buckets.clone()),
+                )
+                .unwrap_or_else(|e| unreachable!("{e}")),
+            ),
+            dead_letters: reg(
+                &r,
+                IntCounterVec::new(
+                    Opts::new(DEAD_LETTERS, "Dead letters by reason code."),
+                    &["reason"],
+                )
+                .unwrap_or_else(|e| unreachable!("{e}")),
+            ),
+            events: reg(
+                &r,
+                IntCounterVec::new(Opts::new(EVENTS, "Journal events by type."), &["event"])
+                    .unwrap_or_else(|e| unreachable!("{e}")),
+            ),
+            journal_entries: reg(
+                &r,
+                IntCounter::new(
+                    JOURNAL_ENTRIES,
+                    "Inputs processed (journal entries written).",
+                )
+                .unwrap_or_else(|e| unreachable!("{e}")),
+            ),
+            commit_latency: reg(
+                &r,
+                Histogram::with_opts(
+                    HistogramOpts::new(COMMIT_LATENCY, "Kafka transaction commit time per batch.")
+                        .buckets(latency_buckets),
+                )
+                .unwrap_or_else(|e| unreachable!("{e}")),
+            ),
+            batch_size: reg(
+                &r,
+                Histogram::with_opts(
+                    HistogramOpts::new(BATCH_SIZE, "Input records per transaction.").buckets(vec![
+                        1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0,
+                    ]),
+                )
+                .unwrap_or_else(|e| unreachable!("{e}")),
+            ),
+            consumer_lag: reg(
+                &r,
+                g(
+                    CONSUMER_LAG,
+                    "Input records not yet processed, per topic.",
+                    &["topic"],
+                ),
+            ),
+            rocksdb_size: reg(
+                &r,
+                IntGauge::new(ROCKSDB_SIZE, "Size of the RocksDB projection's SST files.")
+                    .unwrap_or_else(|e| unreachable!("{e}")),
+            ),
+            watermark: reg(
+                &r,
+                IntGauge::new(WATERMARK, "Last journal offset reflected in RocksDB.")
+                    .unwrap_or_else(|e| unreachable!("{e}")),
+            ),
+            caught_up: reg(
+                &r,
+                Gauge::new(
+                    CAUGHT_UP,
+                    "1 when the processor has recovered and consumes inputs.",
+                )
+                .unwrap_or_else(|e| unreachable!("{e}")),
+            ),
+            recoveries: reg(
+                &r,
+                IntCounter::new(
+                    RECOVERIES,
+                    "Times the processor was rebuilt after a failure.",
+                )
+                .unwrap_or_else(|e| unreachable!("{e}")),
+            ),
+            registry: r,
+        }
+    }
+
+    /// One processed input.
+    pub fn entry(&self, entry: &JournalEntry, state: &State) {
+        self.journal_entries.inc();
+        for e in &entry.events {
+            self.events.with_label_values(&[e.name()]).inc();
+            match e {
+                Event::DeadLettered(d) => self
+                    .dead_letters
+                    .with_label_values(&[d.dead_letter.reason_code.as_str()])
+                    .inc(),
+                Event::JobDispatched(d) if d.attempt == 1 => {
+                    if let Some(job) = state.jobs.get(&d.job_id) {
+                        let secs = (entry.log_time - job.accepted_at).max(0) as f64 / 1000.0;
+                        self.dispatch_latency.observe(secs);
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// After a batch: gauges from the state.
+    pub fn batch(&self, records: usize, commit_secs: f64, state: &State) {
+        self.batch_size.observe(records as f64);
+        self.commit_latency.observe(commit_secs);
+        self.gauges(state);
+    }
+
+    pub fn gauges(&self, state: &State) {
+        for st in JobState::ALL {
+            let n = state.jobs_by_state.get(&st).copied().unwrap_or(0);
+            self.jobs
+                .with_label_values(&[st.as_str()])
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+        self.queue_depth.reset();
+        for (pool, q) in &state.queues {
+            self.queue_depth
+                .with_label_values(&[pool.as_str()])
+                .set(i64::try_from(q.len()).unwrap_or(i64::MAX));
+        }
+        let mut workers: BTreeMap<(String, bool), i64> = BTreeMap::new();
+        for w in state.workers.values() {
+            *workers
+                .entry((w.heartbeat.pool.clone(), w.alive))
+                .or_default() += 1;
+        }
+        self.workers.reset();
+        for ((pool, alive), n) in workers {
+            self.workers
+                .with_label_values(&[pool.as_str(), if alive { "true" } else { "false" }])
+                .set(n);
+        }
+    }
+
+    /// Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
+        String::from_utf8(buf).unwrap_or_default()
+    }
+}

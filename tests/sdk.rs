@@ -1,0 +1,149 @@
+//! The worker SDK against the scheduler and a real broker: bounded parallelism, progress,
+//! cancellation, and graceful shutdown (finish within the grace period, hand back after it).
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::time::Duration;
+
+use ksched_core::events::{Event, JobState};
+use ksched_worker::{Outcome, Worker, WorkerConfig};
+use support::*;
+use tokio_util::sync::CancellationToken;
+
+fn config(s: &Scheduler, id: &str, grace: Duration) -> WorkerConfig {
+    let mut cfg = WorkerConfig::new(&s.bootstrap, id, "default");
+    cfg.topic_prefix = s.prefix.clone();
+    cfg.heartbeat_interval = Duration::from_millis(300);
+    cfg.shutdown_grace = grace;
+    cfg.report_host_load = false;
+    cfg
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn never_runs_more_than_max_parallel_jobs() {
+    let s = Scheduler::start(vec![]).await;
+    let running = Arc::new(AtomicI32::new(0));
+    let peak = Arc::new(AtomicI32::new(0));
+    let mut cfg = config(&s, "w1", Duration::from_secs(5));
+    cfg.max_parallel_jobs = 2;
+    let (r, p) = (running.clone(), peak.clone());
+    let token = CancellationToken::new();
+    let worker = Worker::new(cfg).unwrap();
+    let t = token.clone();
+    let handle = tokio::spawn(async move {
+        worker
+            .run(
+                move |job| {
+                    let (r, p) = (r.clone(), p.clone());
+                    async move {
+                        let now = r.fetch_add(1, Ordering::SeqCst) + 1;
+                        p.fetch_max(now, Ordering::SeqCst);
+                        job.progress(0.5, "half").await;
+                        tokio::time::sleep(Duration::from_millis(150)).await;
+                        r.fetch_sub(1, Ordering::SeqCst);
+                        Outcome::succeeded()
+                    }
+                },
+                t,
+            )
+            .await
+    });
+    s.wait_worker("w1").await;
+    for i in 0..8 {
+        s.submit(&request(&s, &format!("par-{i}")));
+    }
+    for i in 0..8 {
+        s.wait_job(&format!("par-{i}"), "SUCCEEDED", |j| {
+            j.state == JobState::Succeeded
+        })
+        .await;
+    }
+    assert!(
+        peak.load(Ordering::SeqCst) <= 2,
+        "peak {}",
+        peak.load(Ordering::SeqCst)
+    );
+    assert_eq!(peak.load(Ordering::SeqCst), 2, "it did run two at once");
+    let j = s.job("par-0").unwrap();
+    assert!(j.history.iter().any(|h| h.event == "JobProgressed"));
+    token.cancel();
+    handle.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn graceful_shutdown_finishes_running_jobs_within_the_grace_period() {
+    let s = Scheduler::start(vec![]).await;
+    let token = CancellationToken::new();
+    let worker = Worker::new(config(&s, "w1", Duration::from_secs(10))).unwrap();
+    let t = token.clone();
+    let handle = tokio::spawn(async move {
+        worker
+            .run(
+                |_| async {
+                    tokio::time::sleep(Duration::from_millis(1_500)).await;
+                    Outcome::succeeded()
+                },
+                t,
+            )
+            .await
+    });
+    s.wait_worker("w1").await;
+    s.submit(&request(&s, "slow"));
+    s.wait_job("slow", "RUNNING", |j| j.state == JobState::Running)
+        .await;
+    token.cancel(); // shutdown while the job runs
+    handle.await.unwrap().unwrap();
+    let job = s
+        .wait_job("slow", "SUCCEEDED", |j| j.state == JobState::Succeeded)
+        .await;
+    assert_eq!(job.attempt, 1, "finished, not handed back");
+    // The scheduler saw the worker draining.
+    wait_for("a draining heartbeat", Duration::from_secs(30), || {
+        s.store
+            .workers()
+            .unwrap()
+            .iter()
+            .any(|(id, w)| id == "w1" && w.heartbeat.draining)
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_the_grace_period_running_jobs_are_handed_back_and_run_elsewhere() {
+    let s = Scheduler::start(vec![]).await;
+    let token = CancellationToken::new();
+    let worker = Worker::new(config(&s, "w1", Duration::from_millis(300))).unwrap();
+    let t = token.clone();
+    let handle = tokio::spawn(async move {
+        worker
+            .run(
+                |job| async move {
+                    job.cancel.cancelled().await;
+                    Outcome::Cancelled
+                },
+                t,
+            )
+            .await
+    });
+    s.wait_worker("w1").await;
+    s.submit(&request(&s, "handed"));
+    s.wait_job("handed", "RUNNING", |j| j.state == JobState::Running)
+        .await;
+    token.cancel();
+    handle.await.unwrap().unwrap();
+    let w2 = s.worker("w2", |_| async { Outcome::succeeded() });
+    let job = s
+        .wait_job("handed", "SUCCEEDED", |j| j.state == JobState::Succeeded)
+        .await;
+    assert_eq!(job.attempt, 2);
+    assert_eq!(job.worker_id.as_deref(), Some("w2"));
+    let retried = s
+        .journal()
+        .into_iter()
+        .flat_map(|(_, e)| e.events)
+        .any(|e| matches!(e, Event::JobRetrying(r) if r.job_id == "handed" && r.error_code == "handed_back"));
+    assert!(retried, "the hand-back is journaled as handed_back");
+    w2.stop().await;
+}
