@@ -6,6 +6,7 @@
 #   libcurl4-openssl-dev  librdkafka's bundled build includes curl headers
 #   cmake, g++            librdkafka and rocksdb are built from source
 #   java 17 + maven       the real Apache Kafka broker for tests (deploy/kafka.sh)
+#   python3 venv          confluent-kafka + fastavro for the Python example worker
 set -euo pipefail
 
 ksched_setup() {
@@ -27,6 +28,17 @@ ksched_setup() {
     echo "setup: cargo not found; install Rust from https://rustup.rs (1.88 or newer)" >&2
     return 1
   }
+  # The Python example worker (and its test) needs confluent-kafka and fastavro: a venv
+  # outside the clone, reused between runs.
+  local venv="$HOME/.cache/ksched/venv"
+  local here
+  here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+  if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "import confluent_kafka, fastavro" 2>/dev/null; then
+    echo "setup: installing the Python worker's packages into $venv" >&2
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install -q -r "$here/examples/python-worker/requirements.txt"
+  fi
+  export KSCHED_PYTHON="$venv/bin/python"
   # Builds of rocksdb and librdkafka take ~15 minutes cold; keep them outside the clone so
   # fresh clones and CI reruns reuse them.
   export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/ksched/target}"

@@ -1,0 +1,174 @@
+#!/usr/bin/env python3
+"""A ksched worker in Python, built only from schemas/ (confluent-kafka + fastavro).
+
+It joins its pool's consumer group on <prefix>dispatch.<pool>, runs each dispatched job
+(the "work" is upper-casing the payload), reports JobStarted and JobResult with the attempt
+number, honours CancelDispatch for jobs not yet started, and heartbeats its owned partitions.
+
+    python3 worker.py --bootstrap 127.0.0.1:9092 --pool default --worker-id py-1
+"""
+
+import argparse
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+
+from confluent_kafka import Consumer, Producer
+
+from ksched_avro import Codec
+
+
+def now_ms():
+    return int(time.time() * 1000)
+
+
+class PyWorker:
+    def __init__(self, args):
+        self.args = args
+        self.codec = Codec(args.schemas)
+        self.prefix = args.prefix
+        self.dispatch_topic = f"{self.prefix}dispatch.{args.pool}"
+        self.owned = []
+        self.active = set()
+        self.cancelled = set()
+        self.done = 0
+        self.stop = threading.Event()
+        self.producer = Producer({
+            "bootstrap.servers": args.bootstrap,
+            "enable.idempotence": True,
+            "linger.ms": 1,
+            "client.id": f"ksched-py-{args.worker_id}",
+        })
+        self.consumer = Consumer({
+            "bootstrap.servers": args.bootstrap,
+            "group.id": f"{self.prefix}workers.{args.pool}",
+            "client.id": f"ksched-py-{args.worker_id}",
+            "isolation.level": "read_committed",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": True,
+        })
+
+    def send(self, topic, key, name, record):
+        self.producer.produce(topic, key=key.encode(), value=self.codec.encode(name, record))
+        self.producer.poll(0)
+
+    def heartbeat(self, draining=False):
+        self.send(f"{self.prefix}heartbeats", self.args.worker_id, "Heartbeat", {
+            "worker_id": self.args.worker_id,
+            "pool": self.args.pool,
+            "active_jobs": len(self.active),
+            "max_parallel_jobs": 1,
+            "cpu_load": 0.0,
+            "gpu_utilization": 0.0,
+            "memory_load": 0.0,
+            "memory_free_bytes": None,
+            "capabilities": ["python"],
+            "labels": {"lang": "python", "host": socket.gethostname()},
+            "owned_partitions": sorted(self.owned),
+            "active_job_ids": sorted(self.active),
+            "draining": draining,
+            "sent_at": now_ms(),
+        })
+
+    def heartbeats(self):
+        while not self.stop.wait(self.args.heartbeat_interval):
+            self.heartbeat()
+
+    def on_assign(self, consumer, partitions):
+        self.owned = [p.partition for p in partitions]
+        self.heartbeat()
+
+    def on_revoke(self, consumer, partitions):
+        gone = {p.partition for p in partitions}
+        self.owned = [p for p in self.owned if p not in gone]
+
+    def run_job(self, dispatch):
+        job = dispatch["job"]
+        job_id, attempt = job["job_id"], dispatch["attempt"]
+        if (job_id, attempt) in self.cancelled:
+            return
+        self.active.add(job_id)
+        started = time.monotonic()
+        self.send(f"{self.prefix}results", job_id, "JobStarted", {
+            "job_id": job_id, "attempt": attempt,
+            "worker_id": self.args.worker_id, "started_at": now_ms(),
+        })
+        output = bytes(job["payload"]).upper()
+        self.send(f"{self.prefix}results", job_id, "JobResult", {
+            "job_id": job_id,
+            "attempt": attempt,
+            "worker_id": self.args.worker_id,
+            "status": "SUCCEEDED",
+            "error_code": None,
+            "error_message": None,
+            "result_ptr": f"inline:{output.decode(errors='replace')}",
+            "result_meta": {
+                "size_bytes": len(output),
+                "content_type": "text/plain",
+                "labels": {"worker_lang": "python"},
+            },
+            "execution_ms": int((time.monotonic() - started) * 1000),
+            "finished_at": now_ms(),
+        })
+        self.active.discard(job_id)
+        self.done += 1
+        print(f"{self.args.worker_id}: {job_id} attempt {attempt} done", flush=True)
+
+    def run(self):
+        self.consumer.subscribe([self.dispatch_topic], on_assign=self.on_assign, on_revoke=self.on_revoke)
+        beat = threading.Thread(target=self.heartbeats, daemon=True)
+        beat.start()
+        print(f"{self.args.worker_id}: consuming {self.dispatch_topic}", flush=True)
+        while not self.stop.is_set():
+            msg = self.consumer.poll(0.2)
+            if msg is None:
+                continue
+            if msg.error():
+                print(f"{self.args.worker_id}: consumer error {msg.error()}", file=sys.stderr, flush=True)
+                continue
+            try:
+                name, record = self.codec.decode(msg.value())
+            except Exception as e:  # a record we cannot read is skipped, not fatal
+                print(f"{self.args.worker_id}: skipping undecodable record: {e}", file=sys.stderr, flush=True)
+                continue
+            if name == "Dispatch":
+                self.run_job(record)
+            elif name == "CancelDispatch":
+                self.cancelled.add((record["job_id"], record["attempt"]))
+            if self.args.max_jobs and self.done >= self.args.max_jobs:
+                break
+        self.heartbeat(draining=True)
+        self.producer.flush(10)
+        self.consumer.close()
+        self.stop.set()
+        print(f"{self.args.worker_id}: stopped after {self.done} jobs", flush=True)
+
+
+def main():
+    here = os.path.dirname(os.path.abspath(__file__))
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--bootstrap", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092"))
+    p.add_argument("--prefix", default="ksched.")
+    p.add_argument("--pool", default="default")
+    p.add_argument("--worker-id", default=f"py-{socket.gethostname()}-{os.getpid()}")
+    p.add_argument("--schemas", default=os.path.join(here, "..", "..", "schemas"))
+    p.add_argument("--heartbeat-interval", type=float, default=1.0)
+    p.add_argument("--max-jobs", type=int, default=0, help="exit after this many jobs (0: run until SIGTERM)")
+    p.add_argument("--print-fingerprints", action="store_true", help="print each top-level schema's fingerprint and exit")
+    args = p.parse_args()
+    if args.print_fingerprints:
+        codec = Codec(args.schemas)
+        for name in sorted(codec.current):
+            print(name, codec.fingerprint_hex(name))
+        return
+    worker = PyWorker(args)
+    signal.signal(signal.SIGTERM, lambda *_: worker.stop.set())
+    signal.signal(signal.SIGINT, lambda *_: worker.stop.set())
+    worker.run()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+//! An example worker: runs every job of its pool by sleeping for the job's `sleep_ms` label
+//! (default 100 ms) while reporting progress, then succeeds with the payload echoed as the
+//! result pointer. A label `fail=retryable` or `fail=fatal` makes it fail instead.
+//!
+//! cargo run -p ksched-worker --example echo_worker -- <bootstrap> <pool> <worker-id> [prefix]
+
+use std::time::Duration;
+
+use ksched_worker::{Outcome, Worker, WorkerConfig};
+use tokio_util::sync::CancellationToken;
+
+#[tokio::main]
+async fn main() -> Result<(), ksched_worker::Error> {
+    let args: Vec<String> = std::env::args().collect();
+    let bootstrap = args.get(1).map_or("127.0.0.1:9092", String::as_str);
+    let pool = args.get(2).map_or("default", String::as_str);
+    let id = args.get(3).map_or("echo-1", String::as_str);
+    let mut config = WorkerConfig::new(bootstrap, id, pool);
+    if let Some(prefix) = args.get(4) {
+        config.topic_prefix = prefix.clone();
+    }
+    let shutdown = CancellationToken::new();
+    let on_signal = shutdown.clone();
+    tokio::spawn(async move {
+        let _ = tokio::signal::ctrl_c().await;
+        eprintln!("draining: running jobs finish, nothing new starts");
+        on_signal.cancel();
+    });
+    eprintln!("{id}: serving pool {pool} at {bootstrap} (Ctrl-C to drain and stop)");
+    Worker::new(config)?
+        .run(
+            |job| async move {
+                let labels = &job.dispatch.job.labels;
+                let sleep_ms: u64 = labels
+                    .get("sleep_ms")
+                    .and_then(|s| s.parse().ok())
+                    .unwrap_or(100);
+                for step in 1..=4u32 {
+                    tokio::select! {
+                        _ = job.cancel.cancelled() => return Outcome::Cancelled,
+                        _ = tokio::time::sleep(Duration::from_millis(sleep_ms / 4)) => {}
+                    }
+                    job.progress(f64::from(step) / 4.0, "").await;
+                }
+                match labels.get("fail").map(String::as_str) {
+                    Some("retryable") => Outcome::retryable("echo_retryable", "asked to fail"),
+                    Some("fatal") => Outcome::fatal("echo_fatal", "asked to fail for good"),
+                    _ => Outcome::Succeeded {
+                        result_ptr: Some(format!(
+                            "inline:{}",
+                            String::from_utf8_lossy(&job.dispatch.job.payload)
+                        )),
+                        meta: Default::default(),
+                    },
+                }
+            },
+            shutdown,
+        )
+        .await
+}
