@@ -45,8 +45,22 @@ async fn the_python_worker_runs_jobs_from_the_schemas_alone() {
     let log = tempfile::NamedTempFile::new().unwrap();
     let mut child = Command::new(&py)
         .arg(worker_dir.join("worker.py"))
-        .args(["--bootstrap", &s.bootstrap, "--prefix", &s.prefix, "--pool", "default"])
-        .args(["--worker-id", "py-1", "--max-jobs", "3", "--heartbeat-interval", "0.3"])
+        .args([
+            "--bootstrap",
+            &s.bootstrap,
+            "--prefix",
+            &s.prefix,
+            "--pool",
+            "default",
+        ])
+        .args([
+            "--worker-id",
+            "py-1",
+            "--max-jobs",
+            "3",
+            "--heartbeat-interval",
+            "0.3",
+        ])
         .arg("--schemas")
         .arg(repo().join("schemas"))
         .stdout(Stdio::from(log.reopen().unwrap()))
@@ -56,11 +70,17 @@ async fn the_python_worker_runs_jobs_from_the_schemas_alone() {
     let output = || std::fs::read_to_string(log.path()).unwrap_or_default();
 
     // Its heartbeat decoded in Rust: the worker is known with its partitions and labels.
-    wait_for("the python worker's heartbeat", Duration::from_secs(60), || {
-        s.store.workers().unwrap().iter().any(|(id, w)| {
-            id == "py-1" && !w.heartbeat.owned_partitions.is_empty()
-        })
-    })
+    wait_for(
+        "the python worker's heartbeat",
+        Duration::from_secs(60),
+        || {
+            s.store
+                .workers()
+                .unwrap()
+                .iter()
+                .any(|(id, w)| id == "py-1" && !w.heartbeat.owned_partitions.is_empty())
+        },
+    )
     .await;
     let (_, w) = s
         .store
@@ -83,7 +103,10 @@ async fn the_python_worker_runs_jobs_from_the_schemas_alone() {
             .wait_job(id, "SUCCEEDED", |j| j.state == JobState::Succeeded)
             .await;
         assert_eq!(job.worker_id.as_deref(), Some("py-1"), "{}", output());
-        assert_eq!(job.result_ptr.as_deref(), Some(format!("inline:{out}").as_str()));
+        assert_eq!(
+            job.result_ptr.as_deref(),
+            Some(format!("inline:{out}").as_str())
+        );
         let meta = job.result_meta.unwrap();
         assert_eq!(meta.labels["worker_lang"], "python");
         assert_eq!(meta.size_bytes, Some(out.len() as i64));

@@ -223,7 +223,7 @@ fn dev(args: DevArgs) -> anyhow::Result<()> {
             .with_context(|| format!("clearing {}", args.data_dir.display()))?;
     }
     let config = dev_config(&args, &bootstrap, in_memory);
-    init_tracing("text", &config.settings.log.level);
+    let _tracing = init_tracing(&config.settings.log)?;
     let topics = topics_of(&config);
     if let Some(m) = &mock {
         let s = &config.settings.topics;

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use anyhow::Context;
 use clap::Args;
 use ksched_runtime::api::{self, Api};
+use ksched_runtime::settings::LogSettings;
 use ksched_runtime::{Config, Overrides, Status, run_processor, ticker, topics::ensure_topics};
 use ksched_store::Store;
 use tracing::{error, info, warn};
@@ -70,19 +71,76 @@ impl RunArgs {
     }
 }
 
-pub fn init_tracing(format: &str, level: &str) {
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env()
-        .or_else(|_| EnvFilter::try_new(level))
-        .unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_target(false);
-    if format == "json" {
-        builder.json().flatten_event(true).init();
-    } else {
-        builder.init();
+/// Keeps trace export alive; flushes it when dropped.
+#[derive(Default)]
+pub struct Tracing {
+    #[cfg(feature = "otel")]
+    provider: Option<opentelemetry_sdk::trace::SdkTracerProvider>,
+}
+
+impl Drop for Tracing {
+    fn drop(&mut self) {
+        #[cfg(feature = "otel")]
+        if let Some(p) = self.provider.take() {
+            let _ = p.shutdown();
+        }
     }
+}
+
+/// Logs to stderr (text or JSON, filtered by `log.level` or RUST_LOG) and, with the `otel`
+/// feature and `log.otlp_endpoint`, exports spans over OTLP/HTTP.
+pub fn init_tracing(log: &LogSettings) -> anyhow::Result<Tracing> {
+    use tracing_subscriber::EnvFilter;
+    use tracing_subscriber::prelude::*;
+    let filter = EnvFilter::try_from_default_env()
+        .or_else(|_| EnvFilter::try_new(&log.level))
+        .unwrap_or_else(|_| EnvFilter::new("info"));
+    let fmt = if log.format == "json" {
+        tracing_subscriber::fmt::layer()
+            .json()
+            .flatten_event(true)
+            .with_target(false)
+            .boxed()
+    } else {
+        tracing_subscriber::fmt::layer().with_target(false).boxed()
+    };
+    #[allow(unused_mut)]
+    let mut guard = Tracing::default();
+    #[cfg(feature = "otel")]
+    let otel = match &log.otlp_endpoint {
+        Some(endpoint) => {
+            use opentelemetry::trace::TracerProvider as _;
+            use opentelemetry_otlp::WithExportConfig;
+            let exporter = opentelemetry_otlp::SpanExporter::builder()
+                .with_http()
+                .with_endpoint(endpoint)
+                .build()
+                .context("building the OTLP span exporter")?;
+            let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
+                .with_batch_exporter(exporter)
+                .with_resource(
+                    opentelemetry_sdk::Resource::builder()
+                        .with_service_name(log.service_name.clone())
+                        .build(),
+                )
+                .build();
+            let tracer = provider.tracer("ksched");
+            guard.provider = Some(provider);
+            Some(tracing_opentelemetry::layer().with_tracer(tracer))
+        }
+        None => None,
+    };
+    #[cfg(not(feature = "otel"))]
+    if log.otlp_endpoint.is_some() {
+        anyhow::bail!(
+            "log.otlp_endpoint is set, but this ksched was built without trace export; build it with `cargo build -p ksched --features otel`"
+        );
+    }
+    let registry = tracing_subscriber::registry().with(filter).with(fmt);
+    #[cfg(feature = "otel")]
+    let registry = registry.with(otel);
+    registry.init();
+    Ok(guard)
 }
 
 pub fn main(args: RunArgs) -> ExitCode {
@@ -97,7 +155,13 @@ pub fn main(args: RunArgs) -> ExitCode {
         print!("{}", config.to_yaml());
         return ExitCode::SUCCESS;
     }
-    init_tracing(&config.settings.log.format, &config.settings.log.level);
+    let _tracing = match init_tracing(&config.settings.log) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("ksched run: {e:#}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
     match serve(config) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -244,6 +244,7 @@ fn cli_http_api_and_metrics() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("is `ksched run` up?"));
 
     http_routes(&c);
+    openapi_describes_the_routes(&c);
     metrics(&c);
 
     worker.cancel();
@@ -388,4 +389,53 @@ fn metrics(c: &RunningScheduler) {
         t.lines()
             .any(|l| l.starts_with(&format!("ksched_consumer_lag{{topic=\"{}\"}}", c.job_topic)))
     });
+}
+
+/// docs/openapi.yaml and the server agree: every documented GET answers with a documented
+/// status, and every route the server has is documented.
+fn openapi_describes_the_routes(c: &RunningScheduler) {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/openapi.yaml");
+    let doc: Value = serde_norway::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let paths = doc["paths"].as_object().unwrap();
+    let mut documented = Vec::new();
+    for (route, ops) in paths {
+        for (method, op) in ops.as_object().unwrap() {
+            documented.push(format!("{} {route}", method.to_uppercase()));
+            let codes: Vec<u16> = op["responses"]
+                .as_object()
+                .unwrap()
+                .keys()
+                .map(|k| k.parse().unwrap())
+                .collect();
+            if method == "get" {
+                let url = format!("{}{}", c.api, route.replace("{id}", "ok-1"));
+                let (got, body) = http(&url, "GET", None).unwrap();
+                assert!(
+                    codes.contains(&got),
+                    "GET {route} answered {got}, documented {codes:?}: {body}"
+                );
+            }
+        }
+    }
+    let served = [
+        "GET /health/live",
+        "GET /health/ready",
+        "GET /metrics",
+        "GET /api/v1/jobs",
+        "GET /api/v1/jobs/{id}",
+        "GET /api/v1/jobs/{id}/history",
+        "POST /api/v1/jobs/{id}/approve",
+        "POST /api/v1/jobs/{id}/reject",
+        "POST /api/v1/jobs/{id}/cancel",
+        "GET /api/v1/workers",
+        "GET /api/v1/dlq",
+        "GET /api/v1/tenants",
+    ];
+    for r in served {
+        assert!(
+            documented.iter().any(|d| d == r),
+            "{r} is not in docs/openapi.yaml"
+        );
+    }
+    assert_eq!(documented.len(), served.len(), "documented: {documented:?}");
 }

@@ -232,3 +232,58 @@ impl Metrics {
         String::from_utf8(buf).unwrap_or_default()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every metric the shipped Grafana dashboard queries exists.
+    #[test]
+    fn the_dashboard_uses_only_metrics_we_export() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../deploy/grafana/ksched-dashboard.json"
+        );
+        let text = std::fs::read_to_string(path).expect("dashboard file");
+        let known = [
+            JOBS,
+            QUEUE_DEPTH,
+            WORKERS,
+            DISPATCH_LATENCY,
+            DEAD_LETTERS,
+            EVENTS,
+            JOURNAL_ENTRIES,
+            COMMIT_LATENCY,
+            BATCH_SIZE,
+            CONSUMER_LAG,
+            ROCKSDB_SIZE,
+            WATERMARK,
+            CAUGHT_UP,
+            RECOVERIES,
+        ];
+        let mut used = 0;
+        for (i, _) in text.match_indices("ksched_") {
+            let name: String = text[i..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            if name == "ksched_" || name.starts_with("ksched_overview") {
+                continue;
+            }
+            let base = ["_bucket", "_count", "_sum"]
+                .iter()
+                .find_map(|s| name.strip_suffix(s))
+                .unwrap_or(&name);
+            assert!(
+                known.contains(&base),
+                "dashboard queries {name}, which ksched does not export"
+            );
+            used += 1;
+        }
+        assert!(used >= 10);
+        // And they render.
+        let m = Metrics::new();
+        m.gauges(&State::new());
+        assert!(m.render().contains(JOBS));
+    }
+}

@@ -211,6 +211,8 @@ impl Processor {
     /// Applies journal entries written after the store's watermark (a crash between a commit
     /// and its RocksDB write, or a store restored from an older copy).
     fn catch_up(&mut self) -> Result<()> {
+        let span = tracing::info_span!("recovery");
+        let _enter = span.enter();
         let settings = &self.config.settings;
         let partition = settings.processor.journal_partition;
         let from = self.store.watermark()?.map_or(0, |w| w + 1);
@@ -424,6 +426,8 @@ impl Processor {
     fn process_batch(&mut self, batch: Vec<InputRecord>) -> Result<()> {
         let started = Instant::now();
         let n = batch.len();
+        let span = tracing::info_span!("batch", records = n);
+        let _enter = span.enter();
         let mut offsets: BTreeMap<(String, i32), i64> = BTreeMap::new();
         self.transaction(|p| {
             for rec in batch {

@@ -177,6 +177,11 @@ pub struct LogSettings {
     pub format: String,
     /// A tracing filter (`info`, `ksched=debug,rdkafka=warn`). Default `info`.
     pub level: String,
+    /// OTLP/HTTP endpoint for trace export (e.g. `http://127.0.0.1:4318/v1/traces`); needs
+    /// a ksched built with `--features otel`. Default none.
+    pub otlp_endpoint: Option<String>,
+    /// `service.name` of exported traces. Default `ksched`.
+    pub service_name: String,
 }
 
 impl Default for LogSettings {
@@ -184,6 +189,8 @@ impl Default for LogSettings {
         LogSettings {
             format: "text".into(),
             level: "info".into(),
+            otlp_endpoint: None,
+            service_name: "ksched".into(),
         }
     }
 }
