@@ -90,6 +90,14 @@ enum Command {
         #[command(flatten)]
         conn: Connection,
     },
+    /// Answer from the journal alone: rebuild, verify, job timelines, time travel, what-if,
+    /// export. Needs only Kafka; never writes to a live topic.
+    Audit {
+        #[command(flatten)]
+        args: cli::audit::AuditArgs,
+        #[command(flatten)]
+        conn: Connection,
+    },
     /// Read the journal.
     Journal {
         #[command(subcommand)]
@@ -157,6 +165,7 @@ fn main() -> ExitCode {
             json!({ "approver": approver, "reason": reason }),
         )),
         Command::Dlq { command, conn } => finish(cli::dlq(&conn.resolve(), command)),
+        Command::Audit { args, conn } => finish(cli::audit::audit(&conn.resolve(), args)),
         Command::Journal {
             command: JournalCommand::Tail(args),
             conn,

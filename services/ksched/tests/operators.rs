@@ -430,6 +430,7 @@ fn openapi_describes_the_routes(c: &RunningScheduler) {
         "GET /api/v1/workers",
         "GET /api/v1/dlq",
         "GET /api/v1/tenants",
+        "POST /api/v1/admin/checkpoint",
     ];
     for r in served {
         assert!(

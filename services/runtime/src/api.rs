@@ -34,6 +34,7 @@ pub const DEFAULT_LIMIT: usize = 100;
 /// What the handlers share.
 pub struct Api {
     store: Store,
+    checkpoints: std::path::PathBuf,
     status: Arc<Status>,
     producer: FutureProducer,
     topics: Topics,
@@ -59,8 +60,15 @@ impl Api {
             .set("message.timeout.ms", "10000")
             .create()
             .map_err(kafka("creating the API producer"))?;
+        let data = &settings.storage.data_dir;
+        let checkpoints = data.with_file_name(format!(
+            "{}-checkpoints",
+            data.file_name()
+                .map_or_else(|| "data".into(), |n| n.to_string_lossy().into_owned())
+        ));
         Ok(Api {
             store,
+            checkpoints,
             status,
             producer,
             topics,
@@ -120,6 +128,7 @@ pub fn router(api: Arc<Api>) -> Router {
         .route("/api/v1/workers", get(workers))
         .route("/api/v1/dlq", get(dlq))
         .route("/api/v1/tenants", get(tenants))
+        .route("/api/v1/admin/checkpoint", post(checkpoint))
         .fallback(|| async { ApiError(StatusCode::NOT_FOUND, "no such route".into()) })
         .with_state(api)
 }
@@ -500,6 +509,26 @@ async fn cancel(
 
 fn accepted(body: Value) -> Response {
     (StatusCode::ACCEPTED, axum::Json(body)).into_response()
+}
+
+/// A consistent copy of the projection, for `ksched audit rebuild --compare-with`.
+async fn checkpoint(AxState(api): AxState<Arc<Api>>) -> ApiResult<Response> {
+    let dir = api.checkpoints.join(wall_clock_ms().to_string());
+    std::fs::create_dir_all(&api.checkpoints).map_err(internal)?;
+    let store = api.store.clone();
+    let target = dir.clone();
+    tokio::task::spawn_blocking(move || store.checkpoint(&target))
+        .await
+        .map_err(internal)?
+        .map_err(internal)?;
+    let check =
+        ksched_store::Store::open_read_only(&dir, api.store.partition()).map_err(internal)?;
+    let watermark = check.watermark().map_err(internal)?;
+    Ok((
+        StatusCode::CREATED,
+        axum::Json(json!({ "path": dir.display().to_string(), "journal_watermark": watermark })),
+    )
+        .into_response())
 }
 
 async fn workers(AxState(api): AxState<Arc<Api>>) -> ApiResult {

@@ -2,9 +2,11 @@
 //! the ticker.
 
 pub mod api;
+pub mod audit;
 pub mod error;
 pub mod metrics;
 pub mod processor;
+pub mod replay;
 pub mod settings;
 pub mod status;
 pub mod ticker;

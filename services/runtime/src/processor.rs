@@ -10,7 +10,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ksched_codec::{AnyRecord, Record, decode_any, encode};
-use ksched_core::apply_entry;
 use ksched_core::decide::{Ctx, process};
 use ksched_core::events::{Cause, Input, JournalEntry, MalformedRecord};
 use ksched_core::outputs::Output;
@@ -26,6 +25,7 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tracing::{debug, info, warn};
 
 use crate::error::{Error, Result, kafka};
+use crate::replay::{Flow, Replayer, journal_watermarks, read_journal};
 use crate::settings::Config;
 use crate::status::Status;
 use crate::topics::{InputKind, Topics, client_config};
@@ -216,23 +216,12 @@ impl Processor {
         let settings = &self.config.settings;
         let partition = settings.processor.journal_partition;
         let from = self.store.watermark()?.map_or(0, |w| w + 1);
-        let consumer: BaseConsumer = client_config(settings)
-            .set(
-                "client.id",
-                format!("{}-recovery", settings.kafka.client_id),
-            )
-            .set(
-                "group.id",
-                format!("{}-recovery", settings.processor.group_id),
-            )
-            .set("enable.auto.commit", "false")
-            .set("isolation.level", "read_committed")
-            .set("enable.partition.eof", "true")
-            .create()
-            .map_err(kafka("creating the recovery consumer"))?;
-        let (low, high) = consumer
-            .fetch_watermarks(&self.topics.journal, partition, Duration::from_secs(30))
-            .map_err(kafka("reading the journal's offsets"))?;
+        let mut client = client_config(settings);
+        client.set(
+            "client.id",
+            format!("{}-recovery", settings.kafka.client_id),
+        );
+        let (low, high) = journal_watermarks(&client, &self.topics.journal, partition)?;
         if from > high {
             return Err(Error::Other(format!(
                 "the store in {} reflects journal offset {} but {}/{partition} ends at {high}: it belongs to another journal; move it away to rebuild from this one",
@@ -254,49 +243,17 @@ impl Processor {
             );
             return Ok(());
         }
-        let mut tpl = TopicPartitionList::new();
-        tpl.add_partition_offset(&self.topics.journal, partition, Offset::Offset(from))
-            .map_err(kafka("assigning the journal"))?;
-        consumer
-            .assign(&tpl)
-            .map_err(kafka("assigning the journal"))?;
         let started = Instant::now();
-        let mut applied = 0u64;
-        let mut last = None;
-        loop {
-            match consumer.poll(Duration::from_secs(5)) {
-                Some(Ok(m)) => {
-                    let entry: JournalEntry = ksched_codec::decode(m.payload().unwrap_or_default())
-                        .map_err(|source| Error::Journal {
-                            topic: m.topic().to_owned(),
-                            partition: m.partition(),
-                            offset: m.offset(),
-                            source,
-                        })?;
-                    self.state.load_for_entry(&entry, &self.store)?;
-                    apply_entry(&mut self.state, &entry);
-                    applied += 1;
-                    last = Some(m.offset());
-                    if applied.is_multiple_of(5_000) {
-                        self.persist(last)?;
-                    }
-                }
-                Some(Err(KafkaError::PartitionEOF(_))) => break,
-                Some(Err(e)) => return Err(kafka("reading the journal")(e)),
-                None => {
-                    let position = consumer
-                        .position()
-                        .ok()
-                        .and_then(|p| p.elements().first().map(|e| e.offset()));
-                    if let Some(Offset::Offset(pos)) = position
-                        && pos >= high
-                    {
-                        break;
-                    }
-                }
-            }
-        }
-        self.persist(last)?;
+        let mut replayer =
+            Replayer::with_state(self.store.clone(), std::mem::take(&mut self.state));
+        let read = read_journal(&client, &self.topics.journal, partition, from, |rec| {
+            replayer.apply(rec.offset, &rec.entry)?;
+            Ok(Flow::Continue)
+        });
+        let persisted = read.and_then(|_| replayer.persist());
+        let applied = replayer.applied;
+        self.state = replayer.state;
+        persisted?;
         info!(
             applied,
             from,

@@ -416,6 +416,14 @@ pub fn parse_settings(text: &str) -> Result<Settings> {
     })
 }
 
+/// Parses a pools file's text.
+pub fn parse_pools(text: &str) -> Result<PoolsFile> {
+    serde_norway::from_str(text).map_err(|e| Error::Config {
+        source_name: "pools".into(),
+        detail: e.to_string(),
+    })
+}
+
 fn load_pools(path: &Path) -> Result<PoolsFile> {
     let text = std::fs::read_to_string(path).map_err(|e| Error::Config {
         source_name: path.display().to_string(),

@@ -45,7 +45,8 @@ const CF_SAGAS: &str = "sagas";
 const CF_IDEMPOTENCY: &str = "idempotency";
 const CF_IDEMPOTENCY_BY_TIME: &str = "idempotency_by_time";
 const CF_DLQ: &str = "dlq";
-const CFS: &[&str] = &[
+/// Every column family, in a fixed order.
+pub const CFS: &[&str] = &[
     CF_META,
     CF_JOBS,
     CF_ACTIVE,
@@ -149,6 +150,54 @@ impl Store {
             }
         }
         Ok(store)
+    }
+
+    /// Opens an existing store read-only (a stopped scheduler's directory or a checkpoint);
+    /// never writes, and works beside a running writer.
+    pub fn open_read_only(path: &Path, partition: u16) -> Result<Store> {
+        let opts = Options::default();
+        let db = DB::open_cf_for_read_only(&opts, path, CFS.iter().copied(), false).map_err(
+            |source| Error::Open {
+                path: path.display().to_string(),
+                source,
+            },
+        )?;
+        let store = Store {
+            db: Arc::new(db),
+            partition,
+        };
+        match store.get_meta::<u32>(META_FORMAT)? {
+            Some(FORMAT_VERSION) => Ok(store),
+            found => Err(Error::Format {
+                path: path.display().to_string(),
+                found: found.unwrap_or(0),
+            }),
+        }
+    }
+
+    /// A consistent copy of the store at `path` (hard links where possible), for audits of a
+    /// running scheduler.
+    pub fn checkpoint(&self, path: &Path) -> Result<()> {
+        rocksdb::checkpoint::Checkpoint::new(&self.db)?.create_checkpoint(path)?;
+        Ok(())
+    }
+
+    /// Every (key, value) of a column family in this partition, as stored, in key order
+    /// (the partition prefix stripped from keys).
+    pub fn raw(&self, cf: &str) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        let prefix = self.partition.to_be_bytes();
+        let mut out = Vec::new();
+        for item in self
+            .db
+            .iterator_cf(self.cf(cf), IteratorMode::From(&prefix, Direction::Forward))
+        {
+            let (k, v) = item?;
+            if !k.starts_with(&prefix) {
+                break;
+            }
+            out.push((k[2..].to_vec(), v.to_vec()));
+        }
+        Ok(out)
     }
 
     pub fn partition(&self) -> u16 {

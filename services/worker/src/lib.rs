@@ -378,8 +378,10 @@ impl Worker {
         let slots = Arc::new(Semaphore::new(this.config.max_parallel_jobs));
         let mut tasks = tokio::task::JoinSet::new();
 
-        // Heartbeats, until the main loop stops.
+        // Heartbeats, until the main loop stops, or the run future is dropped (the worker
+        // is gone: its heartbeats must stop too, and its consumer with them).
         let beat_stop = CancellationToken::new();
+        let _stop_beats_on_drop = beat_stop.clone().drop_guard();
         let beats = {
             let (this, stop) = (this.clone(), beat_stop.clone());
             tokio::spawn(async move {

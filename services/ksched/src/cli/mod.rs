@@ -7,6 +7,7 @@
 //! Exit codes: 0 done, 1 failed (unreachable, server error), 2 usage, 3 not found,
 //! 4 conflict (e.g. the job is not awaiting approval), 5 rejected input.
 
+pub mod audit;
 pub mod journal;
 pub mod output;
 pub mod submit;

@@ -42,16 +42,26 @@ pub fn bin() -> &'static str {
 impl RunningScheduler {
     /// Writes a configuration and starts `ksched run`; returns once /health/ready says so.
     pub fn start(extra: &str) -> RunningScheduler {
+        RunningScheduler::start_with_topics(extra, &["jobs"])
+    }
+
+    /// Like [`RunningScheduler::start`], with job topics `<prefix><name>` for each name, all
+    /// routed to pool `default` (the first is `job_topic`).
+    pub fn start_with_topics(extra: &str, topics: &[&str]) -> RunningScheduler {
         let bootstrap = bootstrap_servers().unwrap_or_else(|e| panic!("{e}"));
         let prefix = format!("{}.", unique("cli"));
-        let job_topic = format!("{prefix}jobs");
+        let job_topic = format!("{prefix}{}", topics[0]);
         let dir = tempfile::tempdir().unwrap();
         let policy = dir.path().join("policy");
         std::fs::create_dir_all(&policy).unwrap();
         std::fs::write(policy.join("input.rego"), POLICY).unwrap();
+        let routes: String = topics
+            .iter()
+            .map(|t| format!("  {prefix}{t}: default\n"))
+            .collect();
         std::fs::write(
             dir.path().join("pools.yaml"),
-            format!("topics:\n  {job_topic}: default\npools:\n  default: {{}}\n"),
+            format!("topics:\n{routes}pools:\n  default: {{}}\n"),
         )
         .unwrap();
         let port = free_port();
@@ -63,7 +73,7 @@ impl RunningScheduler {
                 "kafka:\n  bootstrap_servers: {bootstrap}\n\
                  topics:\n  prefix: {prefix}\n  dispatch_partitions: 2\n  job_partitions: 2\n  results_partitions: 2\n\
                  processor:\n  group_id: {prefix}processor\n  tick_interval_ms: 200\n  commit_interval_ms: 10\n\
-                 scheduler:\n  overload:\n    cpu_load: 1000\n  retry:\n    initial_backoff_ms: 100\n    max_backoff_ms: 500\n\
+                 scheduler:\n  overload:\n    cpu_load: 1000\n  retry:\n    initial_backoff_ms: 100\n    max_backoff_ms: 500\n  timing:\n    worker_ttl_ms: 3000\n\
                  storage:\n  data_dir: {}\n\
                  http:\n  listen: 127.0.0.1:{port}\n{extra}",
                 dir.path().join("data").display()

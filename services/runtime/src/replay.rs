@@ -1,0 +1,197 @@
+//! Reading the journal and folding it into a projection: what recovery, `audit rebuild`,
+//! `audit at` and `audit verify` share.
+
+use std::time::Duration;
+
+use ksched_core::apply_entry;
+use ksched_core::events::JournalEntry;
+use ksched_core::state::State;
+use ksched_store::Store;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::message::Message;
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+
+use crate::error::{Error, Result, kafka};
+
+/// Entries applied between two writes of the projection.
+pub const PERSIST_EVERY: u64 = 5_000;
+
+/// One journal record.
+#[derive(Debug, Clone)]
+pub struct JournalRecord {
+    pub partition: i32,
+    pub offset: i64,
+    /// The record value as stored (single-object encoded).
+    pub raw: Vec<u8>,
+    pub entry: JournalEntry,
+}
+
+/// Whether to keep reading.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flow {
+    Continue,
+    Stop,
+}
+
+/// The (low, high) watermarks of a journal partition.
+pub fn journal_watermarks(
+    client: &ClientConfig,
+    topic: &str,
+    partition: i32,
+) -> Result<(i64, i64)> {
+    let consumer: BaseConsumer = client
+        .clone()
+        .set("group.id", "ksched-journal-reader")
+        .create()
+        .map_err(kafka("creating a journal reader"))?;
+    consumer
+        .fetch_watermarks(topic, partition, Duration::from_secs(30))
+        .map_err(kafka(format!("reading the offsets of {topic}/{partition}")))
+}
+
+/// Reads journal partition `partition` of `topic` from offset `from` to the end it has when
+/// called (read_committed), calling `f` for each entry in order. Stops early when `f` says so.
+/// Returns the journal's (low, high) watermarks at the start.
+pub fn read_journal(
+    client: &ClientConfig,
+    topic: &str,
+    partition: i32,
+    from: i64,
+    mut f: impl FnMut(JournalRecord) -> Result<Flow>,
+) -> Result<(i64, i64)> {
+    let consumer: BaseConsumer = client
+        .clone()
+        .set("group.id", "ksched-journal-reader")
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .set("fetch.max.bytes", "52428800")
+        .set("max.partition.fetch.bytes", "10485760")
+        .create()
+        .map_err(kafka("creating a journal reader"))?;
+    let (low, high) = consumer
+        .fetch_watermarks(topic, partition, Duration::from_secs(30))
+        .map_err(kafka(format!("reading the offsets of {topic}/{partition}")))?;
+    let start = from.max(low);
+    if start >= high {
+        return Ok((low, high));
+    }
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(topic, partition, Offset::Offset(start))
+        .map_err(kafka("assigning the journal"))?;
+    consumer
+        .assign(&tpl)
+        .map_err(kafka("assigning the journal"))?;
+    loop {
+        match consumer.poll(Duration::from_secs(1)) {
+            Some(Ok(m)) => {
+                if m.offset() >= high {
+                    break;
+                }
+                let raw = m.payload().unwrap_or_default().to_vec();
+                let entry: JournalEntry =
+                    ksched_codec::decode(&raw).map_err(|source| Error::Journal {
+                        topic: topic.to_owned(),
+                        partition,
+                        offset: m.offset(),
+                        source,
+                    })?;
+                let last = m.offset() >= high - 1;
+                let flow = f(JournalRecord {
+                    partition,
+                    offset: m.offset(),
+                    raw,
+                    entry,
+                })?;
+                if flow == Flow::Stop || last {
+                    break;
+                }
+            }
+            Some(Err(KafkaError::PartitionEOF(_))) => break,
+            Some(Err(e)) => return Err(kafka(format!("reading {topic}/{partition}"))(e)),
+            None => {
+                // The last offset may be a transaction marker, never delivered.
+                let pos = consumer
+                    .position()
+                    .ok()
+                    .and_then(|p| p.elements().first().map(|e| e.offset()));
+                if let Some(Offset::Offset(p)) = pos
+                    && p >= high - 1
+                {
+                    break;
+                }
+            }
+        }
+    }
+    Ok((low, high))
+}
+
+/// Folds journal entries into a projection in RocksDB, keeping only the working set in
+/// memory: the processor's recovery and the audit tools' rebuilds.
+#[derive(Debug)]
+pub struct Replayer {
+    pub store: Store,
+    pub state: State,
+    pub applied: u64,
+    pub events: u64,
+    pub last_offset: Option<i64>,
+    unpersisted: u64,
+}
+
+impl Replayer {
+    /// Continues the projection in `store` from where it stands.
+    pub fn new(store: Store) -> Result<Replayer> {
+        let state = store.load_state()?;
+        Ok(Replayer {
+            store,
+            state,
+            applied: 0,
+            events: 0,
+            last_offset: None,
+            unpersisted: 0,
+        })
+    }
+
+    /// Continues from a state already in memory (the processor's).
+    pub fn with_state(store: Store, state: State) -> Replayer {
+        Replayer {
+            store,
+            state,
+            applied: 0,
+            events: 0,
+            last_offset: None,
+            unpersisted: 0,
+        }
+    }
+
+    /// Applies one entry (at journal `offset`), persisting every [`PERSIST_EVERY`] entries.
+    pub fn apply(&mut self, offset: i64, entry: &JournalEntry) -> Result<()> {
+        self.state.load_for_entry(entry, &self.store)?;
+        apply_entry(&mut self.state, entry);
+        self.applied += 1;
+        self.events += entry.events.len() as u64;
+        self.last_offset = Some(offset);
+        self.unpersisted += 1;
+        if self.unpersisted >= PERSIST_EVERY {
+            self.persist()?;
+        }
+        Ok(())
+    }
+
+    /// Writes what changed since the last write, with the watermark.
+    pub fn persist(&mut self) -> Result<()> {
+        let dirty = self.state.take_dirty();
+        self.store.persist(&self.state, dirty, self.last_offset)?;
+        self.state.evict_cold();
+        self.unpersisted = 0;
+        Ok(())
+    }
+
+    /// Drops what is in memory and reloads the working set from the store (after the last
+    /// [`Replayer::persist`]).
+    pub fn reload(&mut self) -> Result<()> {
+        self.state = self.store.load_state()?;
+        self.unpersisted = 0;
+        Ok(())
+    }
+}
