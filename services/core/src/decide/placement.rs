@@ -40,8 +40,15 @@ pub fn blocker_reason_code(wait_code: &str) -> &'static str {
     }
 }
 
-enum Placement {
-    Placed,
+/// What placement would do for a job now.
+enum Decision {
+    Place {
+        pool: String,
+        worker_id: String,
+        strategy: &'static str,
+        candidates: Vec<Candidate>,
+        notes: Vec<String>,
+    },
     Blocked(Blocked),
 }
 
@@ -110,122 +117,29 @@ impl Decider<'_, '_> {
     }
 
     /// Places one queued job if any of its pools has a worker for it.
-    fn try_place(&mut self, job_id: &str) -> Placement {
+    fn try_place(&mut self, job_id: &str) -> bool {
         let config = self.rules();
-        let rules = &config.rules;
-        let state: &State = self.state();
-        let job = &state.jobs[job_id];
-        if let Some(blocked) = tenant_blocks(state, job) {
-            return Placement::Blocked(blocked);
+        match evaluate(self.state(), &config.rules, job_id) {
+            Decision::Place {
+                pool,
+                worker_id,
+                strategy,
+                candidates,
+                notes,
+            } => {
+                self.place(job_id, &pool, &worker_id, strategy, candidates, notes);
+                true
+            }
+            Decision::Blocked(_) => false,
         }
-        let mut notes = Vec::new();
-        if let Some(preferred) = job.request.labels.get(LABEL_PREFERRED_WORKER) {
-            match preferred_worker(state, rules, job, preferred) {
-                Ok((pool, score)) => {
-                    notes.push(format!("preferred_worker_id {preferred} honoured"));
-                    let candidates = vec![Candidate {
-                        worker_id: preferred.clone(),
-                        pool: pool.clone(),
-                        score: Some(score),
-                        skipped: None,
-                    }];
-                    let strategy = for_kind(rules.strategy(&pool)).name();
-                    let preferred = preferred.clone();
-                    self.place(job_id, &pool, &preferred, strategy, candidates, notes);
-                    return Placement::Placed;
-                }
-                Err(why) => notes.push(format!("preferred_worker_id {preferred} ignored: {why}")),
-            }
-        }
-        let mut candidates = Vec::new();
-        let mut any_alive = 0;
-        let mut any_overloaded = 0;
-        let mut circuit: Option<String> = None;
-        for pool in &job.pools {
-            if let Some(why) = breaker_blocks(state, rules, pool) {
-                circuit.get_or_insert(why);
-                continue;
-            }
-            let (eligible, outcome) = eligible_workers(state, rules, job, pool, &mut candidates);
-            any_alive += outcome.alive;
-            any_overloaded += outcome.overloaded;
-            if eligible.is_empty() {
-                continue;
-            }
-            let strategy = for_kind(rules.strategy(pool));
-            let (winner, assessments) = strategy.choose(job, &eligible);
-            for (e, a) in eligible.iter().zip(&assessments) {
-                candidates.push(match a {
-                    Assessment::Score(s) => scored(e, pool, Some(*s), None),
-                    Assessment::Unfit(why) => scored(e, pool, None, Some(why.clone())),
-                });
-            }
-            if let Some(i) = winner {
-                let worker_id = eligible[i].worker_id.to_owned();
-                let pool = pool.clone();
-                self.place(
-                    job_id,
-                    &pool,
-                    &worker_id,
-                    strategy.name(),
-                    candidates,
-                    notes,
-                );
-                return Placement::Placed;
-            }
-            any_overloaded += assessments
-                .iter()
-                .filter(|a| matches!(a, Assessment::Unfit(_)))
-                .count();
-        }
-        let pools = job.pools.join(", ");
-        let blocked = if any_overloaded > 0 {
-            Blocked {
-                code: "pool_overloaded",
-                detail: format!("every suitable worker in [{pools}] is at capacity"),
-                candidates,
-            }
-        } else if let Some(why) = circuit.filter(|_| any_alive == 0) {
-            Blocked {
-                code: "circuit_open",
-                detail: why,
-                candidates,
-            }
-        } else if any_alive == 0 {
-            Blocked {
-                code: "no_workers",
-                detail: format!("no live worker in [{pools}]"),
-                candidates,
-            }
-        } else {
-            Blocked {
-                code: "no_workers",
-                detail: format!(
-                    "no live worker in [{pools}] matches the job's placement labels or can receive dispatches"
-                ),
-                candidates,
-            }
-        };
-        Placement::Blocked(blocked)
     }
 
     /// Why a queued job is not placed now (used for JobWaiting and placement timeouts).
-    pub(crate) fn blocker(&mut self, job_id: &str) -> Blocked {
-        // A dry run on a scratch copy: the answer without the side effects.
-        let mut scratch = self.state().clone();
-        scratch.dirty = None;
-        let mut d = Decider {
-            state: &mut scratch,
-            ctx: self.ctx,
-            now: self.now,
-            cause: self.cause,
-            input_kind: self.input_kind,
-            events: Vec::new(),
-            outputs: Vec::new(),
-        };
-        match d.try_place(job_id) {
-            Placement::Blocked(b) => b,
-            Placement::Placed => Blocked {
+    pub(crate) fn blocker(&self, job_id: &str) -> Blocked {
+        let config = self.rules();
+        match evaluate(self.state(), &config.rules, job_id) {
+            Decision::Blocked(b) => b,
+            Decision::Place { .. } => Blocked {
                 code: "no_workers",
                 detail: "placeable now; waiting for the next pass".into(),
                 candidates: Vec::new(),
@@ -270,6 +184,104 @@ impl Decider<'_, '_> {
             deadline_at,
         }));
     }
+}
+
+/// Where a queued job would go now, or why it cannot go anywhere: a pure reading of the state,
+/// so it also answers "why is it waiting" without side effects.
+fn evaluate(state: &State, rules: &Rules, job_id: &str) -> Decision {
+    let job = &state.jobs[job_id];
+    if let Some(blocked) = tenant_blocks(state, job) {
+        return Decision::Blocked(blocked);
+    }
+    let mut notes = Vec::new();
+    if let Some(preferred) = job.request.labels.get(LABEL_PREFERRED_WORKER) {
+        match preferred_worker(state, rules, job, preferred) {
+            Ok((pool, score)) => {
+                notes.push(format!("preferred_worker_id {preferred} honoured"));
+                let candidates = vec![Candidate {
+                    worker_id: preferred.clone(),
+                    pool: pool.clone(),
+                    score: Some(score),
+                    skipped: None,
+                }];
+                let strategy = for_kind(rules.strategy(&pool)).name();
+                return Decision::Place {
+                    pool,
+                    worker_id: preferred.clone(),
+                    strategy,
+                    candidates,
+                    notes,
+                };
+            }
+            Err(why) => notes.push(format!("preferred_worker_id {preferred} ignored: {why}")),
+        }
+    }
+    let mut candidates = Vec::new();
+    let mut any_alive = 0;
+    let mut any_overloaded = 0;
+    let mut circuit: Option<String> = None;
+    for pool in &job.pools {
+        if let Some(why) = breaker_blocks(state, rules, pool) {
+            circuit.get_or_insert(why);
+            continue;
+        }
+        let (eligible, outcome) = eligible_workers(state, rules, job, pool, &mut candidates);
+        any_alive += outcome.alive;
+        any_overloaded += outcome.overloaded;
+        if eligible.is_empty() {
+            continue;
+        }
+        let strategy = for_kind(rules.strategy(pool));
+        let (winner, assessments) = strategy.choose(job, &eligible);
+        for (e, a) in eligible.iter().zip(&assessments) {
+            candidates.push(match a {
+                Assessment::Score(s) => scored(e, pool, Some(*s), None),
+                Assessment::Unfit(why) => scored(e, pool, None, Some(why.clone())),
+            });
+        }
+        if let Some(i) = winner {
+            return Decision::Place {
+                pool: pool.clone(),
+                worker_id: eligible[i].worker_id.to_owned(),
+                strategy: strategy.name(),
+                candidates,
+                notes,
+            };
+        }
+        any_overloaded += assessments
+            .iter()
+            .filter(|a| matches!(a, Assessment::Unfit(_)))
+            .count();
+    }
+    let pools = job.pools.join(", ");
+    let blocked = if any_overloaded > 0 {
+        Blocked {
+            code: "pool_overloaded",
+            detail: format!("every suitable worker in [{pools}] is at capacity"),
+            candidates,
+        }
+    } else if let Some(why) = circuit.filter(|_| any_alive == 0) {
+        Blocked {
+            code: "circuit_open",
+            detail: why,
+            candidates,
+        }
+    } else if any_alive == 0 {
+        Blocked {
+            code: "no_workers",
+            detail: format!("no live worker in [{pools}]"),
+            candidates,
+        }
+    } else {
+        Blocked {
+            code: "no_workers",
+            detail: format!(
+                "no live worker in [{pools}] matches the job's placement labels or can receive dispatches"
+            ),
+            candidates,
+        }
+    };
+    Decision::Blocked(blocked)
 }
 
 fn scored(e: &Eligible<'_>, pool: &str, score: Option<f64>, skipped: Option<String>) -> Candidate {
