@@ -464,6 +464,7 @@ impl Processor {
                     .send_offsets_to_transaction(&tpl, &meta, timeout)
                     .map_err(kafka("send_offsets_to_transaction"))?;
             }
+            self.await_deliveries(timeout)?;
             self.producer
                 .commit_transaction(timeout)
                 .map_err(kafka("commit_transaction"))
@@ -494,6 +495,25 @@ impl Processor {
             .last_journal_offset
             .load(Ordering::Relaxed);
         self.persist((last >= 0).then_some(last))?;
+        Ok(())
+    }
+
+    /// Serves delivery reports until every record of the transaction is acknowledged.
+    ///
+    /// `commit_transaction` would flush too, but rust-rdkafka's flush polls in 100 ms steps
+    /// (`BaseProducer::poll` blocks for its whole timeout), which put ~100 ms on every
+    /// commit. Waiting here in 1 ms steps leaves the commit nothing to flush.
+    fn await_deliveries(&self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        while self.producer.in_flight_count() > 0 {
+            self.producer.poll(Duration::from_millis(1));
+            if Instant::now() > deadline {
+                return Err(Error::Other(format!(
+                    "{} records of the transaction were not acknowledged within {timeout:?}",
+                    self.producer.in_flight_count()
+                )));
+            }
+        }
         Ok(())
     }
 
