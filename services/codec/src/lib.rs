@@ -136,6 +136,24 @@ impl Registry {
         Ok(())
     }
 
+    /// The fast path for records written with the current schema: serde straight from the
+    /// bytes, no intermediate value tree. `None` when it does not fully succeed (bad input,
+    /// trailing bytes); the general path then decodes or names the problem.
+    fn decode_direct<T: Record>(writer: &SchemaEntry, body: &[u8]) -> Option<T> {
+        let mut cursor = body;
+        let v = writer.reader.read_deser::<T>(&mut cursor).ok()?;
+        cursor.is_empty().then_some(v)
+    }
+
+    /// Whether `bytes` decode on the fast path (for tests and benchmarks).
+    pub fn decodes_directly<T: Record>(&self, bytes: &[u8]) -> bool {
+        self.split(bytes).is_ok_and(|(w, body)| {
+            self.current(T::NAME)
+                .is_some_and(|r| r.fingerprint == w.fingerprint)
+                && Self::decode_direct::<T>(w, body).is_some()
+        })
+    }
+
     /// Decodes a `T`, resolving an older writer schema to the current one.
     pub fn decode<T: Record>(&self, bytes: &[u8]) -> Result<T> {
         let (writer, body) = self.split(bytes)?;
@@ -153,6 +171,11 @@ impl Registry {
             schema: writer.name.clone(),
             detail,
         };
+        if writer.fingerprint == reader.fingerprint
+            && let Some(v) = Self::decode_direct::<T>(writer, body)
+        {
+            return Ok(v);
+        }
         let mut cursor = body;
         let value = writer
             .reader

@@ -14,6 +14,11 @@ fn round_trip<T: Record + PartialEq + Debug>(value: T) {
     assert_eq!(&bytes[..2], &[0xC3, 0x01], "single-object marker");
     let back: T = decode(&bytes).unwrap_or_else(|e| panic!("decode {}: {e}", T::NAME));
     assert_eq!(back, value, "{} round trip", T::NAME);
+    assert!(
+        ksched_codec::registry().decodes_directly::<T>(&bytes),
+        "{} takes the fast decoding path",
+        T::NAME
+    );
     let any = decode_any(&bytes).unwrap_or_else(|e| panic!("decode_any {}: {e}", T::NAME));
     assert_eq!(format!("io.ksched.{}", any.name()), T::NAME);
 }
