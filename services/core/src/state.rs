@@ -278,6 +278,9 @@ pub struct State {
     pub tenant_active: BTreeMap<String, i64>,
     /// Changed keys, when the owner tracks them (the runtime does; tests and audits need not).
     pub dirty: Option<Dirty>,
+    /// Terminal jobs in memory, which [`State::evict_cold`] may drop (bookkeeping, like
+    /// `dirty`: not part of the projection).
+    cold: BTreeSet<String>,
 }
 
 impl PartialEq for State {
@@ -425,6 +428,9 @@ impl State {
         if self.jobs.contains_key(&job_id) {
             return;
         }
+        if job.state.is_terminal() {
+            self.cold.insert(job_id.clone());
+        }
         self.jobs.insert(job_id.clone(), job);
         self.index_job(&job_id);
     }
@@ -432,15 +438,11 @@ impl State {
     /// Drops terminal jobs, idempotency keys and idle sagas from memory (they stay in
     /// storage). Only called by an owner that has persisted every dirty key.
     pub fn evict_cold(&mut self) {
-        let cold: Vec<String> = self
-            .jobs
-            .iter()
-            .filter(|(_, j)| j.state.is_terminal())
-            .map(|(id, _)| id.clone())
-            .collect();
-        for id in cold {
-            self.unindex_job(&id);
-            self.jobs.remove(&id);
+        for id in std::mem::take(&mut self.cold) {
+            if self.jobs.get(&id).is_some_and(|j| j.state.is_terminal()) {
+                self.unindex_job(&id);
+                self.jobs.remove(&id);
+            }
         }
         self.idempotency.clear();
         // Sagas mid-rollback stay: a tick may end their running compensation.
@@ -483,6 +485,9 @@ impl State {
         {
             self.count_state(before, -1);
             self.count_state(after, 1);
+            if after.is_terminal() {
+                self.cold.insert(id.to_owned());
+            }
         }
         r
     }
@@ -501,6 +506,9 @@ impl State {
             self.count_state(old, -1);
         }
         self.count_state(job.state, 1);
+        if job.state.is_terminal() {
+            self.cold.insert(id.clone());
+        }
         self.jobs.insert(id.clone(), job);
         self.index_job(&id);
         self.mark_job(&id);
@@ -579,6 +587,12 @@ impl State {
         for w in self.workers.values_mut() {
             w.inflight.clear();
         }
+        self.cold = self
+            .jobs
+            .iter()
+            .filter(|(_, j)| j.state.is_terminal())
+            .map(|(id, _)| id.clone())
+            .collect();
         let ids: Vec<String> = self.jobs.keys().cloned().collect();
         for id in ids {
             self.index_job(&id);

@@ -8,12 +8,13 @@
 //! submission, not O(queue).
 
 use std::collections::BTreeSet;
+use std::ops::Bound::{Excluded, Unbounded};
 
 use crate::decide::Decider;
 use crate::events::*;
 use crate::records::Heartbeat;
 use crate::rules::{Overload, Rules};
-use crate::state::{Job, State, Worker};
+use crate::state::{Job, QueueKey, State, Worker};
 use crate::strategy::{Assessment, Eligible, for_kind};
 
 /// Label naming the worker a job would like (SPEC §3.4).
@@ -65,23 +66,20 @@ impl Decider<'_, '_> {
         let pools: BTreeSet<String> = pools.into_iter().collect();
         for pool in pools {
             self.maybe_half_open(&pool);
-            let queued: Vec<String> = match self.state().queues.get(&pool) {
-                Some(q) => q.iter().map(|k| k.job_id.clone()).collect(),
-                None => continue,
-            };
-            for job_id in queued {
+            // Walk the queue one key at a time (a placement removes the job from it, and a
+            // full pool ends the walk), so a long queue costs nothing while nothing fits.
+            let mut after: Option<QueueKey> = None;
+            loop {
                 if self.pool_is_full(&pool) {
                     break;
                 }
-                if self
-                    .state()
-                    .jobs
-                    .get(&job_id)
-                    .is_none_or(|j| j.queued_at.is_none())
-                {
-                    continue;
-                }
-                let _ = self.try_place(&job_id);
+                let next = self.state().queues.get(&pool).and_then(|q| match &after {
+                    None => q.iter().next().cloned(),
+                    Some(k) => q.range((Excluded(k), Unbounded)).next().cloned(),
+                });
+                let Some(key) = next else { break };
+                self.try_place(&key.job_id);
+                after = Some(key);
             }
         }
     }

@@ -237,6 +237,18 @@ impl Sim {
             let stored = self.partial.jobs.get(id).or_else(|| self.cold.jobs.get(id));
             assert_eq!(stored, Some(job), "job {id} of the partial state");
         }
+        // Eviction finds every job that became terminal, whichever way it did.
+        let lingering: Vec<&String> = self
+            .partial
+            .jobs
+            .iter()
+            .filter(|(_, j)| j.state.is_terminal())
+            .map(|(id, _)| id)
+            .collect();
+        assert!(
+            lingering.is_empty(),
+            "terminal jobs not evicted: {lingering:?}"
+        );
         assert_eq!(self.partial.workers, self.state.workers);
         assert_eq!(self.partial.queues, self.state.queues);
         assert_eq!(self.partial.timers, self.state.timers);
