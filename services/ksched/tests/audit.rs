@@ -363,15 +363,7 @@ fn the_journal_alone_answers_the_audit_questions() {
     );
     assert!(!then.contains_key("report-1"));
     let log_time = v["log_time"].as_i64().unwrap();
-    let (code, out, _) = c.cli(&[
-        "audit",
-        "at",
-        "--time",
-        &log_time.to_string(),
-        "--all",
-        "-o",
-        "json",
-    ]);
+    let (code, out, _) = c.cli(&["audit", "at", &log_time.to_string(), "--all", "-o", "json"]);
     assert_eq!(code, 0);
     let v: Value = serde_json::from_str(&out).unwrap();
     assert!(v["jobs"].as_array().unwrap().len() >= 7);

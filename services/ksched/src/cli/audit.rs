@@ -56,7 +56,7 @@ pub enum AuditCommand {
     /// The state of jobs and workers as of a time or a journal offset.
     At {
         /// UTC time: `2026-11-30T03:12:00Z`, `2026-11-30 03:12:00.250` or milliseconds.
-        #[arg(long, required_unless_present = "offset")]
+        #[arg(required_unless_present = "offset")]
         time: Option<String>,
         /// Journal offset (its entry included).
         #[arg(long, conflicts_with = "time")]
@@ -228,7 +228,7 @@ pub fn audit(t: &Target, args: AuditArgs) -> CliResult {
                     )
                 })?),
                 (None, None) => {
-                    return Err(Failure::new(EXIT_BAD_INPUT, "give --time or --offset"));
+                    return Err(Failure::new(EXIT_BAD_INPUT, "give a TIME or --offset"));
                 }
             };
             at(t, &src, until, tenant, pool, all)
