@@ -291,8 +291,12 @@ fn package(engine: &mut Engine, path: &str) -> std::result::Result<Json, String>
     if value == Value::Undefined {
         return Ok(Json::Object(Default::default()));
     }
-    let s = value.to_json_str().map_err(|e| e.to_string())?;
-    serde_json::from_str(&s).map_err(|e| e.to_string())
+    serde_json::to_value(&value).map_err(|e| e.to_string())
+}
+
+/// The input document as a Rego value, converted in memory (no JSON text in between).
+fn rego_input(doc: &Json) -> std::result::Result<Value, String> {
+    serde::Deserialize::deserialize(doc).map_err(|e: serde_json::Error| e.to_string())
 }
 
 /// A set (or array) of reasons; `true` counts as one unnamed reason.
@@ -309,7 +313,7 @@ fn reasons(v: Option<&Json>, default: &str) -> Vec<String> {
 }
 
 fn evaluate_input(engine: &mut Engine, doc: &Json) -> std::result::Result<PolicyDecision, String> {
-    let input = Value::from_json_str(&doc.to_string()).map_err(|e| e.to_string())?;
+    let input = rego_input(doc)?;
     engine.set_input(input);
     let pkg = package(engine, "data.ksched.input")?;
     let deny = reasons(pkg.get("deny"), "denied by policy");
@@ -349,7 +353,7 @@ fn evaluate_input(engine: &mut Engine, doc: &Json) -> std::result::Result<Policy
 }
 
 fn evaluate_output(engine: &mut Engine, doc: &Json) -> std::result::Result<OutputDecision, String> {
-    let input = Value::from_json_str(&doc.to_string()).map_err(|e| e.to_string())?;
+    let input = rego_input(doc)?;
     engine.set_input(input);
     let pkg = package(engine, "data.ksched.output")?;
     let q = reasons(pkg.get("quarantine"), "quarantined by output policy");

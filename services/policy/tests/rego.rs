@@ -275,3 +275,40 @@ fn uuid_like() -> u64 {
     static N: AtomicU64 = AtomicU64::new(0);
     N.fetch_add(1, Ordering::Relaxed)
 }
+
+#[test]
+fn numbers_and_nested_values_of_the_input_reach_the_policy_intact() {
+    let mut bundle = PolicyBundle::default();
+    bundle.modules.insert(
+        "p.rego".into(),
+        "package ksched.input\n\
+         default allow := true\n\
+         deny contains sprintf(\"tenant %s has %d active jobs\", [input.tenant.id, input.tenant.active_jobs]) if input.tenant.active_jobs >= 3\n\
+         require_approval contains \"label\" if input.job.labels.env == \"prod\"\n"
+            .into(),
+    );
+    bundle.data_json = "{}".into();
+    let r = reconfigure(&bundle);
+    let engine = RegoEngine::new();
+    let d = engine.evaluate_input(
+        &r,
+        &input_document(&job("dev", &[], Priority::Batch), 3, &[]),
+    );
+    assert_eq!(d.verdict, Verdict::Deny);
+    assert_eq!(d.reasons.len(), 1);
+    assert!(
+        d.reasons[0].ends_with("has 3 active jobs"),
+        "{:?}",
+        d.reasons
+    );
+    let d = engine.evaluate_input(
+        &r,
+        &input_document(&job("prod", &[], Priority::Batch), 2, &[]),
+    );
+    assert_eq!(d.verdict, Verdict::RequireApproval);
+    let d = engine.evaluate_input(
+        &r,
+        &input_document(&job("dev", &[], Priority::Batch), 2, &[]),
+    );
+    assert_eq!(d.verdict, Verdict::Allow);
+}
