@@ -1,5 +1,6 @@
 //! `ksched`: one binary, subcommands in the manner of the Kafka command-line tools.
 
+mod bench;
 mod cli;
 mod dev;
 mod run;
@@ -35,6 +36,9 @@ enum Command {
         #[command(flatten)]
         conn: Connection,
     },
+    /// Measure throughput, latency, replay, recovery and scale against a broker, beside a
+    /// raw Kafka baseline (docs/performance.md).
+    Bench(bench::BenchArgs),
     /// Inspect jobs.
     Jobs {
         #[command(subcommand)]
@@ -124,6 +128,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Run(args) => run::main(args),
         Command::Dev(args) => dev::main(args),
+        Command::Bench(args) => bench::main(args),
         Command::Submit { args, conn } => finish(cli::submit::submit(&conn.resolve(), args)),
         Command::Jobs { command, conn } => finish(cli::jobs(&conn.resolve(), command)),
         Command::Workers {

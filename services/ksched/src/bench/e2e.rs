@@ -1,0 +1,430 @@
+//! End to end: producers submit jobs, SDK workers with a no-op handler and regular heartbeats
+//! complete them, and a journal tailer times each job from its submission to its dispatch
+//! and to its success becoming durable in the journal.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use ksched_core::events::{Event, JournalEntry};
+use ksched_core::records::JobRequest;
+use ksched_runtime::{Config, Status, run_processor, ticker};
+use ksched_store::Store;
+use ksched_worker::{Outcome, Worker, WorkerConfig};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message;
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use tokio_util::sync::CancellationToken;
+
+/// Latency percentiles in milliseconds.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct Percentiles {
+    pub p50: f64,
+    pub p99: f64,
+    pub p999: f64,
+    pub samples: usize,
+}
+
+impl Percentiles {
+    pub fn of(mut v: Vec<f64>) -> Percentiles {
+        if v.is_empty() {
+            return Percentiles::default();
+        }
+        v.sort_by(f64::total_cmp);
+        let at = |q: f64| v[((v.len() as f64 * q).ceil() as usize).clamp(1, v.len()) - 1];
+        Percentiles {
+            p50: at(0.50),
+            p99: at(0.99),
+            p999: at(0.999),
+            samples: v.len(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Level {
+    /// Fraction of saturation offered.
+    pub load: f64,
+    pub offered_jobs_per_sec: f64,
+    pub achieved_jobs_per_sec: f64,
+    pub jobs: u64,
+    pub submit_to_dispatch_ms: Percentiles,
+    pub submit_to_completed_ms: Percentiles,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Saturation {
+    pub jobs: u64,
+    pub seconds: f64,
+    pub jobs_per_sec: f64,
+    /// Records the processor consumed and produced per job (inputs + journal entries +
+    /// dispatches + dead letters), measured.
+    pub kafka_records_per_job: f64,
+    /// Mean input records per transaction during the run.
+    pub mean_batch: f64,
+    /// Mean time per batch (processing and commit), ms.
+    pub mean_batch_ms: f64,
+}
+
+/// When each job was sent, dispatched and completed (ms on one clock).
+#[derive(Default)]
+struct Times {
+    sent: HashMap<String, f64>,
+    dispatched: HashMap<String, f64>,
+    completed: HashMap<String, f64>,
+}
+
+/// A running scheduler with workers, a tailer and a submitter.
+pub struct Rig {
+    config: Config,
+    shutdown: Arc<AtomicBool>,
+    status: Arc<Status>,
+    processor: Option<std::thread::JoinHandle<ksched_runtime::Result<()>>>,
+    ticker: Option<std::thread::JoinHandle<()>>,
+    rt: tokio::runtime::Runtime,
+    workers_stop: CancellationToken,
+    workers: Vec<tokio::task::JoinHandle<ksched_worker::Result<()>>>,
+    tail_stop: Arc<AtomicBool>,
+    tailer: Option<std::thread::JoinHandle<()>>,
+    times: Arc<Mutex<Times>>,
+    producer: BaseProducer,
+    epoch: Instant,
+    seq: u64,
+    label: String,
+}
+
+fn now_ms(epoch: Instant) -> f64 {
+    epoch.elapsed().as_secs_f64() * 1000.0
+}
+
+impl Rig {
+    /// Starts the scheduler (on `config`, whose data directory may hold history), `workers`
+    /// SDK workers and the journal tailer.
+    pub fn start(config: Config, client: ClientConfig, workers: usize, label: &str) -> Result<Rig> {
+        let settings = config.settings.clone();
+        let topics = ksched_runtime::topics_of(&config);
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()?;
+        rt.block_on(ksched_runtime::topics::ensure_topics(&settings, &topics))?;
+        let store = Store::open(&settings.storage.data_dir, 0)?;
+        let shutdown = Arc::new(AtomicBool::new(false));
+        let status = Arc::new(Status::new());
+        let ticker = ticker::spawn(&settings, &topics, shutdown.clone())?;
+        let processor = {
+            let (c, s, st, sh) = (config.clone(), store, status.clone(), shutdown.clone());
+            std::thread::Builder::new()
+                .name("ksched-processor".into())
+                .spawn(move || run_processor(c, s, st, sh))?
+        };
+        let started = Instant::now();
+        while !status.is_caught_up() {
+            anyhow::ensure!(
+                started.elapsed() < Duration::from_secs(600),
+                "the scheduler did not recover within 10 minutes"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let epoch = Instant::now();
+        let times = Arc::new(Mutex::new(Times::default()));
+        let tail_stop = Arc::new(AtomicBool::new(false));
+        let tailer = {
+            let (client, journal, times, stop) = (
+                client.clone(),
+                topics.journal.clone(),
+                times.clone(),
+                tail_stop.clone(),
+            );
+            std::thread::spawn(move || tail(&client, &journal, &times, &stop, epoch))
+        };
+        let workers_stop = CancellationToken::new();
+        let mut handles = Vec::new();
+        let bootstrap = settings.kafka.bootstrap_servers.clone();
+        {
+            let _guard = rt.enter();
+            for i in 0..workers {
+                let mut cfg =
+                    WorkerConfig::new(&bootstrap, &format!("{label}-worker-{i}"), "default");
+                cfg.topic_prefix = settings.topics.prefix.clone();
+                cfg.max_parallel_jobs = 64;
+                cfg.heartbeat_interval = Duration::from_secs(1);
+                cfg.report_host_load = false;
+                let worker = Worker::new(cfg)?;
+                let stop = workers_stop.clone();
+                handles.push(rt.spawn(async move {
+                    worker.run(|_| async { Outcome::succeeded() }, stop).await
+                }));
+            }
+        }
+        let producer: BaseProducer = client
+            .clone()
+            .set("enable.idempotence", "true")
+            .set("linger.ms", "2")
+            .set("queue.buffering.max.messages", "1000000")
+            .create()?;
+        let rig = Rig {
+            config,
+            shutdown,
+            status,
+            processor: Some(processor),
+            ticker: Some(ticker),
+            rt,
+            workers_stop,
+            workers: handles,
+            tail_stop,
+            tailer: Some(tailer),
+            times,
+            producer,
+            epoch,
+            seq: 0,
+            label: label.to_owned(),
+        };
+        rig.wait_workers(workers)?;
+        Ok(rig)
+    }
+
+    /// Waits until the scheduler knows `n` live workers.
+    fn wait_workers(&self, n: usize) -> Result<()> {
+        let started = Instant::now();
+        loop {
+            let ready = self
+                .status
+                .metrics
+                .workers
+                .with_label_values(&["default", "true"])
+                .get();
+            if ready >= i64::try_from(n).unwrap_or(i64::MAX) {
+                return Ok(());
+            }
+            anyhow::ensure!(
+                started.elapsed() < Duration::from_secs(60),
+                "workers never joined"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn job_topic(&self) -> String {
+        ksched_runtime::topics_of(&self.config).jobs[0].clone()
+    }
+
+    /// Submits `n` jobs, at `rate` per second or as fast as possible; returns their ids.
+    fn submit(&mut self, n: u64, rate: Option<f64>) -> Result<Vec<String>> {
+        let topic = self.job_topic();
+        let started = Instant::now();
+        let mut ids = Vec::with_capacity(n as usize);
+        for i in 0..n {
+            if let Some(r) = rate {
+                let due = Duration::from_secs_f64(i as f64 / r);
+                if let Some(wait) = due.checked_sub(started.elapsed()) {
+                    std::thread::sleep(wait);
+                }
+            }
+            self.seq += 1;
+            let id = format!("{}-{}", self.label, self.seq);
+            let req = JobRequest {
+                job_id: id.clone(),
+                topic: topic.clone(),
+                tenant_id: format!("tenant-{}", self.seq % 10),
+                submitted_at: 0,
+                ..Default::default()
+            };
+            let bytes = ksched_codec::encode(&req)?;
+            self.times
+                .lock()
+                .map_err(|_| anyhow::anyhow!("poisoned"))?
+                .sent
+                .insert(id.clone(), now_ms(self.epoch));
+            let mut rec = BaseRecord::to(&topic).key(&id).payload(&bytes);
+            loop {
+                match self.producer.send(rec) {
+                    Ok(()) => break,
+                    Err((_, r)) => {
+                        self.producer.poll(Duration::from_millis(1));
+                        rec = r;
+                    }
+                }
+            }
+            self.producer.poll(Duration::ZERO);
+            ids.push(id);
+        }
+        self.producer.flush(Duration::from_secs(60))?;
+        Ok(ids)
+    }
+
+    fn wait_completed(&self, ids: &[String], limit: Duration) -> Result<()> {
+        let started = Instant::now();
+        // Jobs complete roughly in order: resume the scan where the last one stopped.
+        let mut done = 0;
+        loop {
+            {
+                let t = self.times.lock().map_err(|_| anyhow::anyhow!("poisoned"))?;
+                while done < ids.len() && t.completed.contains_key(&ids[done]) {
+                    done += 1;
+                }
+            }
+            if done == ids.len() {
+                return Ok(());
+            }
+            anyhow::ensure!(
+                started.elapsed() < limit,
+                "only {done} of {} jobs completed within {limit:?}",
+                ids.len()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn io_records(&self) -> f64 {
+        let m = &self.status.metrics;
+        let entries = m.journal_entries.get() as f64;
+        let dispatches = m.events.with_label_values(&["JobDispatched"]).get() as f64;
+        let dead = m.events.with_label_values(&["DeadLettered"]).get() as f64;
+        // Each input is consumed once and journaled once; dispatches and dead letters are
+        // records of their own.
+        2.0 * entries + dispatches + dead
+    }
+
+    /// As many jobs as fast as possible: the completion rate is the saturation throughput.
+    pub fn saturation(&mut self, jobs: u64) -> Result<Saturation> {
+        let before = self.io_records();
+        let m = &self.status.metrics;
+        let (b0, n0, c0) = (
+            m.batch_size.get_sample_sum(),
+            m.batch_size.get_sample_count(),
+            m.commit_latency.get_sample_sum(),
+        );
+        let t0 = now_ms(self.epoch);
+        let ids = self.submit(jobs, None)?;
+        self.wait_completed(&ids, Duration::from_secs(600))?;
+        let t = self.times.lock().map_err(|_| anyhow::anyhow!("poisoned"))?;
+        let last = ids
+            .iter()
+            .filter_map(|i| t.completed.get(i))
+            .fold(0.0f64, |a, b| a.max(*b));
+        let seconds = ((last - t0) / 1000.0).max(1e-9);
+        let m = &self.status.metrics;
+        let batches = (m.batch_size.get_sample_count() - n0).max(1) as f64;
+        Ok(Saturation {
+            jobs,
+            seconds,
+            jobs_per_sec: jobs as f64 / seconds,
+            kafka_records_per_job: (self.io_records() - before) / jobs as f64,
+            mean_batch: (m.batch_size.get_sample_sum() - b0) / batches,
+            mean_batch_ms: 1000.0 * (m.commit_latency.get_sample_sum() - c0) / batches,
+        })
+    }
+
+    /// An open-loop load of `load` x `saturation` jobs/s for `seconds`.
+    pub fn level(&mut self, load: f64, saturation: f64, seconds: f64) -> Result<Level> {
+        let rate = (load * saturation).max(1.0);
+        let n = (rate * seconds).ceil().max(1.0) as u64;
+        let t0 = now_ms(self.epoch);
+        let ids = self.submit(n, Some(rate))?;
+        self.wait_completed(&ids, Duration::from_secs(600))?;
+        let t = self.times.lock().map_err(|_| anyhow::anyhow!("poisoned"))?;
+        let mut dispatch = Vec::new();
+        let mut completed = Vec::new();
+        let mut last = t0;
+        for id in &ids {
+            let sent = t.sent[id];
+            if let Some(d) = t.dispatched.get(id) {
+                dispatch.push(d - sent);
+            }
+            if let Some(c) = t.completed.get(id) {
+                completed.push(c - sent);
+                last = last.max(*c);
+            }
+        }
+        Ok(Level {
+            load,
+            offered_jobs_per_sec: rate,
+            achieved_jobs_per_sec: n as f64 / ((last - t0) / 1000.0).max(1e-9),
+            jobs: n,
+            submit_to_dispatch_ms: Percentiles::of(dispatch),
+            submit_to_completed_ms: Percentiles::of(completed),
+        })
+    }
+
+    pub fn stop(mut self) -> Result<()> {
+        self.workers_stop.cancel();
+        let handles = std::mem::take(&mut self.workers);
+        self.rt.block_on(async {
+            for h in handles {
+                let _ = h.await;
+            }
+        });
+        self.tail_stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.tailer.take() {
+            let _ = t.join();
+        }
+        self.shutdown.store(true, Ordering::Relaxed);
+        if let Some(p) = self.processor.take() {
+            p.join()
+                .map_err(|_| anyhow::anyhow!("processor panicked"))?
+                .context("processor")?;
+        }
+        if let Some(t) = self.ticker.take() {
+            let _ = t.join();
+        }
+        Ok(())
+    }
+}
+
+/// Follows the journal from its end, noting when each job's first dispatch and its success
+/// become visible (committed).
+fn tail(
+    client: &ClientConfig,
+    journal: &str,
+    times: &Mutex<Times>,
+    stop: &AtomicBool,
+    epoch: Instant,
+) {
+    let Ok(consumer) = client
+        .clone()
+        .set("group.id", format!("{journal}-bench-tail"))
+        .set("isolation.level", "read_committed")
+        .set("enable.auto.commit", "false")
+        .set("fetch.wait.max.ms", "5")
+        .set("fetch.queue.backoff.ms", "1")
+        .create::<BaseConsumer>()
+    else {
+        return;
+    };
+    let Ok((_, high)) = consumer.fetch_watermarks(journal, 0, Duration::from_secs(30)) else {
+        return;
+    };
+    let mut tpl = TopicPartitionList::new();
+    if tpl
+        .add_partition_offset(journal, 0, Offset::Offset(high))
+        .is_err()
+        || consumer.assign(&tpl).is_err()
+    {
+        return;
+    }
+    while !stop.load(Ordering::Relaxed) {
+        let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) else {
+            continue;
+        };
+        let at = now_ms(epoch);
+        let Some(Ok(entry)) = m.payload().map(ksched_codec::decode::<JournalEntry>) else {
+            continue;
+        };
+        let Ok(mut t) = times.lock() else { return };
+        for e in &entry.events {
+            match e {
+                Event::JobDispatched(d) if d.attempt == 1 => {
+                    t.dispatched.insert(d.job_id.clone(), at);
+                }
+                Event::JobSucceeded(s) => {
+                    t.completed.insert(s.job_id.clone(), at);
+                }
+                _ => {}
+            }
+        }
+    }
+}

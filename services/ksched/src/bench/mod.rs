@@ -1,0 +1,479 @@
+//! `ksched bench`: throughput, latency, replay, recovery and scale with history, measured on
+//! this machine against a given broker, beside a raw Kafka baseline in the same run.
+//! docs/performance.md explains the method and records results.
+
+mod baseline;
+mod e2e;
+mod history;
+mod recovery;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use clap::Args;
+use ksched_core::records::JobRequest;
+use ksched_core::rules::{PoolRules, Rules};
+use ksched_policy::PolicyBundle;
+use ksched_runtime::{Config, Settings};
+use rdkafka::ClientConfig;
+use serde::Serialize;
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// The broker to measure against.
+    #[arg(
+        long,
+        default_value = "127.0.0.1:9092",
+        env = "KAFKA_BOOTSTRAP_SERVERS"
+    )]
+    pub bootstrap_servers: String,
+    /// A run of seconds with tiny sizes (CI), instead of the full one.
+    #[arg(long)]
+    pub smoke: bool,
+    /// Write the results as JSON here.
+    #[arg(long, default_value = "bench-results.json")]
+    pub out: PathBuf,
+    /// Scratch directory for projections [default: a temporary directory].
+    #[arg(long)]
+    pub work_dir: Option<PathBuf>,
+    /// SDK workers in the end-to-end runs.
+    #[arg(long, default_value_t = 4)]
+    pub workers: usize,
+}
+
+struct Sizes {
+    baseline_records: u64,
+    /// Baseline runs; the median is reported (one run on a shared machine is noisy).
+    baseline_runs: usize,
+    saturation_jobs: u64,
+    level_seconds: f64,
+    small_history: u64,
+    large_history: u64,
+}
+
+impl Sizes {
+    fn of(smoke: bool) -> Sizes {
+        if smoke {
+            Sizes {
+                baseline_records: 2_000,
+                baseline_runs: 1,
+                saturation_jobs: 300,
+                level_seconds: 1.5,
+                small_history: 1_000,
+                large_history: 5_000,
+            }
+        } else {
+            Sizes {
+                baseline_records: 200_000,
+                baseline_runs: 3,
+                saturation_jobs: 50_000,
+                level_seconds: 8.0,
+                small_history: 100_000,
+                large_history: 1_000_000,
+            }
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+struct Report {
+    machine: String,
+    build: &'static str,
+    smoke: bool,
+    baseline: baseline::Baseline,
+    history_small: history::History,
+    saturation_small_history: e2e::Saturation,
+    levels: Vec<e2e::Level>,
+    history_large: history::History,
+    saturation_large_history: e2e::Saturation,
+    recovery: recovery::Recovery,
+    /// (jobs/s x Kafka records per job) / baseline I/O records/s.
+    ratio: f64,
+    commit_interval_ms: u64,
+    total_seconds: f64,
+}
+
+/// Settings and rules of a bench scheduler under topic prefix `prefix`.
+fn bench_config(bootstrap: &str, prefix: &str, data_dir: &Path, http: Option<String>) -> Config {
+    let mut s = Settings::default();
+    s.kafka.bootstrap_servers = bootstrap.to_owned();
+    s.kafka.client_id = "ksched-bench".into();
+    s.topics.prefix = prefix.to_owned();
+    s.topics.dispatch_partitions = 8;
+    s.topics.job_partitions = 4;
+    s.topics.results_partitions = 4;
+    s.processor.group_id = format!("{prefix}processor");
+    s.storage.data_dir = data_dir.to_owned();
+    s.http.enabled = http.is_some();
+    s.http.listen = http.unwrap_or_else(|| "127.0.0.1:0".into());
+    s.log.level = "warn".into();
+    s.scheduler.overload.cpu_load = 1000.0;
+    let mut rules = Rules::default();
+    rules
+        .topics
+        .insert(format!("{prefix}jobs"), vec!["default".into()]);
+    rules.pools.insert("default".into(), PoolRules::default());
+    rules.timing = s.scheduler.timing.clone();
+    rules.retry = s.scheduler.retry.clone();
+    rules.overload = s.scheduler.overload.clone();
+    rules.breaker = s.scheduler.breaker.clone();
+    let mut policy = PolicyBundle::default();
+    policy.modules.insert(
+        "input.rego".into(),
+        "package ksched.input\ndefault allow := true\n".into(),
+    );
+    policy.data_json = "{}".into();
+    Config {
+        settings: s,
+        rules,
+        policy,
+        source: None,
+    }
+}
+
+/// Writes `config` as files `ksched run --config` reads.
+fn write_config(config: &Config, dir: &Path) -> Result<PathBuf> {
+    std::fs::create_dir_all(dir.join("policy"))?;
+    for (name, text) in &config.policy.modules {
+        std::fs::write(dir.join("policy").join(name), text)?;
+    }
+    let mut pools = String::from("topics:\n");
+    for (t, p) in &config.rules.topics {
+        pools.push_str(&format!("  {t}: [{}]\n", p.join(", ")));
+    }
+    pools.push_str("pools:\n");
+    for p in config.rules.pools.keys() {
+        pools.push_str(&format!("  {p}: {{}}\n"));
+    }
+    std::fs::write(dir.join("pools.yaml"), pools)?;
+    let mut settings = config.settings.clone();
+    settings.pools_file = dir.join("pools.yaml");
+    settings.policy_dir = dir.join("policy");
+    let path = dir.join("ksched.yaml");
+    std::fs::write(&path, serde_norway::to_string(&settings)?)?;
+    Ok(path)
+}
+
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+fn machine() -> String {
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|s| s.trim().to_owned())
+        })
+        .unwrap_or_default();
+    let mem_gib = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|k| k.parse::<f64>().ok())
+        })
+        .map_or(0.0, |kb| kb / 1024.0 / 1024.0);
+    format!("{cpus} cores ({model}), {mem_gib:.0} GiB, broker on the same machine")
+}
+
+pub fn main(args: BenchArgs) -> ExitCode {
+    match bench(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ksched bench: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn phase(name: &str) {
+    eprintln!("bench: {name}");
+}
+
+fn bench(args: BenchArgs) -> Result<()> {
+    let total = Instant::now();
+    let sizes = Sizes::of(args.smoke);
+    let run = format!("bench-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let work = match &args.work_dir {
+        Some(d) => d.clone(),
+        None => std::env::temp_dir().join(&run),
+    };
+    std::fs::create_dir_all(&work)?;
+    let _cleanup = Cleanup(if args.work_dir.is_none() {
+        Some(work.clone())
+    } else {
+        None
+    });
+    let mut client = ClientConfig::new();
+    client.set("bootstrap.servers", &args.bootstrap_servers);
+
+    // 1. Raw Kafka baseline, records the size of a bench job request.
+    phase("baseline: transactional consume -> produce pipe");
+    let sample = JobRequest {
+        job_id: format!("{run}.small-1234567"),
+        topic: format!("{run}.small.jobs"),
+        tenant_id: "tenant-1".into(),
+        ..Default::default()
+    };
+    let record_bytes = ksched_codec::encode(&sample)?.len();
+    let rt = tokio::runtime::Runtime::new()?;
+    let defaults = Settings::default().processor;
+    let mut runs = Vec::new();
+    for i in 0..sizes.baseline_runs {
+        let pipe_in = format!("{run}.baseline-{i}.in");
+        let pipe_out = format!("{run}.baseline-{i}.out");
+        rt.block_on(create_topics(
+            &args.bootstrap_servers,
+            &[(&pipe_in, 4), (&pipe_out, 1)],
+        ))?;
+        let b = baseline::run(
+            &client,
+            &pipe_in,
+            &pipe_out,
+            sizes.baseline_records,
+            record_bytes,
+            defaults.max_batch,
+            Duration::from_millis(defaults.commit_interval_ms),
+        )?;
+        eprintln!("        run {}: {:.0} records/s", i + 1, b.records_per_sec);
+        runs.push(b);
+    }
+    let baseline = baseline::Baseline::median(runs);
+    eprintln!("        median {:.0} records/s", baseline.records_per_sec);
+
+    // 2. A history of `small_history` jobs, rebuilt into a projection.
+    phase(&format!(
+        "history: {} jobs written and rebuilt",
+        sizes.small_history
+    ));
+    let small_prefix = format!("{run}.small.");
+    let small_dir = work.join("small");
+    let small_cfg = bench_config(&args.bootstrap_servers, &small_prefix, &small_dir, None);
+    rt.block_on(ksched_runtime::topics::ensure_topics(
+        &small_cfg.settings,
+        &ksched_runtime::topics_of(&small_cfg),
+    ))?;
+    let history_small = history::build(&client, &small_cfg, sizes.small_history, &small_dir)?;
+    eprintln!(
+        "        rebuild {:.0} events/s",
+        history_small.rebuild_events_per_sec
+    );
+
+    // 3. End to end on it: saturation, then latency at 25/50/80 % of it.
+    phase("end to end: saturation");
+    let mut rig = e2e::Rig::start(small_cfg, client.clone(), args.workers, "e2e")?;
+    // Warm up (connections, JIT-free but caches and group joins).
+    rig.saturation((sizes.saturation_jobs / 10).max(50))?;
+    let saturation_small = rig.saturation(sizes.saturation_jobs)?;
+    eprintln!(
+        "        {:.0} jobs/s (mean batch {:.0} records, {:.1} ms)",
+        saturation_small.jobs_per_sec, saturation_small.mean_batch, saturation_small.mean_batch_ms
+    );
+    let mut levels = Vec::new();
+    for load in [0.25, 0.5, 0.8] {
+        phase(&format!("end to end: {:.0} % of saturation", load * 100.0));
+        let l = rig.level(load, saturation_small.jobs_per_sec, sizes.level_seconds)?;
+        eprintln!(
+            "        dispatch p50 {:.1} ms p99 {:.1} ms; completed p50 {:.1} ms p99 {:.1} ms",
+            l.submit_to_dispatch_ms.p50,
+            l.submit_to_dispatch_ms.p99,
+            l.submit_to_completed_ms.p50,
+            l.submit_to_completed_ms.p99
+        );
+        levels.push(l);
+    }
+    rig.stop()?;
+
+    // 4. A large history, rebuilt (the replay figure), then saturation on it.
+    phase(&format!(
+        "history: {} jobs written and rebuilt",
+        sizes.large_history
+    ));
+    let large_prefix = format!("{run}.large.");
+    let large_dir = work.join("large");
+    let port = free_port()?;
+    let large_cfg = bench_config(
+        &args.bootstrap_servers,
+        &large_prefix,
+        &large_dir,
+        Some(format!("127.0.0.1:{port}")),
+    );
+    rt.block_on(ksched_runtime::topics::ensure_topics(
+        &large_cfg.settings,
+        &ksched_runtime::topics_of(&large_cfg),
+    ))?;
+    let history_large = history::build(&client, &large_cfg, sizes.large_history, &large_dir)?;
+    eprintln!(
+        "        rebuild {:.0} events/s",
+        history_large.rebuild_events_per_sec
+    );
+
+    // 5. Recovery after SIGKILL, as a child process, with that history.
+    phase("recovery: ksched run killed with SIGKILL under load, restarted");
+    let config_file = write_config(&large_cfg, &work.join("large-config"))?;
+    let recovery = recovery::run(
+        &client,
+        &config_file,
+        &format!("http://127.0.0.1:{port}"),
+        &format!("{large_prefix}jobs"),
+        &ksched_runtime::topics_of(&large_cfg).journal,
+        sizes.large_history,
+        &work.join("recovery.log"),
+    )?;
+    eprintln!(
+        "        ready {:.2} s after restart, first decision at {:.2} s",
+        recovery.recovery_seconds, recovery.first_decision_seconds
+    );
+
+    phase("end to end: saturation with the large history");
+    let mut large_no_http = large_cfg.clone();
+    large_no_http.settings.http.enabled = false;
+    let mut rig = e2e::Rig::start(large_no_http, client.clone(), args.workers, "e2e-large")?;
+    rig.saturation((sizes.saturation_jobs / 10).max(50))?;
+    let saturation_large = rig.saturation(sizes.saturation_jobs)?;
+    eprintln!(
+        "        {:.0} jobs/s (mean batch {:.0} records, {:.1} ms)",
+        saturation_large.jobs_per_sec, saturation_large.mean_batch, saturation_large.mean_batch_ms
+    );
+    rig.stop()?;
+
+    let ratio = saturation_small.jobs_per_sec * saturation_small.kafka_records_per_job
+        / baseline.io_records_per_sec;
+    let report = Report {
+        machine: machine(),
+        build: if cfg!(debug_assertions) {
+            "debug"
+        } else {
+            "release"
+        },
+        smoke: args.smoke,
+        baseline,
+        history_small,
+        saturation_small_history: saturation_small,
+        levels,
+        history_large,
+        saturation_large_history: saturation_large,
+        recovery,
+        ratio,
+        commit_interval_ms: defaults.commit_interval_ms,
+        total_seconds: total.elapsed().as_secs_f64(),
+    };
+    print_table(&report);
+    std::fs::write(&args.out, serde_json::to_string_pretty(&report)?)
+        .with_context(|| format!("writing {}", args.out.display()))?;
+    eprintln!("results written to {}", args.out.display());
+    Ok(())
+}
+
+struct Cleanup(Option<PathBuf>);
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        if let Some(p) = &self.0 {
+            let _ = std::fs::remove_dir_all(p);
+        }
+    }
+}
+
+async fn create_topics(bootstrap: &str, topics: &[(&str, i32)]) -> Result<()> {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use rdkafka::client::DefaultClientContext;
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()?;
+    let new: Vec<NewTopic<'_>> = topics
+        .iter()
+        .map(|(n, p)| NewTopic::new(n, *p, TopicReplication::Fixed(1)))
+        .collect();
+    for r in admin.create_topics(&new, &AdminOptions::new()).await? {
+        if let Err((t, e)) = r {
+            anyhow::bail!("creating {t}: {e}");
+        }
+    }
+    Ok(())
+}
+
+fn print_table(r: &Report) {
+    let l = |i: usize| &r.levels[i];
+    println!();
+    println!(
+        "ksched bench ({} build{}) on {}",
+        r.build,
+        if r.smoke { ", smoke sizes" } else { "" },
+        r.machine
+    );
+    println!();
+    println!("| measure | result |");
+    println!("|---|---|");
+    println!(
+        "| raw Kafka baseline (transactional pipe, {} B records; median of {}) | {:.0} records/s ({:.0} consumed+produced/s); runs {} |",
+        r.baseline.record_bytes,
+        r.baseline.runs_records_per_sec.len(),
+        r.baseline.records_per_sec,
+        r.baseline.io_records_per_sec,
+        r.baseline
+            .runs_records_per_sec
+            .iter()
+            .map(|x| format!("{x:.0}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    println!(
+        "| end to end at saturation ({} jobs of history) | {:.0} jobs/s, {:.1} Kafka records per job |",
+        r.history_small.jobs,
+        r.saturation_small_history.jobs_per_sec,
+        r.saturation_small_history.kafka_records_per_job
+    );
+    println!(
+        "| ratio (jobs/s x records/job) / baseline | {:.2} |",
+        r.ratio
+    );
+    for (i, name) in ["25 %", "50 %", "80 %"].iter().enumerate() {
+        println!(
+            "| submit -> dispatch at {name} load (p50 / p99 / p999) | {:.1} / {:.1} / {:.1} ms |",
+            l(i).submit_to_dispatch_ms.p50,
+            l(i).submit_to_dispatch_ms.p99,
+            l(i).submit_to_dispatch_ms.p999
+        );
+        println!(
+            "| submit -> completed at {name} load (p50 / p99 / p999) | {:.1} / {:.1} / {:.1} ms |",
+            l(i).submit_to_completed_ms.p50,
+            l(i).submit_to_completed_ms.p99,
+            l(i).submit_to_completed_ms.p999
+        );
+    }
+    println!(
+        "| rebuild of {} events ({} jobs) | {:.0} events/s ({:.1} s) |",
+        r.history_large.events,
+        r.history_large.jobs,
+        r.history_large.rebuild_events_per_sec,
+        r.history_large.rebuild_seconds
+    );
+    println!(
+        "| recovery after SIGKILL, {} jobs of history | {:.2} s to ready, {:.2} s to the first decision (clean start {:.2} s) |",
+        r.recovery.history_jobs,
+        r.recovery.recovery_seconds,
+        r.recovery.first_decision_seconds,
+        r.recovery.cold_start_seconds
+    );
+    println!(
+        "| saturation with {} vs {} jobs of history | {:.0} vs {:.0} jobs/s ({:+.1} %) |",
+        r.history_small.jobs,
+        r.history_large.jobs,
+        r.saturation_small_history.jobs_per_sec,
+        r.saturation_large_history.jobs_per_sec,
+        100.0
+            * (r.saturation_large_history.jobs_per_sec / r.saturation_small_history.jobs_per_sec
+                - 1.0)
+    );
+    println!("| total bench time | {:.0} s |", r.total_seconds);
+}

@@ -1,0 +1,57 @@
+//! The benchmark cannot rot: `ksched bench --smoke` runs every phase with tiny sizes against
+//! the real broker and writes its report. No performance figure is asserted here (those are
+//! printed by the full run and recorded in docs/performance.md); only that each was measured.
+
+use std::process::Command;
+
+use ksched_testkit::bootstrap_servers;
+use serde_json::Value;
+
+#[test]
+fn the_smoke_benchmark_measures_every_phase() {
+    let bootstrap = bootstrap_servers().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("bench.json");
+    let run = Command::new(env!("CARGO_BIN_EXE_ksched"))
+        .args([
+            "bench",
+            "--smoke",
+            "--bootstrap-servers",
+            &bootstrap,
+            "--out",
+        ])
+        .arg(&out)
+        .arg("--work-dir")
+        .arg(dir.path().join("work"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("| ratio (jobs/s x records/job) / baseline |"),
+        "{stdout}"
+    );
+    let r: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let positive = |path: &[&str]| {
+        let v = path.iter().fold(&r, |v, k| &v[*k]);
+        assert!(v.as_f64().is_some_and(|x| x > 0.0), "{path:?} = {v}");
+    };
+    positive(&["baseline", "records_per_sec"]);
+    positive(&["saturation_small_history", "jobs_per_sec"]);
+    positive(&["saturation_small_history", "kafka_records_per_job"]);
+    positive(&["saturation_large_history", "jobs_per_sec"]);
+    positive(&["history_large", "rebuild_events_per_sec"]);
+    positive(&["recovery", "recovery_seconds"]);
+    positive(&["recovery", "first_decision_seconds"]);
+    positive(&["ratio"]);
+    let levels = r["levels"].as_array().unwrap();
+    assert_eq!(levels.len(), 3);
+    for l in levels {
+        assert!(l["submit_to_dispatch_ms"]["samples"].as_u64().unwrap() > 0);
+        assert!(
+            l["submit_to_completed_ms"]["p99"].as_f64().unwrap()
+                >= l["submit_to_completed_ms"]["p50"].as_f64().unwrap()
+        );
+    }
+}
