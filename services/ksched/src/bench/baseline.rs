@@ -54,16 +54,7 @@ pub fn run(
     let payload = vec![b'x'; record_bytes];
     for i in 0..records {
         let key = format!("job-{i}");
-        let mut rec = BaseRecord::to(input).key(&key).payload(&payload);
-        loop {
-            match producer.send(rec) {
-                Ok(()) => break,
-                Err((_, r)) => {
-                    producer.poll(Duration::from_millis(5));
-                    rec = r;
-                }
-            }
-        }
+        super::send(&producer, BaseRecord::to(input).key(&key).payload(&payload))?;
     }
     producer.flush(Duration::from_secs(60))?;
 
@@ -128,16 +119,7 @@ pub fn run(
         txn.begin_transaction()?;
         let mut offsets = std::collections::BTreeMap::new();
         for (topic, partition, offset, key, value) in &batch {
-            let mut rec = BaseRecord::to(output).key(key).payload(value);
-            loop {
-                match txn.send(rec) {
-                    Ok(()) => break,
-                    Err((_, r)) => {
-                        txn.poll(Duration::from_millis(5));
-                        rec = r;
-                    }
-                }
-            }
+            super::send(&txn, BaseRecord::to(output).key(key).payload(value))?;
             offsets.insert((topic.clone(), *partition), offset + 1);
         }
         let mut tpl = TopicPartitionList::new();

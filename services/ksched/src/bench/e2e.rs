@@ -239,16 +239,10 @@ impl Rig {
                 .map_err(|_| anyhow::anyhow!("poisoned"))?
                 .sent
                 .insert(id.clone(), now_ms(self.epoch));
-            let mut rec = BaseRecord::to(&topic).key(&id).payload(&bytes);
-            loop {
-                match self.producer.send(rec) {
-                    Ok(()) => break,
-                    Err((_, r)) => {
-                        self.producer.poll(Duration::from_millis(1));
-                        rec = r;
-                    }
-                }
-            }
+            super::send(
+                &self.producer,
+                BaseRecord::to(&topic).key(&id).payload(&bytes),
+            )?;
             self.producer.poll(Duration::ZERO);
             ids.push(id);
         }

@@ -70,20 +70,11 @@ pub fn build(
         events += p.entry.events.len() as u64;
         let bytes = ksched_codec::encode(&p.entry)?;
         let key = p.entry.key();
-        let mut rec = BaseRecord::to(&topics.journal)
+        let rec = BaseRecord::to(&topics.journal)
             .partition(0)
             .key(&key)
             .payload(&bytes);
-        loop {
-            match producer.send(rec) {
-                Ok(()) => break,
-                Err((_, r)) => {
-                    producer.poll(Duration::from_millis(5));
-                    rec = r;
-                }
-            }
-        }
-        Ok(())
+        super::send(&producer, rec)
     };
     emit(
         &mut state,

@@ -18,6 +18,9 @@ use ksched_core::rules::{PoolRules, Rules};
 use ksched_policy::PolicyBundle;
 use ksched_runtime::{Config, Settings};
 use rdkafka::ClientConfig;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::ToBytes;
+use rdkafka::producer::{BaseProducer, BaseRecord};
 use serde::Serialize;
 
 #[derive(Debug, Args)]
@@ -154,6 +157,25 @@ fn write_config(config: &Config, dir: &Path) -> Result<PathBuf> {
     let path = dir.join("ksched.yaml");
     std::fs::write(&path, serde_norway::to_string(&settings)?)?;
     Ok(path)
+}
+
+/// Sends `record`, serving delivery reports while the producer's queue is full; any other
+/// error is returned.
+fn send<K, P>(producer: &BaseProducer, mut record: BaseRecord<'_, K, P>) -> Result<()>
+where
+    K: ToBytes + ?Sized,
+    P: ToBytes + ?Sized,
+{
+    loop {
+        match producer.send(record) {
+            Ok(()) => return Ok(()),
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
+                producer.poll(Duration::from_millis(1));
+                record = r;
+            }
+            Err((e, _)) => return Err(e).context("producing a bench record"),
+        }
+    }
 }
 
 fn free_port() -> Result<u16> {

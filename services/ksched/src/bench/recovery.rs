@@ -82,9 +82,7 @@ fn send(producer: &BaseProducer, topic: &str, job_id: &str) -> Result<()> {
         ..Default::default()
     };
     let bytes = ksched_codec::encode(&req)?;
-    producer
-        .send(BaseRecord::to(topic).key(job_id).payload(&bytes))
-        .map_err(|(e, _)| anyhow::anyhow!("submitting {job_id}: {e}"))
+    super::send(producer, BaseRecord::to(topic).key(job_id).payload(&bytes))
 }
 
 /// The journal read from its end at the time of creation (committed entries only).
