@@ -122,6 +122,14 @@ fn cf_options(cache: &rocksdb::Cache) -> Options {
     o
 }
 
+/// Every column family, sharing one block cache.
+fn column_families() -> Vec<ColumnFamilyDescriptor> {
+    let cache = rocksdb::Cache::new_lru_cache(BLOCK_CACHE_BYTES);
+    CFS.iter()
+        .map(|n| ColumnFamilyDescriptor::new(*n, cf_options(&cache)))
+        .collect()
+}
+
 fn encode<T: Serialize>(v: &T) -> Vec<u8> {
     postcard::to_stdvec(v).unwrap_or_else(|e| unreachable!("postcard encodes plain data: {e}"))
 }
@@ -141,13 +149,11 @@ impl Store {
         opts.create_missing_column_families(true);
         opts.set_compression_type(rocksdb::DBCompressionType::Lz4);
         opts.increase_parallelism(2);
-        let cache = rocksdb::Cache::new_lru_cache(BLOCK_CACHE_BYTES);
-        let cfs = CFS
-            .iter()
-            .map(|n| ColumnFamilyDescriptor::new(*n, cf_options(&cache)));
-        let db = DB::open_cf_descriptors(&opts, path, cfs).map_err(|source| Error::Open {
-            path: path.display().to_string(),
-            source,
+        let db = DB::open_cf_descriptors(&opts, path, column_families()).map_err(|source| {
+            Error::Open {
+                path: path.display().to_string(),
+                source,
+            }
         })?;
         let store = Store {
             db: Arc::new(db),
@@ -174,16 +180,12 @@ impl Store {
     /// never writes, and works beside a running writer.
     pub fn open_read_only(path: &Path, partition: u16) -> Result<Store> {
         let opts = Options::default();
-        let cache = rocksdb::Cache::new_lru_cache(BLOCK_CACHE_BYTES);
-        let cfs = CFS
-            .iter()
-            .map(|n| ColumnFamilyDescriptor::new(*n, cf_options(&cache)));
-        let db = DB::open_cf_descriptors_read_only(&opts, path, cfs, false).map_err(|source| {
-            Error::Open {
+        let db = DB::open_cf_descriptors_read_only(&opts, path, column_families(), false).map_err(
+            |source| Error::Open {
                 path: path.display().to_string(),
                 source,
-            }
-        })?;
+            },
+        )?;
         let store = Store {
             db: Arc::new(db),
             partition,
