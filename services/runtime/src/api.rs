@@ -397,6 +397,21 @@ fn parse_body<T: for<'de> Deserialize<'de>>(body: &[u8]) -> ApiResult<T> {
     serde_json::from_slice(body).map_err(|e| bad_request(format!("request body: {e}")))
 }
 
+/// The job an approval or rejection by `approver` is about, if it awaits one.
+fn awaiting_approval(api: &Api, id: &str, approver: &str) -> ApiResult<Job> {
+    if approver.trim().is_empty() {
+        return Err(bad_request("approver must not be empty"));
+    }
+    let job = load_job(api, id)?;
+    if job.state != JobState::ApprovalRequired {
+        return Err(ApiError(
+            StatusCode::CONFLICT,
+            format!("job {id} is {}, not awaiting approval", job.state),
+        ));
+    }
+    Ok(job)
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ApproveBody {
@@ -410,16 +425,7 @@ async fn approve(
     body: axum::body::Bytes,
 ) -> ApiResult<Response> {
     let b: ApproveBody = parse_body(&body)?;
-    if b.approver.trim().is_empty() {
-        return Err(bad_request("approver must not be empty"));
-    }
-    let job = load_job(&api, &id)?;
-    if job.state != JobState::ApprovalRequired {
-        return Err(ApiError(
-            StatusCode::CONFLICT,
-            format!("job {id} is {}, not awaiting approval", job.state),
-        ));
-    }
+    let job = awaiting_approval(&api, &id, &b.approver)?;
     let record = ApproveJob {
         job_id: id.clone(),
         job_hash: job.job_hash.clone(),
@@ -450,16 +456,7 @@ async fn reject(
     body: axum::body::Bytes,
 ) -> ApiResult<Response> {
     let b: RejectBody = parse_body(&body)?;
-    if b.approver.trim().is_empty() {
-        return Err(bad_request("approver must not be empty"));
-    }
-    let job = load_job(&api, &id)?;
-    if job.state != JobState::ApprovalRequired {
-        return Err(ApiError(
-            StatusCode::CONFLICT,
-            format!("job {id} is {}, not awaiting approval", job.state),
-        ));
-    }
+    awaiting_approval(&api, &id, &b.approver)?;
     let record = RejectJob {
         job_id: id.clone(),
         approver: b.approver,
