@@ -14,19 +14,10 @@ use ksched_core::records::{DeadLetter, JobRequest};
 use ksched_core::state::Job;
 use ksched_runtime::{Config, Overrides, Status, run_processor, ticker, topics::ensure_topics};
 use ksched_store::Store;
-use ksched_testkit::{bootstrap_servers, client_config, unique};
+use ksched_testkit::{TEST_POLICY, bootstrap_servers, client_config, unique};
 use ksched_worker::{JobContext, Outcome, Worker, WorkerConfig};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use tokio_util::sync::CancellationToken;
-
-pub const TEST_POLICY: &str = r#"package ksched.input
-
-default allow := true
-
-require_approval contains "a human must approve" if input.job.labels.approval == "required"
-
-deny contains "denied by the test policy" if input.job.labels.deny == "true"
-"#;
 
 pub struct Scheduler {
     pub bootstrap: String,

@@ -12,7 +12,7 @@ use std::time::Duration;
 use common::*;
 use ksched_core::events::{Event, JournalEntry};
 use ksched_testkit::{client_config, create_topic, read_to_end};
-use ksched_worker::{Outcome, Worker, WorkerConfig};
+use ksched_worker::{Outcome, Worker};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
@@ -25,10 +25,7 @@ fn worker(
     CancellationToken,
     tokio::task::JoinHandle<ksched_worker::Result<()>>,
 ) {
-    let mut cfg = WorkerConfig::new(&c.bootstrap, id, "default");
-    cfg.topic_prefix = c.prefix.clone();
-    cfg.heartbeat_interval = Duration::from_millis(300);
-    cfg.report_host_load = false;
+    let cfg = c.worker_config(id);
     let token = CancellationToken::new();
     let t = token.clone();
     let _guard = rt.enter();

@@ -7,15 +7,12 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use ksched_worker::{Outcome, Worker, WorkerConfig};
+use ksched_worker::{Outcome, Worker};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 fn start_worker(c: &RunningScheduler, rt: &tokio::runtime::Runtime) -> CancellationToken {
-    let mut cfg = WorkerConfig::new(&c.bootstrap, "op-worker", "default");
-    cfg.topic_prefix = c.prefix.clone();
-    cfg.heartbeat_interval = Duration::from_millis(300);
-    cfg.report_host_load = false;
+    let cfg = c.worker_config("op-worker");
     let token = CancellationToken::new();
     let t = token.clone();
     let _guard = rt.enter();

@@ -142,14 +142,7 @@ impl Replayer {
     /// Continues the projection in `store` from where it stands.
     pub fn new(store: Store) -> Result<Replayer> {
         let state = store.load_state()?;
-        Ok(Replayer {
-            store,
-            state,
-            applied: 0,
-            events: 0,
-            last_offset: None,
-            unpersisted: 0,
-        })
+        Ok(Replayer::with_state(store, state))
     }
 
     /// Continues from a state already in memory (the processor's).

@@ -87,6 +87,17 @@ mod docker {
     }
 }
 
+/// The input policy the end-to-end tests run under: allows everything, except that the job
+/// label `approval=required` requires approval and `deny=true` denies.
+pub const TEST_POLICY: &str = r#"package ksched.input
+
+default allow := true
+
+require_approval contains "a human must approve" if input.job.labels.approval == "required"
+
+deny contains "denied by the test policy" if input.job.labels.deny == "true"
+"#;
+
 /// A name no other test (or earlier run) uses: `<prefix>-<pid>-<counter>-<random>`.
 pub fn unique(prefix: &str) -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);

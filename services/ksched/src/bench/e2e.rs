@@ -13,10 +13,10 @@ use ksched_core::records::JobRequest;
 use ksched_runtime::{Config, Status, run_processor, ticker};
 use ksched_store::Store;
 use ksched_worker::{Outcome, Worker, WorkerConfig};
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::ClientConfig;
+use rdkafka::consumer::BaseConsumer;
 use rdkafka::message::Message;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
 
 /// Latency percentiles in milliseconds.
@@ -133,13 +133,11 @@ impl Rig {
         let times = Arc::new(Mutex::new(Times::default()));
         let tail_stop = Arc::new(AtomicBool::new(false));
         let tailer = {
-            let (client, journal, times, stop) = (
-                client.clone(),
-                topics.journal.clone(),
-                times.clone(),
-                tail_stop.clone(),
-            );
-            std::thread::spawn(move || tail(&client, &journal, &times, &stop, epoch))
+            let journal = &topics.journal;
+            let consumer =
+                super::journal_from_end(&client, journal, &format!("{journal}-bench-tail"))?;
+            let (times, stop) = (times.clone(), tail_stop.clone());
+            std::thread::spawn(move || tail(&consumer, &times, &stop, epoch))
         };
         let workers_stop = CancellationToken::new();
         let mut handles = Vec::new();
@@ -371,35 +369,7 @@ impl Rig {
 
 /// Follows the journal from its end, noting when each job's first dispatch and its success
 /// become visible (committed).
-fn tail(
-    client: &ClientConfig,
-    journal: &str,
-    times: &Mutex<Times>,
-    stop: &AtomicBool,
-    epoch: Instant,
-) {
-    let Ok(consumer) = client
-        .clone()
-        .set("group.id", format!("{journal}-bench-tail"))
-        .set("isolation.level", "read_committed")
-        .set("enable.auto.commit", "false")
-        .set("fetch.wait.max.ms", "5")
-        .set("fetch.queue.backoff.ms", "1")
-        .create::<BaseConsumer>()
-    else {
-        return;
-    };
-    let Ok((_, high)) = consumer.fetch_watermarks(journal, 0, Duration::from_secs(30)) else {
-        return;
-    };
-    let mut tpl = TopicPartitionList::new();
-    if tpl
-        .add_partition_offset(journal, 0, Offset::Offset(high))
-        .is_err()
-        || consumer.assign(&tpl).is_err()
-    {
-        return;
-    }
+fn tail(consumer: &BaseConsumer, times: &Mutex<Times>, stop: &AtomicBool, epoch: Instant) {
     while !stop.load(Ordering::Relaxed) {
         let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) else {
             continue;

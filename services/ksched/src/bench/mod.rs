@@ -17,10 +17,11 @@ use ksched_core::records::JobRequest;
 use ksched_core::rules::{PoolRules, Rules};
 use ksched_policy::PolicyBundle;
 use ksched_runtime::{Config, Settings};
-use rdkafka::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::ToBytes;
 use rdkafka::producer::{BaseProducer, BaseRecord};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use serde::Serialize;
 
 #[derive(Debug, Args)]
@@ -176,6 +177,24 @@ where
             Err((e, _)) => return Err(e).context("producing a bench record"),
         }
     }
+}
+
+/// A `read_committed` consumer of the journal (partition 0) positioned at its current end:
+/// it sees what is committed from now on.
+fn journal_from_end(client: &ClientConfig, journal: &str, group: &str) -> Result<BaseConsumer> {
+    let consumer: BaseConsumer = client
+        .clone()
+        .set("group.id", group)
+        .set("isolation.level", "read_committed")
+        .set("enable.auto.commit", "false")
+        .set("fetch.wait.max.ms", "5")
+        .set("fetch.queue.backoff.ms", "1")
+        .create()?;
+    let (_, high) = consumer.fetch_watermarks(journal, 0, Duration::from_secs(30))?;
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(journal, 0, Offset::Offset(high))?;
+    consumer.assign(&tpl)?;
+    Ok(consumer)
 }
 
 fn free_port() -> Result<u16> {

@@ -9,10 +9,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use ksched_core::records::JobRequest;
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::ClientConfig;
+use rdkafka::consumer::BaseConsumer;
 use rdkafka::message::Message;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Recovery {
@@ -92,16 +92,7 @@ struct Journal {
 
 impl Journal {
     fn at_end(client: &ClientConfig, topic: &str) -> Result<Journal> {
-        let consumer: BaseConsumer = client
-            .clone()
-            .set("group.id", format!("{topic}-bench-recovery"))
-            .set("isolation.level", "read_committed")
-            .set("enable.auto.commit", "false")
-            .create()?;
-        let (_, high) = consumer.fetch_watermarks(topic, 0, Duration::from_secs(30))?;
-        let mut tpl = TopicPartitionList::new();
-        tpl.add_partition_offset(topic, 0, Offset::Offset(high))?;
-        consumer.assign(&tpl)?;
+        let consumer = super::journal_from_end(client, topic, &format!("{topic}-bench-recovery"))?;
         Ok(Journal { consumer })
     }
 

@@ -6,16 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use ksched_testkit::{bootstrap_servers, unique};
-
-pub const POLICY: &str = r#"package ksched.input
-
-default allow := true
-
-require_approval contains "a human must approve" if input.job.labels.approval == "required"
-
-deny contains "denied by the test policy" if input.job.labels.deny == "true"
-"#;
+use ksched_testkit::{TEST_POLICY, bootstrap_servers, unique};
 
 pub struct RunningScheduler {
     pub child: Child,
@@ -40,6 +31,16 @@ pub fn bin() -> &'static str {
 }
 
 impl RunningScheduler {
+    /// An SDK worker's configuration for this scheduler's `default` pool: quick heartbeats,
+    /// no host load reports (so a busy test machine never counts as overloaded).
+    pub fn worker_config(&self, id: &str) -> ksched_worker::WorkerConfig {
+        let mut cfg = ksched_worker::WorkerConfig::new(&self.bootstrap, id, "default");
+        cfg.topic_prefix = self.prefix.clone();
+        cfg.heartbeat_interval = Duration::from_millis(300);
+        cfg.report_host_load = false;
+        cfg
+    }
+
     /// Writes a configuration and starts `ksched run`; returns once /health/ready says so.
     pub fn start(extra: &str) -> RunningScheduler {
         RunningScheduler::start_with_topics(extra, &["jobs"])
@@ -54,7 +55,7 @@ impl RunningScheduler {
         let dir = tempfile::tempdir().unwrap();
         let policy = dir.path().join("policy");
         std::fs::create_dir_all(&policy).unwrap();
-        std::fs::write(policy.join("input.rego"), POLICY).unwrap();
+        std::fs::write(policy.join("input.rego"), TEST_POLICY).unwrap();
         let routes: String = topics
             .iter()
             .map(|t| format!("  {prefix}{t}: default\n"))
