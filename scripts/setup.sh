@@ -3,7 +3,10 @@
 # when everything is there. Sourced by scripts/test.sh, scripts/dev.sh and .ci/run.
 #
 #   libclang-dev          bindgen, for the rocksdb bindings
-#   libcurl4-openssl-dev  librdkafka's bundled build includes curl headers
+#   libcurl4-openssl-dev  librdkafka's OAUTHBEARER/OIDC token retrieval
+#   libssl-dev            librdkafka's TLS and SASL SCRAM
+#   libsasl2-dev          librdkafka's SASL GSSAPI (Kerberos) and PLAIN
+#   libzstd-dev zlib1g-dev  gzip and zstd compressed records (lz4 and snappy are built in)
 #   cmake, g++            librdkafka and rocksdb are built from source
 #   java 17 + maven       the real Apache Kafka broker for tests (deploy/kafka.sh)
 #   python3 venv          confluent-kafka + fastavro for the Python example worker
@@ -12,7 +15,7 @@ set -euo pipefail
 ksched_setup() {
   local missing=()
   local pkg
-  for pkg in libclang-dev libcurl4-openssl-dev cmake g++ pkg-config; do
+  for pkg in libclang-dev libcurl4-openssl-dev libssl-dev libsasl2-dev libzstd-dev zlib1g-dev cmake g++ pkg-config; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
   done
   command -v java >/dev/null 2>&1 || missing+=(openjdk-17-jre-headless)
