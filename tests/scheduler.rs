@@ -52,7 +52,8 @@ async fn submit_dispatch_start_result_succeeded() {
             "JobDispatched",
             "JobRunning",
             "JobProgressed",
-            "JobSucceeded"
+            "JobSucceeded",
+            "BreakerCounted"
         ],
         "journal of job-ok"
     );

@@ -5,14 +5,13 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use ksched_codec::{AnyRecord, Record};
 use ksched_core::events::JournalEntry;
 use ksched_core::records::{DeadLetter, JobRequest};
 use ksched_core::state::Job;
-use ksched_runtime::{Config, Overrides, Status, run_processor, ticker, topics::ensure_topics};
+use ksched_runtime::{Config, Overrides, Status};
 use ksched_store::Store;
 use ksched_testkit::{TEST_POLICY, bootstrap_servers, client_config, unique};
 use ksched_worker::{JobContext, Outcome, Worker, WorkerConfig};
@@ -26,9 +25,7 @@ pub struct Scheduler {
     pub config: Config,
     pub store: Store,
     pub status: Arc<Status>,
-    shutdown: Arc<AtomicBool>,
-    processor: Option<std::thread::JoinHandle<ksched_runtime::Result<()>>>,
-    ticker: Option<std::thread::JoinHandle<()>>,
+    running: Option<ksched_runtime::Scheduler>,
     _dir: tempfile::TempDir,
 }
 
@@ -62,6 +59,10 @@ impl Scheduler {
             ("KSCHED__PROCESSOR__TICK_INTERVAL_MS".into(), "200".into()),
             ("KSCHED__PROCESSOR__COMMIT_INTERVAL_MS".into(), "10".into()),
             (
+                "KSCHED__SCHEDULER__TIMING__CLOCK_GAP_MS".into(),
+                "2000".into(),
+            ),
+            (
                 "KSCHED__SCHEDULER__OVERLOAD__CPU_LOAD".into(),
                 "1000".into(),
             ),
@@ -86,44 +87,26 @@ impl Scheduler {
             ..Overrides::default()
         };
         let config = Config::load(None, vars, &flags).unwrap_or_else(|e| panic!("config: {e}"));
-        let topics = ksched_runtime::topics_of(&config);
-        ensure_topics(&config.settings, &topics).await.unwrap();
-        let store = Store::open(&config.settings.storage.data_dir, 0).unwrap();
-        let mut s = Scheduler {
+        let running = ksched_runtime::Scheduler::start(config.clone())
+            .await
+            .unwrap_or_else(|e| panic!("starting the scheduler: {e}"));
+        let s = Scheduler {
             bootstrap,
             prefix,
             job_topic,
-            config,
-            store,
-            status: Arc::new(Status::new()),
-            shutdown: Arc::new(AtomicBool::new(false)),
-            processor: None,
-            ticker: None,
+            config: running.config.clone(),
+            store: running.store.clone(),
+            status: running.status.clone(),
+            running: Some(running),
             _dir: dir,
         };
-        s.spawn();
         s.wait_caught_up().await;
         s
     }
 
-    fn spawn(&mut self) {
-        let topics = ksched_runtime::topics_of(&self.config);
-        self.ticker =
-            Some(ticker::spawn(&self.config.settings, &topics, self.shutdown.clone()).unwrap());
-        let (config, store, status, shutdown) = (
-            self.config.clone(),
-            self.store.clone(),
-            self.status.clone(),
-            self.shutdown.clone(),
-        );
-        self.processor = Some(std::thread::spawn(move || {
-            run_processor(config, store, status, shutdown)
-        }));
-    }
-
     async fn wait_caught_up(&self) {
         wait_for("the processor to catch up", Duration::from_secs(60), || {
-            self.status.caught_up.load(Ordering::Relaxed)
+            self.status.is_caught_up()
         })
         .await;
     }
@@ -233,32 +216,20 @@ impl Scheduler {
 
     /// Starts the processor again on the same store and topics (after [`Scheduler::stop`]).
     pub async fn restart(mut self) -> Scheduler {
-        self.shutdown = Arc::new(AtomicBool::new(false));
-        self.status = Arc::new(Status::new());
-        self.spawn();
+        drop(self.running.take());
+        let running = ksched_runtime::Scheduler::start_on(self.config.clone(), self.store.clone())
+            .await
+            .unwrap_or_else(|e| panic!("restarting the scheduler: {e}"));
+        self.store = running.store.clone();
+        self.status = running.status.clone();
+        self.running = Some(running);
         self.wait_caught_up().await;
         self
     }
 
     pub fn stop(&mut self) {
-        self.shutdown.store(true, Ordering::Relaxed);
-        if let Some(p) = self.processor.take() {
-            p.join().unwrap().unwrap();
-        }
-        if let Some(t) = self.ticker.take() {
-            t.join().unwrap();
-        }
-    }
-}
-
-impl Drop for Scheduler {
-    fn drop(&mut self) {
-        self.shutdown.store(true, Ordering::Relaxed);
-        if let Some(p) = self.processor.take() {
-            let _ = p.join();
-        }
-        if let Some(t) = self.ticker.take() {
-            let _ = t.join();
+        if let Some(r) = self.running.take() {
+            r.stop().unwrap();
         }
     }
 }

@@ -6,38 +6,84 @@
 use std::sync::Arc;
 
 use crate::events::*;
-use crate::records::Millis;
+use crate::reason::{AttemptError, DlqReason};
+use crate::records::{JobRequest, Millis};
 use crate::rules::Rules;
 use crate::state::{
     ActiveConfig, Breaker, HistoryItem, IdempotencyEntry, Job, SagaStep, State, Worker,
 };
 
-/// Error codes of failures that say nothing about the pool's health (no breaker count).
-pub const NOT_POOL_FAILURES: &[&str] = &[ERROR_WORKER_LOST, ERROR_HANDED_BACK];
-/// A worker stopped heartbeating while it had the job.
-pub const ERROR_WORKER_LOST: &str = "worker_lost";
-/// A draining worker gave the job back (result CANCELLED without a cancel request).
-pub const ERROR_HANDED_BACK: &str = "handed_back";
+/// What an event is applied with besides itself: the entry it belongs to.
+#[derive(Debug, Clone, Copy)]
+pub struct Applying<'a> {
+    /// The entry's log time.
+    pub now: Millis,
+    /// The entry's input (a `JobAccepted` without a request takes it from here).
+    pub input: &'a Input,
+    /// The entry's decision format ([`DECISION_FORMAT`]).
+    pub format: i32,
+}
 
 /// Applies one journal entry: advances the clock, then applies its events in order.
 pub fn apply_entry(state: &mut State, entry: &JournalEntry) {
-    begin_entry(state, entry.log_time);
+    begin_entry(state, entry.log_time, &entry.input);
+    let at = Applying {
+        now: entry.log_time,
+        input: &entry.input,
+        format: entry.format,
+    };
     for e in &entry.events {
-        apply(state, e, entry.log_time);
+        apply(state, e, &at);
     }
 }
 
-pub(crate) fn begin_entry(state: &mut State, log_time: Millis) {
+/// What every entry does before its events: the clock moves to the entry's log time, and a
+/// Tick moves the watermark it was judged at.
+pub(crate) fn begin_entry(state: &mut State, log_time: Millis, input: &Input) {
     state.clock = state.clock.max(log_time);
     state.entries += 1;
+    if let Input::Tick(t) = input {
+        state.watermark = state.watermark.max(t.watermark.unwrap_or(log_time));
+    }
 }
 
+/// Lines a job's history keeps in the projection: the first [`HISTORY_HEAD`], a line saying
+/// how many were left out, and the latest. The journal keeps all of them (`ksched audit job`).
+pub const HISTORY_MAX: usize = 64;
+/// Lines at the start of a job's history that are always kept.
+pub const HISTORY_HEAD: usize = 16;
+const HISTORY_OMITTED: &str = "HistoryOmitted";
+
 fn history(job: &mut Job, at: Millis, event: &str, detail: String) {
+    if job.history.len() >= HISTORY_MAX {
+        let marker = &mut job.history[HISTORY_HEAD];
+        if marker.event == HISTORY_OMITTED {
+            let n: u64 = marker
+                .detail
+                .split_whitespace()
+                .next()
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0);
+            marker.detail = omitted_text(n + 1);
+            job.history.remove(HISTORY_HEAD + 1);
+        } else {
+            *marker = HistoryItem {
+                at: marker.at,
+                event: HISTORY_OMITTED.to_owned(),
+                detail: omitted_text(2),
+            };
+            job.history.remove(HISTORY_HEAD + 1);
+        }
+    }
     job.history.push(HistoryItem {
         at,
         event: event.to_owned(),
         detail,
     });
+}
+
+fn omitted_text(n: u64) -> String {
+    format!("{n} lines omitted here; `ksched audit job` shows every event")
 }
 
 /// Records a pool result in its breaker window (true = failure).
@@ -64,16 +110,40 @@ fn window(state: &State) -> usize {
         .map_or(20, |r| usize::try_from(r.breaker.window).unwrap_or(20))
 }
 
-/// Applies one event at log time `now`.
-pub fn apply(state: &mut State, event: &Event, now: Millis) {
+/// What a job's deadline counts from: its acceptance in the log, never a producer's clock
+/// (decision format 1 counted from the producer's `submitted_at`).
+fn deadline_base(r: &JobRequest, accepted_at: Millis, format: i32) -> Millis {
+    if format < 2 {
+        r.submitted_at
+    } else {
+        accepted_at
+    }
+}
+
+/// The request a `JobAccepted` admitted: its own, or the entry's input.
+pub fn accepted_request<'a>(e: &'a JobAccepted, input: &'a Input) -> Option<&'a JobRequest> {
+    match (&e.request, input) {
+        (Some(r), _) => Some(r),
+        (None, Input::Submit(r)) => Some(r),
+        (None, _) => None,
+    }
+}
+
+/// Applies one event of an entry.
+pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
+    let now = at.now;
+    let legacy_breaker = at.format < 2;
     match event {
         Event::JobAccepted(e) => {
-            let r = &e.request;
+            let Some(r) = accepted_request(e, at.input) else {
+                // decide never writes this; a hand-made journal might.
+                return;
+            };
             let deadline_at = r
                 .budget
                 .deadline_ms
                 .filter(|d| *d > 0)
-                .map(|d| r.submitted_at.saturating_add(d));
+                .map(|d| deadline_base(r, now, at.format).saturating_add(d));
             let mut job = Job {
                 request: r.clone(),
                 job_hash: e.job_hash.clone(),
@@ -102,12 +172,7 @@ pub fn apply(state: &mut State, event: &Event, now: Millis) {
                 dlq_reason: None,
                 history: Vec::new(),
             };
-            let mut detail = format!("topic {} -> pools [{}]", r.topic, e.pools.join(", "));
-            for n in &e.routing_notes {
-                detail.push_str("; ");
-                detail.push_str(n);
-            }
-            history(&mut job, now, "JobAccepted", detail);
+            history(&mut job, now, event.name(), event.describe(at.input));
             state.insert_job(e.job_id.clone(), job);
             if let Some(key) = &r.meta.idempotency_key {
                 let k = (r.tenant_id.clone(), key.clone());
@@ -124,21 +189,8 @@ pub fn apply(state: &mut State, event: &Event, now: Millis) {
             }
         }
         Event::JobDuplicate(e) => {
-            let detail = match e.kind {
-                DuplicateKind::SameJobId => {
-                    "same job_id and content submitted again; ignored".to_owned()
-                }
-                DuplicateKind::ConflictingJobId => {
-                    "same job_id with different content; dead-lettered".to_owned()
-                }
-                DuplicateKind::IdempotencyKey => format!(
-                    "job {} reused idempotency key {}; ignored",
-                    e.job_id,
-                    e.idempotency_key.as_deref().unwrap_or("")
-                ),
-            };
             state.update_job(&e.existing_job_id, |j| {
-                history(j, now, "JobDuplicate", detail)
+                history(j, now, event.name(), event.describe(at.input))
             });
         }
         Event::PolicyEvaluated(e) => {
@@ -146,15 +198,11 @@ pub fn apply(state: &mut State, event: &Event, now: Millis) {
                 j.constraints = e.constraints.clone();
                 j.policy_snapshot = Some(e.snapshot_id.clone());
                 if let Some(d) = e.constraints.deadline_ms.filter(|d| *d > 0) {
-                    j.deadline_at = Some(j.request.submitted_at.saturating_add(d));
+                    j.deadline_at =
+                        Some(deadline_base(&j.request, j.accepted_at, at.format).saturating_add(d));
                 }
                 j.updated_at = now;
-                let mut detail = format!("{:?} under snapshot {}", e.verdict, e.snapshot_id);
-                if !e.reasons.is_empty() {
-                    detail.push_str(": ");
-                    detail.push_str(&e.reasons.join("; "));
-                }
-                history(j, now, "PolicyEvaluated", detail);
+                history(j, now, event.name(), event.describe(at.input));
             });
         }
         Event::JobQueued(e) => {
@@ -166,18 +214,13 @@ pub fn apply(state: &mut State, event: &Event, now: Millis) {
                 j.pool = None;
                 j.partition = None;
                 j.updated_at = now;
-                history(j, now, "JobQueued", format!("in [{}]", e.pools.join(", ")));
+                history(j, now, event.name(), event.describe(at.input));
             });
         }
         Event::JobWaiting(e) => {
             state.update_job(&e.job_id, |j| {
                 j.wait_reason = Some(e.reason_code.clone());
-                history(
-                    j,
-                    now,
-                    "JobWaiting",
-                    format!("{}: {}", e.reason_code, e.detail),
-                );
+                history(j, now, event.name(), event.describe(at.input));
             });
         }
         Event::JobScheduled(e) => {
@@ -189,7 +232,7 @@ pub fn apply(state: &mut State, event: &Event, now: Millis) {
             if let Some(b) = state.breakers.get_mut(&e.pool)
                 && b.state == CircuitState::HalfOpen
             {
-                b.probes_sent += 1;
+                b.probes.insert(e.job_id.clone());
                 state.mark_breaker(&e.pool);
             }
             state.update_job(&e.job_id, |j| {
@@ -200,19 +243,7 @@ pub fn apply(state: &mut State, event: &Event, now: Millis) {
                 j.worker_id = Some(e.worker_id.clone());
                 j.pool = Some(e.pool.clone());
                 j.updated_at = now;
-                history(
-                    j,
-                    now,
-                    "JobScheduled",
-                    format!(
-                        "attempt {} on {} in {} by {} ({} candidates)",
-                        e.attempt,
-                        e.worker_id,
-                        e.pool,
-                        e.strategy,
-                        e.candidates.len()
-                    ),
-                );
+                history(j, now, event.name(), event.describe(at.input));
             });
         }
         Event::JobDispatched(e) => {
@@ -221,15 +252,7 @@ pub fn apply(state: &mut State, event: &Event, now: Millis) {
                 j.partition = Some(e.partition);
                 j.dispatched_at = Some(now);
                 j.updated_at = now;
-                history(
-                    j,
-                    now,
-                    "JobDispatched",
-                    format!(
-                        "attempt {} to {} partition {}",
-                        e.attempt, e.worker_id, e.partition
-                    ),
-                );
+                history(j, now, event.name(), event.describe(at.input));
             });
         }
         Event::JobRunning(e) => {
@@ -239,14 +262,7 @@ pub fn apply(state: &mut State, event: &Event, now: Millis) {
                 j.started_at = Some(now);
                 j.last_evidence_at = Some(now);
                 j.updated_at = now;
-                let detail = match &e.reassigned_from {
-                    Some(from) => format!(
-                        "attempt {} on {} (reassigned from {from})",
-                        e.attempt, e.worker_id
-                    ),
-                    None => format!("attempt {} on {}", e.attempt, e.worker_id),
-                };
-                history(j, now, "JobRunning", detail);
+                history(j, now, event.name(), event.describe(at.input));
             });
         }
         Event::JobProgressed(e) => {
@@ -254,21 +270,14 @@ pub fn apply(state: &mut State, event: &Event, now: Millis) {
                 j.progress = Some(e.progress);
                 j.last_evidence_at = Some(now);
                 j.updated_at = now;
-                let detail = format!(
-                    "{:.0}%{}",
-                    e.progress * 100.0,
-                    e.message
-                        .as_deref()
-                        .map(|m| format!(" {m}"))
-                        .unwrap_or_default()
-                );
+                let detail = event.describe(at.input);
                 // Progress is frequent: keep only the latest line of a run of progress.
                 match j.history.last_mut() {
-                    Some(last) if last.event == "JobProgressed" => {
+                    Some(last) if last.event == event.name() => {
                         last.at = now;
                         last.detail = detail;
                     }
-                    _ => history(j, now, "JobProgressed", detail),
+                    _ => history(j, now, event.name(), detail),
                 }
             });
         }
@@ -281,17 +290,9 @@ pub fn apply(state: &mut State, event: &Event, now: Millis) {
                 j.execution_ms = Some(e.execution_ms);
                 j.progress = Some(1.0);
                 j.updated_at = now;
-                history(
-                    j,
-                    now,
-                    "JobSucceeded",
-                    format!(
-                        "attempt {} on {} in {} ms",
-                        e.attempt, e.worker_id, e.execution_ms
-                    ),
-                );
+                history(j, now, event.name(), event.describe(at.input));
             });
-            if let Some(pool) = pool {
+            if legacy_breaker && let Some(pool) = pool {
                 let w = window(state);
                 breaker_result(state, &pool, false, w);
             }
@@ -300,11 +301,13 @@ pub fn apply(state: &mut State, event: &Event, now: Millis) {
             state.update_job(&e.job_id, |j| {
                 j.state = JobState::OutputQuarantined;
                 j.updated_at = now;
-                history(j, now, "JobQuarantined", e.reasons.join("; "));
+                history(j, now, event.name(), event.describe(at.input));
             });
         }
         Event::JobRetrying(e) => {
-            let counted = pool_failure(state, &e.job_id, &e.error_code);
+            let counted = legacy_breaker
+                .then(|| pool_failure(state, &e.job_id, &e.error_code))
+                .flatten();
             state.update_job(&e.job_id, |j| {
                 j.state = JobState::Pending;
                 j.retry_at = Some(e.retry_at);
@@ -315,15 +318,7 @@ pub fn apply(state: &mut State, event: &Event, now: Millis) {
                 j.progress = None;
                 j.last_error = Some(error_text(&e.error_code, e.error_message.as_deref()));
                 j.updated_at = now;
-                history(
-                    j,
-                    now,
-                    "JobRetrying",
-                    format!(
-                        "attempt {} failed ({}); retry in {} ms",
-                        e.attempt, e.error_code, e.backoff_ms
-                    ),
-                );
+                history(j, now, event.name(), event.describe(at.input));
             });
             if let Some(pool) = counted {
                 let w = window(state);
@@ -331,14 +326,16 @@ pub fn apply(state: &mut State, event: &Event, now: Millis) {
             }
         }
         Event::JobFailed(e) => {
-            let counted = pool_failure(state, &e.job_id, &e.reason_code);
+            let counted = legacy_breaker
+                .then(|| pool_failure(state, &e.job_id, &e.reason_code))
+                .flatten();
             state.update_job(&e.job_id, |j| {
                 j.state = JobState::Failed;
                 j.queued_at = None;
                 j.retry_at = None;
                 j.last_error = Some(error_text(&e.reason_code, e.error_message.as_deref()));
                 j.updated_at = now;
-                history(j, now, "JobFailed", e.reason_code.clone());
+                history(j, now, event.name(), event.describe(at.input));
             });
             if let Some(pool) = counted {
                 let w = window(state);
@@ -351,23 +348,11 @@ pub fn apply(state: &mut State, event: &Event, now: Millis) {
                 j.queued_at = None;
                 j.retry_at = None;
                 j.updated_at = now;
-                history(
-                    j,
-                    now,
-                    "JobCancelled",
-                    format!(
-                        "by {}{}",
-                        e.principal_id,
-                        e.reason
-                            .as_deref()
-                            .map(|r| format!(": {r}"))
-                            .unwrap_or_default()
-                    ),
-                );
+                history(j, now, event.name(), event.describe(at.input));
             });
         }
         Event::JobTimedOut(e) => {
-            let counted = (e.reason_code == "timeout")
+            let counted = (legacy_breaker && e.reason_code == DlqReason::Timeout.as_str())
                 .then(|| pool_failure(state, &e.job_id, &e.reason_code))
                 .flatten();
             state.update_job(&e.job_id, |j| {
@@ -376,12 +361,7 @@ pub fn apply(state: &mut State, event: &Event, now: Millis) {
                 j.retry_at = None;
                 j.last_error = Some(format!("{}: {}", e.reason_code, e.detail));
                 j.updated_at = now;
-                history(
-                    j,
-                    now,
-                    "JobTimedOut",
-                    format!("{}: {}", e.reason_code, e.detail),
-                );
+                history(j, now, event.name(), event.describe(at.input));
             });
             if let Some(pool) = counted {
                 let w = window(state);
@@ -393,12 +373,7 @@ pub fn apply(state: &mut State, event: &Event, now: Millis) {
                 j.state = JobState::Denied;
                 j.queued_at = None;
                 j.updated_at = now;
-                history(
-                    j,
-                    now,
-                    "JobDenied",
-                    format!("{}: {}", e.reason_code, e.reasons.join("; ")),
-                );
+                history(j, now, event.name(), event.describe(at.input));
             });
         }
         Event::ApprovalRequested(e) => {
@@ -407,24 +382,19 @@ pub fn apply(state: &mut State, event: &Event, now: Millis) {
                 j.queued_at = None;
                 j.policy_snapshot = Some(e.snapshot_id.clone());
                 j.updated_at = now;
-                history(j, now, "ApprovalRequested", e.reasons.join("; "));
+                history(j, now, event.name(), event.describe(at.input));
             });
         }
         Event::JobApproved(e) => {
             state.update_job(&e.job_id, |j| {
                 j.state = JobState::Pending;
                 j.updated_at = now;
-                history(j, now, "JobApproved", format!("by {}", e.approver));
+                history(j, now, event.name(), event.describe(at.input));
             });
         }
         Event::DispatchCancelled(e) => {
             state.update_job(&e.job_id, |j| {
-                history(
-                    j,
-                    now,
-                    "DispatchCancelled",
-                    format!("attempt {} on {}: {}", e.attempt, e.worker_id, e.reason),
-                )
+                history(j, now, event.name(), event.describe(at.input))
             });
         }
         Event::DeadLettered(e) => {
@@ -433,15 +403,10 @@ pub fn apply(state: &mut State, event: &Event, now: Millis) {
                 .dead_letters_by_reason
                 .entry(dl.reason_code.clone())
                 .or_default() += 1;
-            if !dl.job_id.is_empty() && dl.reason_code != "duplicate_job_id" {
+            if !dl.job_id.is_empty() && dl.reason_code != DlqReason::DuplicateJobId.as_str() {
                 state.update_job(&dl.job_id, |j| {
                     j.dlq_reason = Some(dl.reason_code.clone());
-                    history(
-                        j,
-                        now,
-                        "DeadLettered",
-                        format!("{}: {}", dl.reason_code, dl.reason),
-                    );
+                    history(j, now, event.name(), event.describe(at.input));
                 });
             }
             if let Some(d) = state.dirty.as_mut() {
@@ -451,30 +416,42 @@ pub fn apply(state: &mut State, event: &Event, now: Millis) {
         Event::CommandRejected(e) => {
             if !e.job_id.is_empty() {
                 state.update_job(&e.job_id, |j| {
-                    history(
-                        j,
-                        now,
-                        "CommandRejected",
-                        format!("{} {}: {}", e.input_kind, e.reason_code, e.reason),
-                    )
+                    history(j, now, event.name(), event.describe(at.input))
                 });
             }
         }
         Event::WorkerUpdated(e) => {
             let hb = &e.heartbeat;
+            // A heartbeat is evidence for the running jobs it lists: their timers move, the
+            // jobs do not change. A job it stops listing keeps the time it was last listed,
+            // written to the job once. Timers are derived from the worker's record, so the
+            // affected jobs leave the index before it changes and return after.
+            let (listed_before, seen_before) = state
+                .workers
+                .get(&e.worker_id)
+                .map(|w| (w.heartbeat.active_job_ids.clone(), w.last_seen))
+                .unwrap_or_default();
+            let running_here = |state: &State, id: &String| {
+                state.jobs.get(id).is_some_and(|j| {
+                    j.state == JobState::Running && j.worker_id.as_deref() == Some(&e.worker_id)
+                })
+            };
+            let mut affected: Vec<String> = listed_before
+                .iter()
+                .chain(&hb.active_job_ids)
+                .filter(|id| running_here(state, id))
+                .cloned()
+                .collect();
+            affected.sort();
+            affected.dedup();
+            for id in &affected {
+                state.unindex_job(id);
+            }
             if !state.workers.contains_key(&e.worker_id) {
                 // A job may already name this worker (it took the job after a rebalance before
-                // its first heartbeat): the new record starts with those in flight.
-                let inflight = state
-                    .jobs
-                    .iter()
-                    .filter(|(_, j)| {
-                        j.state.is_active() && j.worker_id.as_deref() == Some(&e.worker_id)
-                    })
-                    .map(|(id, _)| id.clone())
-                    .collect();
-                state.workers.insert(
-                    e.worker_id.clone(),
+                // its first heartbeat): the new record takes those over.
+                state.insert_worker(
+                    &e.worker_id,
                     Worker {
                         heartbeat: hb.clone(),
                         joined_at: now,
@@ -482,7 +459,7 @@ pub fn apply(state: &mut State, event: &Event, now: Millis) {
                         alive: true,
                         foreign_active: 0,
                         reserved_memory: 0,
-                        inflight,
+                        inflight: Default::default(),
                     },
                 );
             }
@@ -493,6 +470,13 @@ pub fn apply(state: &mut State, event: &Event, now: Millis) {
                 w.heartbeat = hb.clone();
                 w.last_seen = now;
                 w.alive = true;
+                w.reserved_memory = 0;
+            }
+            state.mark_worker(&e.worker_id);
+            for id in &affected {
+                state.index_job(id);
+            }
+            if let Some(w) = state.workers.get_mut(&e.worker_id) {
                 w.foreign_active = if hb.active_job_ids.is_empty() {
                     let counted = i32::try_from(w.inflight.len()).unwrap_or(i32::MAX);
                     hb.active_jobs.saturating_sub(counted).max(0)
@@ -504,16 +488,12 @@ pub fn apply(state: &mut State, event: &Event, now: Millis) {
                         .count();
                     i32::try_from(foreign).unwrap_or(i32::MAX)
                 };
-                w.reserved_memory = 0;
             }
-            state.mark_worker(&e.worker_id);
-            // Jobs the worker says it runs are alive: refresh their evidence.
-            for id in &hb.active_job_ids {
-                let running_here = state.jobs.get(id).is_some_and(|j| {
-                    j.state == JobState::Running && j.worker_id.as_deref() == Some(&e.worker_id)
-                });
-                if running_here {
-                    state.update_job(id, |j| j.last_evidence_at = Some(now));
+            for id in &listed_before {
+                if !hb.active_job_ids.contains(id) && running_here(state, id) {
+                    state.update_job(id, |j| {
+                        j.last_evidence_at = j.last_evidence_at.max(Some(seen_before));
+                    });
                 }
             }
         }
@@ -531,12 +511,13 @@ pub fn apply(state: &mut State, event: &Event, now: Millis) {
             match e.to {
                 CircuitState::Open => {
                     b.opened_at = Some(now);
-                    b.probes_sent = 0;
+                    b.probes.clear();
                     b.probe_successes = 0;
                 }
                 CircuitState::HalfOpen => {
-                    b.probes_sent = 0;
+                    b.probes.clear();
                     b.probe_successes = 0;
+                    b.consecutive_failures = 0;
                 }
                 CircuitState::Closed => {
                     *b = Breaker::default();
@@ -596,15 +577,28 @@ pub fn apply(state: &mut State, event: &Event, now: Millis) {
                 d.config = true;
             }
         }
+        Event::BreakerCounted(e) => {
+            let w = window(state);
+            breaker_result(state, &e.pool, e.failure, w);
+        }
+        Event::ClockGap(e) => {
+            state.liveness_floor = state.liveness_floor.max(e.to);
+            state.rebuild_indexes();
+        }
+        Event::WorkerForgotten(e) => {
+            if state.remove_worker(&e.worker_id).is_some() {
+                state.mark_worker(&e.worker_id);
+            }
+        }
     }
 }
 
-/// The pool whose breaker a failure counts against: only failures of a dispatched or running
-/// attempt, and not the ones that say nothing about the pool (worker lost, handed back).
+/// Decision format 1: the pool whose breaker a failure counts against. Only failures of a
+/// dispatched or running attempt, and not the ones that say nothing about the pool.
 fn pool_failure(state: &State, job_id: &str, code: &str) -> Option<String> {
     let j = state.jobs.get(job_id)?;
     let executing = matches!(j.state, JobState::Dispatched | JobState::Running);
-    (executing && !NOT_POOL_FAILURES.contains(&code))
+    (executing && AttemptError::is_pool_failure(code))
         .then(|| j.pool.clone())
         .flatten()
 }

@@ -26,14 +26,24 @@ pub struct Cause {
     pub offset: i64,
 }
 
-/// An input record that could not be decoded.
+/// An input record the scheduler refused before deciding on it: it could not be read or
+/// decoded, it exceeds a size limit, or processing it failed deterministically and it was set
+/// aside so that the scheduler could go on. It becomes a DeadLetter with `reason_code`.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct MalformedRecord {
     /// The record key as UTF-8 (lossy), if it had one; usually the job_id.
     pub key: Option<String>,
     pub size_bytes: i32,
-    /// What the decoder said.
+    /// What went wrong, for the operator and the producer.
     pub error: String,
+    /// The DLQ reason: `malformed_record` (the default, and all that journals written
+    /// before this field knew), `record_too_large`, `processing_failed` or
+    /// `unreadable_record`.
+    pub reason_code: String,
+    /// The job the record concerned, when it was decoded far enough to know.
+    pub job_id: Option<String>,
+    /// The tenant the record claimed, when it was decoded far enough to know.
+    pub tenant_id: Option<String>,
 }
 
 /// New routing rules, settings and policy bundle for the decisions that follow.
@@ -258,7 +268,10 @@ pub struct Candidate {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct JobAccepted {
     pub job_id: String,
-    pub request: JobRequest,
+    /// The request, when it is not the entry's input: a saga compensation, or any job
+    /// accepted in a journal written before requests were journaled once. None: the entry's
+    /// input is the request (its topic already set to the topic it was read from).
+    pub request: Option<JobRequest>,
     /// SHA-256 of the canonical request without `approval_*` labels (SPEC §6).
     pub job_hash: String,
     /// Pools the job may run in, in preference order.
@@ -303,6 +316,9 @@ pub struct JobWaiting {
     pub reason_code: String,
     pub detail: String,
     pub candidates: Vec<Candidate>,
+    /// Workers considered but not listed in `candidates` (the list keeps the best scored
+    /// and the first skipped, up to a bound, so that a placement event stays small).
+    pub candidates_omitted: i32,
 }
 
 /// The placement decision: a worker was chosen.
@@ -316,6 +332,8 @@ pub struct JobScheduled {
     pub candidates: Vec<Candidate>,
     /// How label hints were honoured or why they were ignored.
     pub notes: Vec<String>,
+    /// Workers considered but not listed in `candidates` (see [`JobWaiting`]).
+    pub candidates_omitted: i32,
 }
 
 /// The Dispatch record was written to the worker's partition.
@@ -541,6 +559,36 @@ pub struct ConfigApplied {
     pub config: Reconfigure,
 }
 
+/// An attempt's end counted in a pool's circuit breaker window (SPEC §5). Decided once, by
+/// `decide`, so a replay counts exactly what the live scheduler counted.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BreakerCounted {
+    pub pool: String,
+    pub job_id: String,
+    /// True for a failure (failed or timed out), false for a success.
+    pub failure: bool,
+}
+
+/// Scheduler time jumped: for longer than `clock_gap_ms` no input could be read (a broker
+/// outage, the scheduler down, a partition without a leader), so nobody could have shown a
+/// sign of life. Timeouts that wait for evidence (worker loss, dispatch, running and
+/// placement timeouts) count from `to`, not from before the gap.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClockGap {
+    /// The watermark before the gap.
+    pub from: Millis,
+    /// The watermark after it.
+    pub to: Millis,
+}
+
+/// A worker lost for longer than `worker_retention_ms` was forgotten (its record dropped).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkerForgotten {
+    pub worker_id: String,
+    pub pool: String,
+    pub last_seen: Millis,
+}
+
 /// Every event the scheduler journals.
 // Same trade-off as `Input`: events live briefly in per-input vectors.
 #[allow(clippy::large_enum_variant)]
@@ -576,6 +624,9 @@ pub enum Event {
     SagaFinished(SagaFinished),
     IdempotencyPruned(IdempotencyPruned),
     ConfigApplied(ConfigApplied),
+    BreakerCounted(BreakerCounted),
+    ClockGap(ClockGap),
+    WorkerForgotten(WorkerForgotten),
 }
 
 impl Event {
@@ -612,6 +663,9 @@ impl Event {
             Event::SagaFinished(_) => "SagaFinished",
             Event::IdempotencyPruned(_) => "IdempotencyPruned",
             Event::ConfigApplied(_) => "ConfigApplied",
+            Event::BreakerCounted(_) => "BreakerCounted",
+            Event::ClockGap(_) => "ClockGap",
+            Event::WorkerForgotten(_) => "WorkerForgotten",
         }
     }
 
@@ -642,12 +696,15 @@ impl Event {
             Event::SagaStepRecorded(e) => &e.job_id,
             Event::SagaRollbackStarted(e) => &e.failed_job_id,
             Event::SagaCompensationSubmitted(e) => &e.job_id,
+            Event::BreakerCounted(e) => &e.job_id,
             Event::WorkerUpdated(_)
             | Event::WorkerLost(_)
             | Event::CircuitChanged(_)
             | Event::SagaFinished(_)
             | Event::IdempotencyPruned(_)
-            | Event::ConfigApplied(_) => return None,
+            | Event::ConfigApplied(_)
+            | Event::ClockGap(_)
+            | Event::WorkerForgotten(_) => return None,
         };
         if id.is_empty() { None } else { Some(id) }
     }
@@ -662,10 +719,18 @@ impl Event {
             Event::DispatchCancelled(e) => Some(&e.worker_id),
             Event::WorkerUpdated(e) => Some(&e.worker_id),
             Event::WorkerLost(e) => Some(&e.worker_id),
+            Event::WorkerForgotten(e) => Some(&e.worker_id),
             _ => None,
         }
     }
 }
+
+/// The decision format this build writes in [`JournalEntry::format`]. Entries of an older
+/// format are applied with that format's rules, so old journals still replay to what the
+/// scheduler that wrote them had:
+/// 1. the first format: `apply` counted attempt ends in the circuit breaker itself.
+/// 2. `decide` journals every count as a `BreakerCounted` event.
+pub const DECISION_FORMAT: i32 = 2;
 
 /// One processed input and what it caused: the unit of the journal.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -676,6 +741,9 @@ pub struct JournalEntry {
     pub log_time: Millis,
     pub input: Input,
     pub events: Vec<Event>,
+    /// The decision format of the scheduler that wrote the entry ([`DECISION_FORMAT`]); 1 for
+    /// journals written before the field existed.
+    pub format: i32,
 }
 
 impl JournalEntry {
@@ -687,7 +755,7 @@ impl JournalEntry {
         }
         for ev in &mut e.events {
             match ev {
-                Event::JobAccepted(a) => a.request = a.request.redacted(),
+                Event::JobAccepted(a) => a.request = a.request.as_ref().map(JobRequest::redacted),
                 Event::SagaStepRecorded(s) => {
                     s.compensation.env = crate::records::redact_env(&s.compensation.env)
                 }

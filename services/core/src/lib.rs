@@ -7,15 +7,17 @@
 
 pub mod apply;
 pub mod decide;
+pub mod describe;
 pub mod events;
 pub mod hash;
 pub mod outputs;
 pub mod policy;
+pub mod reason;
 pub mod records;
 pub mod rules;
 pub mod state;
 pub mod strategy;
 
 pub use apply::{apply, apply_entry};
-pub use decide::{Ctx, Processed, decide, process};
+pub use decide::{Ctx, Processed, process};
 pub use state::State;

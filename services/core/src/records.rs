@@ -105,6 +105,20 @@ pub fn is_secret_key(key: &str) -> bool {
     key.starts_with('$')
 }
 
+/// At most `max` characters of `s`, with control characters replaced, for messages that
+/// quote producer input (keys, ids) without letting it flood a log line or a terminal.
+pub fn truncate_for_display(s: &str, max: usize) -> String {
+    let mut out: String = s
+        .chars()
+        .take(max)
+        .map(|c| if c.is_control() { '\u{fffd}' } else { c })
+        .collect();
+    if s.chars().count() > max {
+        out.push('…');
+    }
+    out
+}
+
 /// A copy of `env` with secret values replaced by [`HIDDEN`].
 pub fn redact_env(env: &BTreeMap<String, String>) -> BTreeMap<String, String> {
     env.iter()
@@ -262,6 +276,12 @@ pub struct Tick {
     /// Who appended it (the ticker's instance id), for audit.
     pub source: String,
     pub issued_at: Millis,
+    /// The time up to which every input that could prevent a timeout has been read (the
+    /// minimum over the evidence partitions of what the processor read there), set by the
+    /// processor when it journals the Tick: timers, worker loss and breaker cool-downs are
+    /// judged at this time, never later. Whatever a producer writes here is replaced. None
+    /// in journals written before it existed: those Ticks judged at their log time.
+    pub watermark: Option<Millis>,
 }
 
 /// Limits attached to a job by policy and config; carried in its Dispatch.

@@ -50,6 +50,8 @@ pub struct PoolRules {
 pub struct TenantRules {
     /// Most SCHEDULED + DISPATCHED + RUNNING jobs at once; a policy constraint overrides it.
     pub max_concurrent_jobs: Option<i32>,
+    /// Most PENDING jobs queued at once; overrides `limits.max_pending_per_tenant`.
+    pub max_pending_jobs: Option<i64>,
 }
 
 /// Timers (all in milliseconds).
@@ -66,6 +68,13 @@ pub struct Timing {
     pub running_timeout_ms: i64,
     /// How long an idempotency key is remembered. Default 7 days.
     pub idempotency_retention_ms: i64,
+    /// A jump of scheduler time (the Tick watermark) larger than this means inputs could not
+    /// be read in between (broker outage, scheduler down, a partition without a leader):
+    /// evidence-based timeouts then count from after the jump (a `ClockGap`). Must be below
+    /// `worker_ttl_ms` and well above the tick interval. Default 5 s.
+    pub clock_gap_ms: i64,
+    /// A lost worker's record is dropped this long after its last heartbeat. Default 1 h.
+    pub worker_retention_ms: i64,
 }
 
 impl Default for Timing {
@@ -76,6 +85,8 @@ impl Default for Timing {
             dispatch_timeout_ms: 60_000,
             running_timeout_ms: 5 * 60_000,
             idempotency_retention_ms: 7 * 24 * 3_600_000,
+            clock_gap_ms: 5_000,
+            worker_retention_ms: 3_600_000,
         }
     }
 }
@@ -157,6 +168,50 @@ impl Default for BreakerRules {
     }
 }
 
+/// Bounds on what one input may carry or cause, so that no input can exhaust memory or
+/// produce a record the broker refuses.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Limits {
+    /// Largest input record (its value, as read from Kafka), in bytes; checked by the
+    /// processor before it decodes anything, a larger record is dead-lettered
+    /// `record_too_large`. It must leave room for a journal entry's events under the
+    /// journal topic's `max.message.bytes` (checked at start). Default 524288 (512 KiB).
+    pub max_record_bytes: i64,
+    /// Largest job payload, in bytes. Default 262144 (256 KiB).
+    pub max_payload_bytes: i64,
+    /// Most labels on a job. Default 64.
+    pub max_labels: i32,
+    /// Most env entries on a job. Default 64.
+    pub max_env: i32,
+    /// Largest label or env key or value, in bytes. Default 4096.
+    pub max_entry_bytes: i64,
+    /// Most units of work (a placement, a timeout, a lost worker, a retry) one journal entry
+    /// does; more continues in the next entry. Default 100.
+    pub max_work_per_entry: u32,
+    /// Most PENDING jobs queued in one pool; a job beyond it is dead-lettered `queue_full`.
+    /// Default 1000000.
+    pub max_pending_per_pool: i64,
+    /// Most PENDING jobs queued for one tenant (a tenant's own `max_pending_jobs` overrides
+    /// it); none: no limit. Default none.
+    pub max_pending_per_tenant: Option<i64>,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_record_bytes: 512 * 1024,
+            max_payload_bytes: 256 * 1024,
+            max_labels: 64,
+            max_env: 64,
+            max_entry_bytes: 4096,
+            max_work_per_entry: 100,
+            max_pending_per_pool: 1_000_000,
+            max_pending_per_tenant: None,
+        }
+    }
+}
+
 /// Everything a decision depends on besides state, input and policy.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -169,6 +224,10 @@ pub struct Rules {
     pub retry: RetryRules,
     pub overload: Overload,
     pub breaker: BreakerRules,
+    pub limits: Limits,
+    /// Pool -> partitions of its dispatch topic, as the runtime found them at start: a
+    /// heartbeat claiming a partition outside is refused. Empty: not checked.
+    pub dispatch_partitions: BTreeMap<String, i32>,
 }
 
 /// A rule set that does not hold together.
@@ -213,12 +272,45 @@ impl Rules {
                 "timing.idempotency_retention_ms",
                 t.idempotency_retention_ms,
             ),
+            ("timing.clock_gap_ms", t.clock_gap_ms),
+            ("timing.worker_retention_ms", t.worker_retention_ms),
             ("retry.initial_backoff_ms", self.retry.initial_backoff_ms),
             ("retry.max_backoff_ms", self.retry.max_backoff_ms),
             ("breaker.cooldown_ms", self.breaker.cooldown_ms),
         ] {
             if v <= 0 {
                 return err(format!("{name} must be positive, got {v}"));
+            }
+        }
+        if t.clock_gap_ms >= t.worker_ttl_ms {
+            return err(format!(
+                "timing.clock_gap_ms ({}) must be below timing.worker_ttl_ms ({}): a gap that long already looks like a lost worker",
+                t.clock_gap_ms, t.worker_ttl_ms
+            ));
+        }
+        let l = &self.limits;
+        if l.max_record_bytes < 1024 {
+            return err(format!(
+                "limits.max_record_bytes must be at least 1024, got {}",
+                l.max_record_bytes
+            ));
+        }
+        if l.max_payload_bytes < 0
+            || l.max_labels < 0
+            || l.max_env < 0
+            || l.max_entry_bytes < 1
+            || l.max_work_per_entry < 1
+            || l.max_pending_per_pool < 1
+            || l.max_pending_per_tenant.is_some_and(|n| n < 1)
+        {
+            return err(
+                "limits: sizes and counts must not be negative; max_entry_bytes, max_work_per_entry and the pending limits must be at least 1"
+                    .into(),
+            );
+        }
+        for (pool, n) in &self.dispatch_partitions {
+            if *n < 1 {
+                return err(format!("dispatch topic of pool {pool} has {n} partitions"));
             }
         }
         if self.retry.max_retries < 0 {
@@ -265,5 +357,13 @@ impl Rules {
 
     pub fn strategy(&self, pool: &str) -> StrategyKind {
         self.pools.get(pool).map(|p| p.strategy).unwrap_or_default()
+    }
+
+    /// Most PENDING jobs `tenant` may have queued, if limited.
+    pub fn max_pending_for_tenant(&self, tenant: &str) -> Option<i64> {
+        self.tenants
+            .get(tenant)
+            .and_then(|t| t.max_pending_jobs)
+            .or(self.limits.max_pending_per_tenant)
     }
 }

@@ -165,7 +165,10 @@ pub struct Breaker {
     /// Last results, oldest first; `true` is a failure.
     pub window: VecDeque<bool>,
     pub opened_at: Option<Millis>,
-    pub probes_sent: i32,
+    /// Probe jobs let through while half-open that are still SCHEDULED, DISPATCHED or
+    /// RUNNING. A probe that ends any way frees its slot, with a result or without one
+    /// (timed out, cancelled, its worker lost), so probes can never hold the pool closed.
+    pub probes: BTreeSet<String>,
     pub probe_successes: i32,
 }
 
@@ -276,6 +279,19 @@ pub struct State {
     pub timers: BTreeSet<Timer>,
     /// Derived: tenant -> SCHEDULED + DISPATCHED + RUNNING jobs.
     pub tenant_active: BTreeMap<String, i64>,
+    /// The scheduler time timers and worker liveness were last judged at: the watermark of
+    /// the last Tick (see [`crate::records::Tick::watermark`]). Never goes back.
+    pub watermark: Millis,
+    /// After a [`crate::events::ClockGap`]: evidence-based timeouts (worker loss, dispatch,
+    /// running and placement timeouts) count from here at the earliest.
+    pub liveness_floor: Millis,
+    /// Derived: worker -> its SCHEDULED, DISPATCHED or RUNNING jobs, for workers the state
+    /// has no record of (a job taken over after a rebalance before the worker's first
+    /// heartbeat, or a worker that was forgotten). A worker's record takes them over when
+    /// it appears, so no heartbeat ever scans the jobs.
+    pub orphans: BTreeMap<String, BTreeSet<String>>,
+    /// Derived: tenant -> its PENDING jobs in a queue (for the admission limit).
+    pub tenant_pending: BTreeMap<String, i64>,
     /// Changed keys, when the owner tracks them (the runtime does; tests and audits need not).
     pub dirty: Option<Dirty>,
     /// Terminal jobs in memory, which [`State::evict_cold`] may drop (bookkeeping, like
@@ -295,6 +311,10 @@ impl PartialEq for State {
             && self.sagas == other.sagas
             && self.idempotency == other.idempotency
             && self.last_idempotency_prune == other.last_idempotency_prune
+            && self.watermark == other.watermark
+            && self.liveness_floor == other.liveness_floor
+            && self.orphans == other.orphans
+            && self.tenant_pending == other.tenant_pending
             && self.dead_letters_by_reason == other.dead_letters_by_reason
             && self.jobs_by_state == other.jobs_by_state
             && self.queues == other.queues
@@ -455,7 +475,7 @@ impl State {
         }
     }
 
-    pub(crate) fn mark_worker(&mut self, id: &str) {
+    pub fn mark_worker(&mut self, id: &str) {
         if let Some(d) = self.dirty.as_mut() {
             d.workers.insert(id.to_owned());
         }
@@ -475,7 +495,7 @@ impl State {
 
     /// Changes a job and keeps every index that derives from it in step.
     pub(crate) fn update_job<R>(&mut self, id: &str, f: impl FnOnce(&mut Job) -> R) -> Option<R> {
-        let before = self.jobs.get(id)?.state;
+        let (before, pool) = self.jobs.get(id).map(|j| (j.state, j.pool.clone()))?;
         self.unindex_job(id);
         let r = self.jobs.get_mut(id).map(f);
         self.index_job(id);
@@ -488,8 +508,39 @@ impl State {
             if after.is_terminal() {
                 self.cold.insert(id.to_owned());
             }
+            if before.is_active()
+                && !after.is_active()
+                && let Some(pool) = pool
+            {
+                self.free_probe(&pool, id);
+            }
         }
         r
+    }
+
+    /// A half-open breaker's probe ended (any way): its slot is free again.
+    fn free_probe(&mut self, pool: &str, job_id: &str) {
+        if let Some(b) = self.breakers.get_mut(pool)
+            && b.probes.remove(job_id)
+        {
+            self.mark_breaker(pool);
+        }
+    }
+
+    /// Adds a worker's record; it takes over the jobs already naming it.
+    pub(crate) fn insert_worker(&mut self, id: &str, mut worker: Worker) {
+        worker.inflight = self.orphans.remove(id).unwrap_or_default();
+        self.workers.insert(id.to_owned(), worker);
+    }
+
+    /// Drops a worker's record; jobs still naming it stay indexed as orphans.
+    pub(crate) fn remove_worker(&mut self, id: &str) -> Option<Worker> {
+        let mut w = self.workers.remove(id)?;
+        let inflight = std::mem::take(&mut w.inflight);
+        if !inflight.is_empty() {
+            self.orphans.insert(id.to_owned(), inflight);
+        }
+        Some(w)
     }
 
     fn count_state(&mut self, state: JobState, delta: i64) {
@@ -514,8 +565,30 @@ impl State {
         self.mark_job(&id);
     }
 
-    fn index_job(&mut self, id: &str) {
+    /// The timers of job `id` as the state stands (its record, its worker's evidence, the
+    /// liveness floor, the timing rules).
+    fn job_timers(&self, id: &str, job: &Job) -> Vec<Timer> {
+        let Some(timing) = self.config.as_deref().map(|c| &c.rules.timing) else {
+            return Vec::new();
+        };
+        let evidence = self.worker_evidence(id, job);
+        timers_of(id, job, timing, self.liveness_floor, evidence)
+    }
+
+    /// When the job's worker last listed it as running, if its latest heartbeat does.
+    pub fn worker_evidence(&self, id: &str, job: &Job) -> Option<Millis> {
+        let w = self.workers.get(job.worker_id.as_deref()?)?;
+        w.heartbeat
+            .active_job_ids
+            .iter()
+            .any(|j| j == id)
+            .then_some(w.last_seen)
+    }
+
+    pub(crate) fn index_job(&mut self, id: &str) {
         let Some(job) = self.jobs.get(id) else { return };
+        let timers = self.job_timers(id, job);
+        let job = &self.jobs[id];
         if let Some(queued_at) = job.queued_at {
             for pool in &job.pools {
                 self.queues
@@ -527,25 +600,39 @@ impl State {
                         job_id: id.to_owned(),
                     });
             }
+            *self
+                .tenant_pending
+                .entry(job.request.tenant_id.clone())
+                .or_default() += 1;
         }
-        if let Some(timing) = self.config.as_deref().map(|c| &c.rules.timing) {
-            for t in timers_of(id, job, timing) {
-                self.timers.insert(t);
-            }
-        }
+        self.timers.extend(timers);
         if job.state.is_active() {
             *self
                 .tenant_active
                 .entry(job.request.tenant_id.clone())
                 .or_default() += 1;
-            if let Some(w) = job.worker_id.as_ref().and_then(|w| self.workers.get_mut(w)) {
-                w.inflight.insert(id.to_owned());
+            if let Some(worker_id) = job.worker_id.as_ref() {
+                match self.workers.get_mut(worker_id) {
+                    Some(w) => {
+                        w.inflight.insert(id.to_owned());
+                    }
+                    None => {
+                        self.orphans
+                            .entry(worker_id.clone())
+                            .or_default()
+                            .insert(id.to_owned());
+                    }
+                }
             }
         }
     }
 
-    fn unindex_job(&mut self, id: &str) {
+    pub(crate) fn unindex_job(&mut self, id: &str) {
         let Some(job) = self.jobs.get(id) else { return };
+        for t in self.job_timers(id, job) {
+            self.timers.remove(&t);
+        }
+        let job = &self.jobs[id];
         if let Some(queued_at) = job.queued_at {
             for pool in &job.pools {
                 if let Some(q) = self.queues.get_mut(pool) {
@@ -559,21 +646,24 @@ impl State {
                     }
                 }
             }
-        }
-        if let Some(timing) = self.config.as_deref().map(|c| &c.rules.timing) {
-            for t in timers_of(id, job, timing) {
-                self.timers.remove(&t);
-            }
+            decrement(&mut self.tenant_pending, &job.request.tenant_id);
         }
         if job.state.is_active() {
-            if let Some(n) = self.tenant_active.get_mut(&job.request.tenant_id) {
-                *n -= 1;
-                if *n <= 0 {
-                    self.tenant_active.remove(&job.request.tenant_id);
+            decrement(&mut self.tenant_active, &job.request.tenant_id);
+            if let Some(worker_id) = job.worker_id.as_ref() {
+                match self.workers.get_mut(worker_id) {
+                    Some(w) => {
+                        w.inflight.remove(id);
+                    }
+                    None => {
+                        if let Some(set) = self.orphans.get_mut(worker_id) {
+                            set.remove(id);
+                            if set.is_empty() {
+                                self.orphans.remove(worker_id);
+                            }
+                        }
+                    }
                 }
-            }
-            if let Some(w) = job.worker_id.as_ref().and_then(|w| self.workers.get_mut(w)) {
-                w.inflight.remove(id);
             }
         }
     }
@@ -584,6 +674,8 @@ impl State {
         self.queues.clear();
         self.timers.clear();
         self.tenant_active.clear();
+        self.tenant_pending.clear();
+        self.orphans.clear();
         for w in self.workers.values_mut() {
             w.inflight.clear();
         }
@@ -619,6 +711,12 @@ impl State {
         }
         if rebuilt.tenant_active != self.tenant_active {
             problems.push("tenant active counts disagree with job records".to_owned());
+        }
+        if rebuilt.tenant_pending != self.tenant_pending {
+            problems.push("tenant pending counts disagree with job records".to_owned());
+        }
+        if rebuilt.orphans != self.orphans {
+            problems.push("jobs of unknown workers disagree with job records".to_owned());
         }
         for (id, w) in &self.workers {
             if rebuilt.workers.get(id).map(|r| &r.inflight) != Some(&w.inflight) {
@@ -657,8 +755,26 @@ impl State {
     }
 }
 
-/// The timers a job has in its current state.
-pub fn timers_of(id: &str, job: &Job, timing: &Timing) -> Vec<Timer> {
+fn decrement(counts: &mut BTreeMap<String, i64>, key: &str) {
+    if let Some(n) = counts.get_mut(key) {
+        *n -= 1;
+        if *n <= 0 {
+            counts.remove(key);
+        }
+    }
+}
+
+/// The timers a job has in its current state. Timeouts that wait for a sign of life count
+/// from `floor` at the earliest (after a [`crate::events::ClockGap`]); `evidence` is when
+/// the job's worker last listed it as running (heartbeats are evidence without rewriting the
+/// job). Deadlines, retry backoffs and max runtimes are not evidence-based.
+pub fn timers_of(
+    id: &str,
+    job: &Job,
+    timing: &Timing,
+    floor: Millis,
+    evidence: Option<Millis>,
+) -> Vec<Timer> {
     let mut out = Vec::new();
     let mut push = |due: Millis, kind: TimerKind| {
         out.push(Timer {
@@ -680,7 +796,7 @@ pub fn timers_of(id: &str, job: &Job, timing: &Timing) -> Vec<Timer> {
             }
             if let Some(q) = job.queued_at {
                 push(
-                    q.saturating_add(timing.placement_timeout_ms),
+                    q.max(floor).saturating_add(timing.placement_timeout_ms),
                     TimerKind::PlacementTimeout,
                 );
             }
@@ -688,13 +804,14 @@ pub fn timers_of(id: &str, job: &Job, timing: &Timing) -> Vec<Timer> {
         JobState::Dispatched => {
             if let Some(d) = job.dispatched_at {
                 push(
-                    d.saturating_add(timing.dispatch_timeout_ms),
+                    d.max(floor).saturating_add(timing.dispatch_timeout_ms),
                     TimerKind::DispatchTimeout,
                 );
             }
         }
         JobState::Running => {
             if let Some(e) = job.last_evidence_at {
+                let e = e.max(evidence.unwrap_or(e)).max(floor);
                 push(
                     e.saturating_add(timing.running_timeout_ms),
                     TimerKind::RunningTimeout,

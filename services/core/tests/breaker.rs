@@ -165,3 +165,113 @@ fn worker_loss_does_not_count_against_the_pool() {
         "worker_lost is not a pool failure"
     );
 }
+
+fn open_after_failures(sim: &mut Sim) {
+    for i in 0..5 {
+        run(sim, &format!("f{i}"), ResultStatus::FailedFatal);
+    }
+    assert_eq!(
+        sim.state.breakers["default"].state,
+        CircuitState::Open,
+        "setup: the circuit is open"
+    );
+}
+
+#[test]
+fn timeouts_found_by_ticks_count_and_open_the_circuit() {
+    let mut r = no_retries();
+    r.timing.dispatch_timeout_ms = 2_000;
+    let mut sim = Sim::with_rules(r);
+    sim.keep_alive(&[("w1", "default")]);
+    sim.heartbeat(Heartbeat {
+        max_parallel_jobs: 100,
+        ..hb("w1", "default")
+    });
+    for i in 0..5 {
+        sim.submit(job(&format!("t{i}")));
+    }
+    // Nobody starts them: every dispatch times out on a Tick, and the fifth opens it there.
+    let ev = sim.tick_after(2_000);
+    let counted = ev
+        .iter()
+        .filter(|e| matches!(e, Event::BreakerCounted(b) if b.failure))
+        .count();
+    assert_eq!(counted, 5, "{:?}", names(&ev));
+    let c = circuit(&ev).expect("a Tick opened the circuit");
+    assert_eq!((c.from, c.to), (CircuitState::Closed, CircuitState::Open));
+}
+
+#[test]
+fn probes_that_end_without_a_result_free_their_slot() {
+    let mut r = no_retries();
+    r.breaker.cooldown_ms = 1_000;
+    r.breaker.half_open_probes = 1;
+    r.breaker.close_after_successes = 1;
+    let mut sim = Sim::with_rules(r);
+    open_after_failures(&mut sim);
+    sim.tick_after(1_000);
+    assert_eq!(sim.state.breakers["default"].state, CircuitState::HalfOpen);
+    // The one probe goes out and is cancelled: no result ever comes.
+    sim.submit(job("probe-1"));
+    assert_eq!(sim.job_state("probe-1"), JobState::Dispatched);
+    sim.submit(job("waits"));
+    assert_eq!(
+        sim.job_state("waits"),
+        JobState::Pending,
+        "the probe slot is taken"
+    );
+    sim.cancel("probe-1", None);
+    // The slot is free: the next job goes out as a probe and its success closes the circuit.
+    assert_eq!(sim.job_state("waits"), JobState::Dispatched);
+    let attempt = sim.job("waits").attempt;
+    let ev = sim.result("waits", attempt, "w1", ResultStatus::Succeeded);
+    let c = circuit(&ev).expect("closed");
+    assert_eq!(c.to, CircuitState::Closed);
+}
+
+#[test]
+fn a_probe_whose_worker_is_lost_frees_its_slot() {
+    let mut r = no_retries();
+    r.breaker.cooldown_ms = 1_000;
+    r.breaker.half_open_probes = 1;
+    r.breaker.close_after_successes = 1;
+    r.retry.max_retries = 3;
+    let mut sim = Sim::with_rules(r);
+    open_after_failures(&mut sim);
+    sim.tick_after(1_000);
+    sim.submit(job("probe"));
+    assert_eq!(sim.job_state("probe"), JobState::Dispatched);
+    // w1 goes silent and is lost; the probe is retried (worker_lost says nothing about the
+    // pool), and the slot is free again rather than held for ever.
+    sim.tick_after(16_000);
+    assert!(!sim.state.workers["w1"].alive);
+    assert!(sim.state.breakers["default"].probes.is_empty());
+    sim.keep_alive(&[("w2", "default")]);
+    let ev = sim.tick_after(5_000);
+    assert!(
+        ev.iter().any(
+            |e| matches!(e, Event::JobDispatched(d) if d.job_id == "probe" && d.worker_id == "w2")
+        ),
+        "the probe went out again: {:?}",
+        names(&ev)
+    );
+}
+
+#[test]
+fn new_rules_reset_every_breaker() {
+    let mut sim = Sim::with_rules(no_retries());
+    open_after_failures(&mut sim);
+    let mut r = no_retries();
+    r.breaker.consecutive_failures = 7;
+    let ev = sim.reconfigure(&r, "snap-2");
+    let c = circuit(&ev).expect("reset");
+    assert_eq!((c.from, c.to), (CircuitState::Open, CircuitState::Closed));
+    assert!(c.reason.contains("configuration changed"), "{}", c.reason);
+    assert_eq!(
+        sim.state.breakers["default"],
+        ksched_core::state::Breaker::default()
+    );
+    // Held jobs go out at once.
+    let ev = sim.submit(job("after"));
+    assert!(names(&ev).contains(&"JobDispatched"), "{:?}", names(&ev));
+}

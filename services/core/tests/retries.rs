@@ -60,7 +60,10 @@ fn retries_run_out_into_max_retries_exceeded() {
             sim.tick_after(r.backoff_ms);
             assert_eq!(sim.job("j1").attempt, attempt + 1);
         } else {
-            assert_eq!(names(&ev), ["JobRunning", "JobFailed", "DeadLettered"]);
+            assert_eq!(
+                names(&ev),
+                ["JobRunning", "JobFailed", "BreakerCounted", "DeadLettered"]
+            );
             let dl = dead_lettered(&ev);
             assert_eq!(dl.reason_code, "max_retries_exceeded");
             assert_eq!(dl.attempts, 4);
@@ -80,7 +83,10 @@ fn a_fatal_failure_fails_at_once_with_the_workers_error_code() {
     sim.worker("w1", "default");
     sim.submit(job("j1"));
     let ev = sim.result_with("j1", 1, "w1", ResultStatus::FailedFatal, Some("bad_input"));
-    assert_eq!(names(&ev), ["JobRunning", "JobFailed", "DeadLettered"]);
+    assert_eq!(
+        names(&ev),
+        ["JobRunning", "JobFailed", "BreakerCounted", "DeadLettered"]
+    );
     assert_eq!(dead_lettered(&ev).reason_code, "bad_input");
     let ev = {
         sim.submit(job("j2"));
@@ -175,7 +181,12 @@ fn reconciler_times_out_a_dispatch_that_never_started() {
     let ev = sim.tick_after(0); // 60 s: the timeout has elapsed
     assert_eq!(
         names(&ev),
-        ["JobTimedOut", "DispatchCancelled", "DeadLettered"]
+        [
+            "JobTimedOut",
+            "BreakerCounted",
+            "DispatchCancelled",
+            "DeadLettered"
+        ]
     );
     assert_eq!(dead_lettered(&ev).reason_code, "timeout");
     let c = sim.cancel_dispatches();
@@ -229,14 +240,19 @@ fn max_runtime_times_out_a_running_job() {
     assert_eq!(sim.job_state("j1"), JobState::Running);
     let ev = sim.tick_after(1);
     assert_eq!(
-        names(&ev)[..3],
-        ["JobTimedOut", "DispatchCancelled", "DeadLettered"]
+        names(&ev)[..4],
+        [
+            "JobTimedOut",
+            "BreakerCounted",
+            "DispatchCancelled",
+            "DeadLettered"
+        ]
     );
     assert!(dead_lettered(&ev).reason.contains("max_runtime_ms 5000"));
 }
 
 #[test]
-fn the_deadline_counts_from_submission_in_every_non_terminal_state() {
+fn the_deadline_counts_from_acceptance_in_every_non_terminal_state() {
     // PENDING (no workers)
     let mut sim = Sim::new();
     let mut r = job("p");
@@ -254,21 +270,30 @@ fn the_deadline_counts_from_submission_in_every_non_terminal_state() {
     r.budget.deadline_ms = Some(3_000);
     sim.submit(r);
     sim.started("r", 1, "w1");
-    let ev = sim.tick_after(3_000);
+    let ev = sim.tick_after(2_000);
+    assert_eq!(sim.job_state("r"), JobState::Running, "{:?}", names(&ev));
+    let ev = sim.tick_after(1_000);
     assert_eq!(
         names(&ev)[..3],
         ["JobTimedOut", "DispatchCancelled", "DeadLettered"]
     );
     assert_eq!(sim.dispatches()[0].deadline_at, Some(T0 + 3_000));
 
-    // Waiting for a retry: a retry never resets the deadline.
-    let mut sim = Sim::new();
-    sim.worker("w1", "default");
-    let mut r = job("b");
-    r.budget.deadline_ms = Some(2_000);
-    r.submitted_at = T0 - 1_500; // submitted earlier than it arrived
-    sim.submit(r);
-    sim.result("b", 1, "w1", ResultStatus::FailedRetryable);
-    let ev = sim.tick_after(500);
-    assert_eq!(dead_lettered(&ev).reason_code, "deadline_exceeded");
+    // The producer's clock counts for nothing, earlier or later, and a retry never resets
+    // the deadline.
+    for claimed in [T0 - 1_500, T0 + 3_600_000] {
+        let mut sim = Sim::new();
+        sim.worker("w1", "default");
+        let mut r = job("b");
+        r.budget.deadline_ms = Some(2_000);
+        r.submitted_at = claimed;
+        sim.submit(r);
+        assert_eq!(sim.job("b").deadline_at, Some(T0 + 2_000));
+        sim.result("b", 1, "w1", ResultStatus::FailedRetryable);
+        let ev = sim.tick_after(1_500);
+        assert_eq!(sim.job("b").attempt, 2, "retried: {:?}", names(&ev));
+        assert_eq!(sim.job_state("b"), JobState::Dispatched);
+        let ev = sim.tick_after(500);
+        assert_eq!(dead_lettered(&ev).reason_code, "deadline_exceeded");
+    }
 }

@@ -307,6 +307,7 @@ fn output_policy_quarantines_a_succeeded_job() {
         [
             "JobRunning",
             "JobSucceeded",
+            "BreakerCounted",
             "JobQuarantined",
             "DeadLettered"
         ]
@@ -340,7 +341,7 @@ fn idempotency_keys_dedupe_within_retention_only() {
     other.tenant_id = "globex".into();
     assert_eq!(names(&sim.submit(other))[0], "JobAccepted");
     // After the retention (7 days) the key is free again.
-    sim.advance(7 * 24 * 3_600_000);
+    sim.gap(7 * 24 * 3_600_000);
     let ev = sim.submit(keyed("j3"));
     assert_eq!(names(&ev)[0], "JobAccepted");
 }
@@ -355,7 +356,8 @@ fn idempotency_keys_are_pruned_after_retention() {
     sim.submit(req);
     sim.tick_after(5_000);
     assert_eq!(sim.state.idempotency.len(), 1);
-    sim.tick_after(6_000);
+    // Pruned at the first prune (every retention / 4) after the retention passed.
+    sim.tick_after(8_000);
     assert!(sim.state.idempotency.is_empty());
 }
 
@@ -393,6 +395,8 @@ fn malformed_requests_are_dead_lettered() {
             key: Some("k".into()),
             size_bytes: 4,
             error: "bad marker".into(),
+            reason_code: "malformed_record".into(),
+            ..Default::default()
         }),
     );
     let dl = dead_lettered(&ev);

@@ -87,6 +87,7 @@ fn a_tenant_at_its_limit_waits_and_resumes_when_a_job_ends() {
         "acme".into(),
         TenantRules {
             max_concurrent_jobs: Some(1),
+            ..Default::default()
         },
     );
     let mut sim = Sim::with_rules(rules);
@@ -148,6 +149,7 @@ fn placement_timeout_dead_letters_with_the_reason_that_held_the_job() {
         "acme".into(),
         TenantRules {
             max_concurrent_jobs: Some(1),
+            ..Default::default()
         },
     );
     let mut sim = Sim::with_rules(rules);

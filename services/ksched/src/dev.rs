@@ -5,7 +5,6 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -92,6 +91,9 @@ fn dev_config(args: &DevArgs, bootstrap: &str, in_memory: bool) -> Config {
     settings.kafka.bootstrap_servers = bootstrap.to_owned();
     settings.kafka.client_id = "ksched-dev".into();
     settings.topics.create = !in_memory;
+    // The embedded mock cluster has no DescribeConfigs and cannot stamp LogAppendTime.
+    settings.topics.verify = !in_memory;
+    settings.topics.trust_create_time = in_memory;
     settings.topics.dispatch_partitions = 4;
     settings.processor.group_id = "ksched-dev-processor".into();
     settings.processor.tick_interval_ms = 500;
@@ -246,7 +248,7 @@ fn dev(args: DevArgs) -> anyhow::Result<()> {
     banner(&args, &bootstrap, in_memory);
 
     let service = Service::start(config.clone())?;
-    service.rt.spawn(signals(service.shutdown.clone()));
+    service.rt.spawn(signals(service.shutdown()));
     let stop = CancellationToken::new();
 
     // Print the journal as it grows.
@@ -254,7 +256,7 @@ fn dev(args: DevArgs) -> anyhow::Result<()> {
         let (bootstrap, journal, shutdown, verbose) = (
             bootstrap.clone(),
             topics.journal.clone(),
-            service.shutdown.clone(),
+            service.shutdown(),
             args.verbose,
         );
         std::thread::spawn(move || print_journal(&bootstrap, &journal, &shutdown, verbose))
@@ -287,7 +289,7 @@ fn dev(args: DevArgs) -> anyhow::Result<()> {
     }
 
     // The demo jobs, then a trickle.
-    let (submitter, shutdown) = (stop.clone(), service.shutdown.clone());
+    let (submitter, shutdown) = (stop.clone(), service.shutdown());
     let trickle = args.trickle;
     let bootstrap_for_jobs = bootstrap.clone();
     service.rt.spawn(async move {
@@ -311,7 +313,7 @@ fn dev(args: DevArgs) -> anyhow::Result<()> {
             return;
         }
         let mut n = 0u64;
-        while !submitter.is_cancelled() && !shutdown.load(Ordering::Relaxed) {
+        while !submitter.is_cancelled() && !shutdown.is_cancelled() {
             tokio::time::sleep(Duration::from_secs(trickle)).await;
             n += 1;
             let mut job = demo_jobs().remove(0).0;
@@ -323,10 +325,10 @@ fn dev(args: DevArgs) -> anyhow::Result<()> {
     });
 
     // Run until the duration passes or a signal arrives.
-    let shutdown = service.shutdown.clone();
+    let shutdown = service.shutdown();
     let limit = (args.duration > 0).then(|| Duration::from_secs(args.duration));
     let started = std::time::Instant::now();
-    while !shutdown.load(Ordering::Relaxed) && limit.is_none_or(|l| started.elapsed() < l) {
+    while !shutdown.is_cancelled() && limit.is_none_or(|l| started.elapsed() < l) {
         std::thread::sleep(Duration::from_millis(100));
     }
     println!("stopping: workers drain, the open batch commits");
@@ -336,7 +338,7 @@ fn dev(args: DevArgs) -> anyhow::Result<()> {
             let _ = w.await;
         }
     });
-    shutdown.store(true, Ordering::Relaxed);
+    shutdown.cancel();
     let _ = printer.join();
     service.wait()?;
     drop(mock);
@@ -385,7 +387,7 @@ fn banner(args: &DevArgs, bootstrap: &str, in_memory: bool) {
 }
 
 /// Prints journal entries as they are committed, until `shutdown`.
-fn print_journal(bootstrap: &str, topic: &str, shutdown: &AtomicBool, verbose: bool) {
+fn print_journal(bootstrap: &str, topic: &str, shutdown: &CancellationToken, verbose: bool) {
     let consumer: BaseConsumer = match ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("group.id", "ksched-dev-printer")
@@ -407,7 +409,7 @@ fn print_journal(bootstrap: &str, topic: &str, shutdown: &AtomicBool, verbose: b
     {
         return;
     }
-    while !shutdown.load(Ordering::Relaxed) {
+    while !shutdown.is_cancelled() {
         let Some(Ok(m)) = consumer.poll(Duration::from_millis(200)) else {
             continue;
         };
@@ -420,82 +422,32 @@ fn print_journal(bootstrap: &str, topic: &str, shutdown: &AtomicBool, verbose: b
     }
 }
 
-/// One line per notable event of an entry.
+/// One line per notable event of an entry (every event with `verbose`).
 pub fn describe(entry: &JournalEntry, verbose: bool) -> Vec<String> {
     let mut out = Vec::new();
     for e in &entry.events {
-        let line = match e {
-            Event::JobAccepted(a) => Some(format!(
-                "{:<18} accepted on {} -> pools [{}]",
-                a.job_id,
-                a.request.topic,
-                a.pools.join(", ")
-            )),
-            Event::JobScheduled(s) => {
-                let score = s
-                    .candidates
-                    .iter()
-                    .find(|c| c.worker_id == s.worker_id)
-                    .and_then(|c| c.score)
-                    .map(|x| format!(" score {x:.2}"))
-                    .unwrap_or_default();
-                Some(format!(
-                    "{:<18} attempt {} -> {} ({} of {} candidates,{score})",
-                    s.job_id,
-                    s.attempt,
-                    s.worker_id,
-                    s.strategy,
-                    s.candidates.len()
-                ))
-            }
-            Event::JobRunning(r) => {
-                verbose.then(|| format!("{:<18} running on {}", r.job_id, r.worker_id))
-            }
-            Event::JobSucceeded(s) => Some(format!(
-                "{:<18} SUCCEEDED on {} ({} ms)",
-                s.job_id, s.worker_id, s.execution_ms
-            )),
-            Event::JobRetrying(r) => Some(format!(
-                "{:<18} attempt {} failed ({}); retry in {} ms",
-                r.job_id, r.attempt, r.error_code, r.backoff_ms
-            )),
-            Event::JobFailed(f) => Some(format!("{:<18} FAILED: {}", f.job_id, f.reason_code)),
-            Event::JobDenied(d) => {
-                Some(format!("{:<18} DENIED: {}", d.job_id, d.reasons.join("; ")))
-            }
-            Event::ApprovalRequested(a) => Some(format!(
-                "{:<18} APPROVAL REQUIRED ({}): run `ksched approve {}`",
-                a.job_id,
-                a.reasons.join("; "),
-                a.job_id
-            )),
-            Event::JobApproved(a) => Some(format!("{:<18} approved by {}", a.job_id, a.approver)),
-            Event::JobCancelled(c) => {
-                Some(format!("{:<18} CANCELLED by {}", c.job_id, c.principal_id))
-            }
-            Event::JobTimedOut(t) => Some(format!("{:<18} TIMEOUT: {}", t.job_id, t.detail)),
-            Event::JobWaiting(w) => Some(format!("{:<18} waiting: {}", w.job_id, w.detail)),
-            Event::DeadLettered(d) => Some(format!(
-                "{:<18} -> DLQ {}: {}",
-                d.dead_letter.job_id, d.dead_letter.reason_code, d.dead_letter.reason
-            )),
-            Event::WorkerUpdated(u) if u.joined => Some(format!(
-                "worker {} joined pool {}",
-                u.worker_id, u.heartbeat.pool
-            )),
-            Event::WorkerLost(l) => Some(format!("worker {} LOST", l.worker_id)),
-            Event::CircuitChanged(c) => Some(format!(
-                "pool {} circuit {:?} -> {:?}: {}",
-                c.pool, c.from, c.to, c.reason
-            )),
-            Event::ConfigApplied(c) => Some(format!(
-                "rules {} and policy {} in force",
-                c.config.rules_id, c.config.policy_snapshot
-            )),
-            other if verbose => Some(format!("{} {}", other.name(), other.job_id().unwrap_or(""))),
-            _ => None,
+        let notable = match e {
+            Event::JobRunning(_)
+            | Event::JobQueued(_)
+            | Event::JobDispatched(_)
+            | Event::PolicyEvaluated(_)
+            | Event::BreakerCounted(_)
+            | Event::JobProgressed(_) => false,
+            Event::WorkerUpdated(u) => u.joined,
+            _ => true,
         };
-        out.extend(line);
+        if notable || verbose {
+            let who = e.job_id().or(e.worker_id()).unwrap_or("");
+            let line = match e {
+                Event::ApprovalRequested(a) => format!(
+                    "{who:<18} APPROVAL REQUIRED: {}; run `ksched approve {}`",
+                    e.describe(&entry.input),
+                    a.job_id
+                ),
+                _ => format!("{who:<18} {}", e.describe(&entry.input)),
+            };
+            out.push(line);
+        }
     }
     if verbose && out.is_empty() && !matches!(entry.input, Input::Tick(_) | Input::Heartbeat(_)) {
         out.push(format!("{} (no events)", entry.input.kind()));

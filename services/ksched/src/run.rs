@@ -3,14 +3,13 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::Context;
 use clap::Args;
 use ksched_runtime::api::{self, Api};
 use ksched_runtime::settings::LogSettings;
-use ksched_runtime::{Config, Overrides, Status, run_processor, ticker, topics::ensure_topics};
-use ksched_store::Store;
+use ksched_runtime::{Config, Overrides, Scheduler};
+use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 /// Where `ksched run` looks for its settings by default; without it, defaults apply.
@@ -172,89 +171,69 @@ pub fn main(args: RunArgs) -> ExitCode {
     }
 }
 
-/// A running scheduler: processor thread, ticker, HTTP API, on one async runtime.
+/// A running scheduler and its HTTP API, on one async runtime.
 pub struct Service {
     pub rt: tokio::runtime::Runtime,
-    pub shutdown: Arc<AtomicBool>,
-    processor: std::thread::JoinHandle<ksched_runtime::Result<()>>,
-    ticker: std::thread::JoinHandle<()>,
+    pub scheduler: Scheduler,
 }
 
 impl Service {
-    /// Opens the store, creates missing topics (if configured), starts everything.
+    /// Starts the scheduler (store, topics, ticker, processor) and the HTTP API.
     pub fn start(config: Config) -> anyhow::Result<Service> {
-        let settings = config.settings.clone();
-        std::fs::create_dir_all(&settings.storage.data_dir).with_context(|| {
-            format!(
-                "creating the data directory {}",
-                settings.storage.data_dir.display()
-            )
-        })?;
-        let partition = u16::try_from(settings.processor.journal_partition)
-            .context("processor.journal_partition")?;
-        let store = Store::open(&settings.storage.data_dir, partition)?;
-        let topics = ksched_runtime::topics_of(&config);
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
             .build()
             .context("starting the async runtime")?;
-        if settings.topics.create {
-            rt.block_on(ensure_topics(&settings, &topics))?;
-        }
-        let shutdown = Arc::new(AtomicBool::new(false));
-        let status = Arc::new(Status::new());
-        let ticker = ticker::spawn(&settings, &topics, shutdown.clone())?;
+        let scheduler = rt.block_on(Scheduler::start(config))?;
+        let settings = &scheduler.config.settings;
         if settings.http.enabled {
             let api = Arc::new(Api::new(
-                &settings,
-                topics.clone(),
-                store.clone(),
-                status.clone(),
+                settings,
+                scheduler.topics.clone(),
+                scheduler.store.clone(),
+                scheduler.status.clone(),
             )?);
             let listen = settings.http.listen.clone();
-            let stop = shutdown.clone();
+            let stop = scheduler.shutdown.clone();
             rt.spawn(async move {
-                let until = async move {
-                    while !stop.load(Ordering::Relaxed) {
-                        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                    }
-                };
-                if let Err(e) = api::serve(&listen, api, until).await {
+                if let Err(e) = api::serve(&listen, api, stop.cancelled_owned()).await {
                     error!(error = %e, "HTTP API stopped");
                 }
             });
         }
-        info!(
-            bootstrap = %settings.kafka.bootstrap_servers,
-            data_dir = %settings.storage.data_dir.display(),
-            "ksched starting"
-        );
-        let processor = {
-            let shutdown = shutdown.clone();
-            std::thread::Builder::new()
-                .name("ksched-processor".into())
-                .spawn(move || run_processor(config, store, status, shutdown))
-                .context("starting the processor thread")?
-        };
-        Ok(Service {
-            rt,
-            shutdown,
-            processor,
-            ticker,
-        })
+        Ok(Service { rt, scheduler })
     }
 
-    /// Waits for the processor to stop (after `shutdown` is set, or on a fatal error), then
-    /// stops the rest.
+    /// The token that stops everything.
+    pub fn shutdown(&self) -> CancellationToken {
+        self.scheduler.shutdown.clone()
+    }
+
+    /// Waits for the processor to stop (on shutdown, or on a fatal error), then stops the
+    /// rest. An instance another one replaced keeps answering its API (not ready, and why)
+    /// until it is told to stop, so a restart policy does not make two instances fence each
+    /// other in turn.
     pub fn wait(self) -> anyhow::Result<()> {
-        let result = self
-            .processor
-            .join()
-            .map_err(|_| anyhow::anyhow!("the processor thread panicked"))?;
-        self.shutdown.store(true, Ordering::Relaxed);
-        let _ = self.ticker.join();
-        self.rt.shutdown_timeout(std::time::Duration::from_secs(2));
+        let Service { rt, scheduler } = self;
+        let shutdown = scheduler.shutdown.clone();
+        let status = scheduler.status.clone();
+        let http = scheduler.config.settings.http.enabled;
+        let result = scheduler.wait();
+        if let Err(e) = &result
+            && matches!(
+                e,
+                ksched_runtime::Error::Fenced { .. } | ksched_runtime::Error::Replaced { .. }
+            )
+            && http
+            && !shutdown.is_cancelled()
+        {
+            error!(error = %e, "this instance was replaced; it stays up, not ready, until it is stopped");
+            status.set_stopped(e.to_string());
+            rt.block_on(shutdown.cancelled());
+        }
+        shutdown.cancel();
+        rt.shutdown_timeout(std::time::Duration::from_secs(2));
         result?;
         info!("ksched stopped");
         Ok(())
@@ -264,12 +243,13 @@ impl Service {
 /// Starts everything and blocks until a signal (or a fatal error) stops it.
 pub fn serve(config: Config) -> anyhow::Result<()> {
     let service = Service::start(config)?;
-    service.rt.spawn(signals(service.shutdown.clone()));
+    service.rt.spawn(signals(service.shutdown()));
     service.wait()
 }
 
-/// First SIGINT/SIGTERM: finish the open batch and stop. Second: exit at once.
-pub async fn signals(shutdown: Arc<AtomicBool>) {
+/// First SIGINT/SIGTERM: finish the open batch and stop (within `shutdown_grace_ms`).
+/// Second: exit at once.
+pub async fn signals(shutdown: CancellationToken) {
     use tokio::signal::unix::{SignalKind, signal};
     let (Ok(mut int), Ok(mut term)) = (
         signal(SignalKind::interrupt()),
@@ -283,7 +263,7 @@ pub async fn signals(shutdown: Arc<AtomicBool>) {
         _ = term.recv() => {}
     }
     info!("shutting down: committing the open batch (signal again to exit at once)");
-    shutdown.store(true, Ordering::Relaxed);
+    shutdown.cancel();
     tokio::select! {
         _ = int.recv() => {}
         _ = term.recv() => {}

@@ -322,7 +322,7 @@ fn the_journal_alone_answers_the_audit_questions() {
     let (code, out, _) = c.cli(&["audit", "job", "flaky-1"]);
     assert_eq!(code, 0);
     assert!(
-        out.contains("candidates:") && out.contains("w1=") && out.contains("backoff"),
+        out.contains("candidates:") && out.contains("w1=") && out.contains("retry in"),
         "{out}"
     );
     assert!(

@@ -1,8 +1,10 @@
 //! Crash test (issue: the event-sourced scheduler). `ksched run` runs as a child process; a few
 //! thousand jobs flow through it while it is killed with SIGKILL at random moments and
 //! restarted each time. At the end every job is terminal exactly once, the journal holds no
-//! duplicate transition, no attempt was dispatched twice, and the RocksDB projection equals a
-//! replay of the journal from offset 0.
+//! duplicate transition, no attempt was dispatched twice, no worker was declared lost (both
+//! heartbeat throughout; with a 5 s worker TTL, a restart that judged time on input it had not
+//! read yet would lose them), and the RocksDB projection equals a replay of the journal from
+//! offset 0.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -55,7 +57,7 @@ fn write_config(dir: &Path, bootstrap: &str, prefix: &str, job_topic: &str) -> P
             "kafka:\n  bootstrap_servers: {bootstrap}\n\
              topics:\n  prefix: {prefix}\n  dispatch_partitions: 4\n  job_partitions: 3\n  results_partitions: 3\n\
              processor:\n  group_id: {prefix}processor\n  tick_interval_ms: 200\n  commit_interval_ms: 10\n  transaction_timeout_ms: 10000\n\
-             scheduler:\n  overload:\n    cpu_load: 1000\n  retry:\n    initial_backoff_ms: 100\n    max_backoff_ms: 500\n  timing:\n    worker_ttl_ms: 30000\n\
+             scheduler:\n  overload:\n    cpu_load: 1000\n  retry:\n    initial_backoff_ms: 100\n    max_backoff_ms: 500\n  timing:\n    worker_ttl_ms: 5000\n    clock_gap_ms: 2000\n\
              storage:\n  data_dir: {}\n\
              http:\n  enabled: false\n",
             dir.join("data").display()
@@ -248,6 +250,15 @@ async fn killed_repeatedly_the_scheduler_loses_nothing_and_duplicates_nothing() 
             _ => {}
         }
     }
+    let lost: Vec<&str> = entries
+        .iter()
+        .flat_map(|e| e.events.iter())
+        .filter_map(|e| match e {
+            Event::WorkerLost(l) => Some(l.worker_id.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert!(lost.is_empty(), "workers falsely declared lost: {lost:?}");
     assert_eq!(terminal.len(), JOBS);
     assert!(terminal.values().all(|n| *n == 1), "a job ended twice");
     assert_eq!(accepted.len(), JOBS);

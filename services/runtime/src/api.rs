@@ -39,6 +39,8 @@ pub struct Api {
     producer: FutureProducer,
     topics: Topics,
     kafka_ok: Mutex<(Option<Instant>, bool)>,
+    /// Longer than this without a Tick judged: not ready.
+    tick_stale_ms: i64,
 }
 
 impl std::fmt::Debug for Api {
@@ -73,6 +75,9 @@ impl Api {
             producer,
             topics,
             kafka_ok: Mutex::new((None, false)),
+            tick_stale_ms: i64::try_from(settings.processor.tick_interval_ms.saturating_mul(5))
+                .unwrap_or(i64::MAX)
+                .max(5_000),
         })
     }
 
@@ -130,7 +135,30 @@ pub fn router(api: Arc<Api>) -> Router {
         .route("/api/v1/tenants", get(tenants))
         .route("/api/v1/admin/checkpoint", post(checkpoint))
         .fallback(|| async { ApiError(StatusCode::NOT_FOUND, "no such route".into()) })
+        .layer(axum::middleware::from_fn_with_state(
+            api.clone(),
+            unless_stopped,
+        ))
         .with_state(api)
+}
+
+/// An instance that stopped for good (another took over) says so instead of answering from
+/// a projection that no longer moves; health and metrics stay up.
+async fn unless_stopped(
+    AxState(api): AxState<Arc<Api>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if req.uri().path().starts_with("/api/")
+        && let Some(why) = api.status.stopped()
+    {
+        return ApiError(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("this instance no longer schedules: {why}"),
+        )
+        .into_response();
+    }
+    next.run(req).await
 }
 
 /// Serves the API on `listen` until `shutdown` resolves.
@@ -153,6 +181,8 @@ async fn live() -> axum::Json<Value> {
     axum::Json(json!({ "status": "ok" }))
 }
 
+/// Ready: recovered, the broker answers, Ticks are being judged (a processor cut off from
+/// the log, or whose ticker is, reads none), and no other instance replaced this one.
 async fn ready(AxState(api): AxState<Arc<Api>>) -> Response {
     let caught_up = api.status.is_caught_up();
     let kafka = {
@@ -161,13 +191,19 @@ async fn ready(AxState(api): AxState<Arc<Api>>) -> Response {
             .await
             .unwrap_or(false)
     };
+    let since_tick = api.status.since_last_tick_ms();
+    let ticking = since_tick.is_some_and(|ms| ms <= api.tick_stale_ms);
+    let stopped = api.status.stopped();
+    let ok = caught_up && kafka && ticking && stopped.is_none();
     let body = json!({
-        "ready": caught_up && kafka,
+        "ready": ok,
         "caught_up": caught_up,
         "kafka_reachable": kafka,
+        "ms_since_last_tick": since_tick,
+        "stopped": stopped,
         "journal_watermark": api.status.watermark.load(std::sync::atomic::Ordering::Relaxed),
     });
-    let code = if caught_up && kafka {
+    let code = if ok {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE

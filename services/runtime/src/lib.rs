@@ -4,24 +4,27 @@
 pub mod api;
 pub mod audit;
 pub mod error;
+pub mod inputs;
 pub mod metrics;
 pub mod processor;
 pub mod replay;
+pub mod service;
 pub mod settings;
 pub mod status;
 pub mod ticker;
 pub mod topics;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ksched_policy::RegoEngine;
 use ksched_store::Store;
+use tokio_util::sync::CancellationToken;
 use tracing::{error, warn};
 
 pub use error::{Error, Result};
-pub use processor::Processor;
+pub use processor::{Processor, Recovery};
+pub use service::Scheduler;
 pub use settings::{Config, Overrides, Settings};
 pub use status::Status;
 pub use topics::Topics;
@@ -35,48 +38,96 @@ pub fn topics_of(config: &Config) -> Topics {
     )
 }
 
-/// Runs the processor until `shutdown` is set, rebuilding it from RocksDB and the journal
-/// after any failure that is not fatal (a failed transaction leaves the in-memory state
-/// ahead of what was committed, so the only safe continuation is a fresh recovery).
-/// Returns an error only when continuing cannot help (fenced by another instance, a journal
-/// record that does not decode, a damaged store).
+/// The pause before the first retry after a failure; it doubles up to [`MAX_BACKOFF`].
+const MIN_BACKOFF: Duration = Duration::from_millis(200);
+const MAX_BACKOFF: Duration = Duration::from_secs(10);
+/// A processor that ran this long before failing starts its retries from [`MIN_BACKOFF`].
+const HEALTHY_RUN: Duration = Duration::from_secs(30);
+
+/// Runs the processor until `shutdown`, rebuilding it from RocksDB and the journal after any
+/// failure that is not fatal (a failed transaction leaves the in-memory state ahead of what
+/// was committed, so the only safe continuation is a fresh recovery):
+///
+/// - a batch that failed in a way retrying cannot fix is retried input by input, and the
+///   input that fails is set aside (dead-lettered `processing_failed`), so one bad input
+///   never stops the others;
+/// - anything else (the broker unreachable, a full disk) is retried after a pause that
+///   doubles up to 10 s and starts over once a processor ran well for 30 s.
+///
+/// Returns an error only when continuing cannot help (fenced or replaced by another
+/// instance, a journal record that does not decode, a store that does not match the
+/// journal, a configuration the journal refuses); the status says why.
 pub fn run_processor(
     config: Config,
     store: Store,
     status: Arc<Status>,
-    shutdown: Arc<AtomicBool>,
+    shutdown: CancellationToken,
 ) -> Result<()> {
     let topics = topics_of(&config);
     let policy = Arc::new(RegoEngine::new());
-    let mut backoff = Duration::from_millis(200);
-    while !shutdown.load(Ordering::Relaxed) {
+    let mut backoff = MIN_BACKOFF;
+    let mut recovery = Recovery::default();
+    while !shutdown.is_cancelled() {
         status.set_caught_up(false);
-        let started = Processor::start(
+        let started = Instant::now();
+        let result = Processor::start(
             config.clone(),
             topics.clone(),
             store.clone(),
             policy.clone(),
             status.clone(),
-        );
-        let result = started.and_then(|mut p| p.run(&shutdown));
+            shutdown.clone(),
+        )
+        .and_then(|mut p| p.run(&mut recovery));
         match result {
             Ok(()) => return Ok(()),
-            Err(
-                e @ (Error::Fenced { .. }
-                | Error::Journal { .. }
-                | Error::Store(_)
-                | Error::Config { .. }),
-            ) => {
+            Err(e) if e.is_fatal() => {
                 error!(error = %e, "processor stopped");
+                status.set_stopped(e.to_string());
                 return Err(e);
+            }
+            Err(Error::BatchFailed {
+                inputs,
+                ranges,
+                detail,
+            }) => {
+                status.metrics.isolations.inc();
+                warn!(inputs, detail = %detail, "a batch failed for what it holds; retrying it input by input");
+                recovery.isolate(ranges);
+            }
+            Err(Error::InputFailed { coords, detail }) => {
+                error!(
+                    topic = %coords.0,
+                    partition = coords.1,
+                    offset = coords.2,
+                    detail = %detail,
+                    "an input failed for what it is; it will be set aside"
+                );
+                recovery.set_aside.insert(coords, detail);
             }
             Err(e) => {
                 status.metrics.recoveries.inc();
+                if started.elapsed() > HEALTHY_RUN {
+                    backoff = MIN_BACKOFF;
+                }
                 warn!(error = %e, backoff_ms = backoff.as_millis() as u64, "processor failed; recovering from the store and the journal");
-                ticker::sleep_unless(&shutdown, backoff);
-                backoff = (backoff * 2).min(Duration::from_secs(10));
+                sleep_unless(&shutdown, backoff);
+                backoff = (backoff * 2).min(MAX_BACKOFF);
             }
         }
     }
     Ok(())
+}
+
+/// Sleeps up to `d`, waking early on shutdown.
+pub(crate) fn sleep_unless(shutdown: &CancellationToken, d: Duration) {
+    let step = Duration::from_millis(20);
+    let until = Instant::now() + d;
+    while !shutdown.is_cancelled() {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        std::thread::sleep(left.min(step));
+    }
 }

@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 
 use ksched_core::events::{Event, JobState, JournalEntry};
+use ksched_core::reason::DlqReason;
 use ksched_core::state::State;
 use prometheus::{
     Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
@@ -23,6 +24,18 @@ pub const ROCKSDB_SIZE: &str = "ksched_rocksdb_size_bytes";
 pub const WATERMARK: &str = "ksched_journal_watermark";
 pub const CAUGHT_UP: &str = "ksched_caught_up";
 pub const RECOVERIES: &str = "ksched_processor_recoveries_total";
+pub const SET_ASIDE: &str = "ksched_inputs_set_aside_total";
+pub const ISOLATIONS: &str = "ksched_batches_isolated_total";
+pub const UNREADABLE: &str = "ksched_unreadable_records_total";
+pub const CONTINUATIONS: &str = "ksched_continuations_total";
+pub const STOPPED: &str = "ksched_processor_stopped";
+
+/// The `reason` label of a dead letter whose reason is a worker's own error code: worker
+/// codes are free text, and a label value per code would let any worker grow the metric
+/// without bound.
+pub const WORKER_ERROR_LABEL: &str = "worker_error";
+/// The `pool` label of workers whose heartbeat names a pool the configuration lacks.
+pub const UNCONFIGURED_POOL_LABEL: &str = "unconfigured";
 
 /// Every metric of the process.
 #[derive(Debug, Clone)]
@@ -42,12 +55,24 @@ pub struct Metrics {
     pub watermark: IntGauge,
     pub caught_up: Gauge,
     pub recoveries: IntCounter,
+    pub set_aside: IntCounter,
+    pub isolations: IntCounter,
+    pub unreadable: IntCounter,
+    pub continuations: IntCounter,
+    pub stopped: IntGauge,
 }
 
 impl Default for Metrics {
     fn default() -> Self {
         Metrics::new()
     }
+}
+
+fn counter(r: &Registry, name: &str, help: &str) -> IntCounter {
+    reg(
+        r,
+        IntCounter::new(name, help).unwrap_or_else(|e| unreachable!("{e}")),
+    )
 }
 
 fn reg<T: prometheus::core::Collector + Clone + 'static>(r: &Registry, m: T) -> T {
@@ -166,8 +191,41 @@ impl Metrics {
                 )
                 .unwrap_or_else(|e| unreachable!("{e}")),
             ),
+            set_aside: counter(
+                &r,
+                SET_ASIDE,
+                "Inputs dead-lettered as processing_failed after processing them failed.",
+            ),
+            isolations: counter(
+                &r,
+                ISOLATIONS,
+                "Failed batches retried input by input to find the failing input.",
+            ),
+            unreadable: counter(
+                &r,
+                UNREADABLE,
+                "Records the input consumer could not read (dead-lettered as unreadable_record).",
+            ),
+            continuations: counter(
+                &r,
+                CONTINUATIONS,
+                "Journal entries that continued work cut at the per-entry bound.",
+            ),
+            stopped: reg(
+                &r,
+                IntGauge::new(
+                    STOPPED,
+                    "1 when the processor stopped for good (another instance took over).",
+                )
+                .unwrap_or_else(|e| unreachable!("{e}")),
+            ),
             registry: r,
         }
+    }
+
+    /// Input records not yet processed on `topic` (only topics ksched consumes).
+    pub fn set_consumer_lag(&self, topic: &str, lag: i64) {
+        self.consumer_lag.with_label_values(&[topic]).set(lag);
     }
 
     /// One processed input.
@@ -176,10 +234,15 @@ impl Metrics {
         for e in &entry.events {
             self.events.with_label_values(&[e.name()]).inc();
             match e {
-                Event::DeadLettered(d) => self
-                    .dead_letters
-                    .with_label_values(&[d.dead_letter.reason_code.as_str()])
-                    .inc(),
+                Event::DeadLettered(d) => {
+                    let code = d.dead_letter.reason_code.as_str();
+                    let label = if DlqReason::parse(code).is_some() {
+                        code
+                    } else {
+                        WORKER_ERROR_LABEL
+                    };
+                    self.dead_letters.with_label_values(&[label]).inc()
+                }
                 Event::JobDispatched(d) if d.attempt == 1 => {
                     if let Some(job) = state.jobs.get(&d.job_id) {
                         let secs = (entry.log_time - job.accepted_at).max(0) as f64 / 1000.0;
@@ -211,16 +274,21 @@ impl Metrics {
                 .with_label_values(&[pool.as_str()])
                 .set(i64::try_from(q.len()).unwrap_or(i64::MAX));
         }
-        let mut workers: BTreeMap<(String, bool), i64> = BTreeMap::new();
+        let mut workers: BTreeMap<(&str, bool), i64> = BTreeMap::new();
+        let configured = |pool: &str| state.rules().is_some_and(|r| r.pools.contains_key(pool));
         for w in state.workers.values() {
-            *workers
-                .entry((w.heartbeat.pool.clone(), w.alive))
-                .or_default() += 1;
+            let pool = w.heartbeat.pool.as_str();
+            let label = if configured(pool) {
+                pool
+            } else {
+                UNCONFIGURED_POOL_LABEL
+            };
+            *workers.entry((label, w.alive)).or_default() += 1;
         }
         self.workers.reset();
         for ((pool, alive), n) in workers {
             self.workers
-                .with_label_values(&[pool.as_str(), if alive { "true" } else { "false" }])
+                .with_label_values(&[pool, if alive { "true" } else { "false" }])
                 .set(n);
         }
     }
@@ -260,6 +328,11 @@ mod tests {
             WATERMARK,
             CAUGHT_UP,
             RECOVERIES,
+            SET_ASIDE,
+            ISOLATIONS,
+            UNREADABLE,
+            CONTINUATIONS,
+            STOPPED,
         ];
         let mut used = 0;
         for (i, _) in text.match_indices("ksched_") {

@@ -2,41 +2,104 @@
 //! transaction holding its journal entries, dispatches, dead letters and input offsets; after
 //! the commit, one RocksDB WriteBatch with the batch's changes and the journal watermark.
 //!
+//! No input can stall it (docs/reliability.md): records over the size limit are refused
+//! before decoding; work per journal entry is bounded and continues in the next entry; a
+//! failure that retrying cannot fix is isolated to its input, which is set aside
+//! (`processing_failed`) and journaled so a replay agrees. Ticks are judged at the watermark
+//! of what has been read (inputs.rs, `ReadThrough`).
+//!
 //! Runs on a plain thread: the Kafka transaction calls block.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ksched_codec::{AnyRecord, Record, decode_any, encode};
-use ksched_core::decide::{Ctx, process};
-use ksched_core::events::{Cause, Input, JournalEntry, MalformedRecord};
+use ksched_codec::{Record, encode};
+use ksched_core::decide::{Ctx, continuation, process};
+use ksched_core::events::{Cause, Input, JournalEntry};
 use ksched_core::outputs::Output;
 use ksched_core::state::State;
 use ksched_policy::RegoEngine;
 use ksched_store::Store;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
-use rdkafka::message::{Message, Timestamp};
 use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
-use tracing::{debug, info, warn};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, info, warn};
 
-use crate::error::{Error, Result, kafka};
+use crate::error::{Coords, Error, Result, kafka, refused_for_what_it_is};
+use crate::inputs::{
+    InputRecord, ReadThrough, Taken, Unreadable, set_aside, take, unreadable_input,
+};
 use crate::replay::{Flow, Replayer, journal_watermarks, read_journal};
 use crate::settings::Config;
 use crate::status::Status;
 use crate::topics::{InputKind, Topics, client_config};
 
-/// Collects delivery reports: the last journal offset written, and failures.
+/// Most continuation entries one input may add in its own transaction; further work waits
+/// for the next Tick (which continues it anyway).
+const MAX_CONTINUATIONS: usize = 1_000;
+/// How often the processor refreshes which evidence partitions it consumes.
+const ASSIGNMENT_REFRESH: Duration = Duration::from_secs(5);
+
+/// What a failed run leaves for the next: input partitions to process one input per
+/// transaction (to find which input failed), and inputs to set aside.
+#[derive(Debug, Clone, Default)]
+pub struct Recovery {
+    /// Per input partition, process inputs one at a time up to this offset.
+    pub isolate: BTreeMap<(String, i32), i64>,
+    /// Inputs to dead-letter as `processing_failed` instead of deciding on them, with what
+    /// failed.
+    pub set_aside: BTreeMap<Coords, String>,
+    /// When isolation began; it ends after [`ISOLATION_LIMIT`] whatever happens.
+    pub isolating_since: Option<Instant>,
+}
+
+/// Isolation ends after this even if some partition of the failed batch was not read again
+/// (say, it was revoked).
+const ISOLATION_LIMIT: Duration = Duration::from_secs(60);
+
+impl Recovery {
+    pub fn isolate(&mut self, ranges: BTreeMap<(String, i32), i64>) {
+        for (k, last) in ranges {
+            let e = self.isolate.entry(k).or_insert(last);
+            *e = (*e).max(last);
+        }
+        self.isolating_since.get_or_insert_with(Instant::now);
+    }
+
+    fn isolating(&mut self) -> bool {
+        if self
+            .isolating_since
+            .is_some_and(|t| t.elapsed() > ISOLATION_LIMIT)
+        {
+            self.isolate.clear();
+        }
+        if self.isolate.is_empty() {
+            self.isolating_since = None;
+        }
+        !self.isolate.is_empty()
+    }
+
+    fn passed(&mut self, rec: &InputRecord) {
+        let k = (rec.topic.clone(), rec.partition);
+        if self.isolate.get(&k).is_some_and(|last| rec.offset >= *last) {
+            self.isolate.remove(&k);
+        }
+    }
+}
+
+/// Collects delivery reports: the last journal offset written, and refusals.
 struct Delivery {
     journal: String,
     partition: i32,
     last_journal_offset: AtomicI64,
     delivered: AtomicU64,
-    failures: Mutex<Vec<String>>,
+    failures: Mutex<Vec<(String, RDKafkaErrorCode, String)>>,
 }
 
 impl ClientContext for Delivery {}
@@ -45,6 +108,7 @@ impl ProducerContext for Delivery {
     type DeliveryOpaque = ();
 
     fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+        use rdkafka::message::Message;
         match result {
             Ok(m) => {
                 self.delivered.fetch_add(1, Ordering::Relaxed);
@@ -54,17 +118,25 @@ impl ProducerContext for Delivery {
                 }
             }
             Err((e, m)) => {
+                let code = e.rdkafka_error_code().unwrap_or(RDKafkaErrorCode::Fail);
                 if let Ok(mut f) = self.failures.lock() {
-                    f.push(format!("{}/{}: {e}", m.topic(), m.partition()));
+                    f.push((
+                        m.topic().to_owned(),
+                        code,
+                        format!("{}/{}: {e}", m.topic(), m.partition()),
+                    ));
                 }
             }
         }
     }
 }
 
-/// The input consumer's context: turns librdkafka statistics into the lag metric.
+/// The input consumer's context: librdkafka statistics become the lag metric; a fatal
+/// consumer error (this instance's group membership taken by another with the same
+/// `group.instance.id`) stops the processor.
 struct InputContext {
     status: Arc<Status>,
+    replaced: Mutex<Option<String>>,
 }
 
 impl ClientContext for InputContext {
@@ -76,26 +148,26 @@ impl ClientContext for InputContext {
                 .filter(|p| p.partition >= 0)
                 .map(|p| p.consumer_lag.max(0))
                 .sum();
-            self.status
-                .metrics
-                .consumer_lag
-                .with_label_values(&[topic.as_str()])
-                .set(lag);
+            self.status.metrics.set_consumer_lag(topic, lag);
+        }
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        let fenced = matches!(
+            error.rdkafka_error_code(),
+            Some(RDKafkaErrorCode::FencedInstanceId | RDKafkaErrorCode::Fatal)
+        ) || matches!(error, KafkaError::MessageConsumptionFatal(_));
+        if fenced {
+            if let Ok(mut r) = self.replaced.lock() {
+                r.get_or_insert_with(|| format!("{error}: {reason}"));
+            }
+        } else {
+            warn!(error = %error, reason, "input consumer error");
         }
     }
 }
 
 impl rdkafka::consumer::ConsumerContext for InputContext {}
-
-/// An input record, copied out of the consumer.
-struct InputRecord {
-    topic: String,
-    partition: i32,
-    offset: i64,
-    timestamp: Option<i64>,
-    key: Option<Vec<u8>>,
-    payload: Option<Vec<u8>>,
-}
 
 /// The processor for one journal partition.
 pub struct Processor {
@@ -108,8 +180,12 @@ pub struct Processor {
     consumer: Option<BaseConsumer<InputContext>>,
     transactional_id: String,
     status: Arc<Status>,
+    shutdown: CancellationToken,
     sent: u64,
     last_size_check: Instant,
+    read_through: ReadThrough,
+    last_assignment: Option<Instant>,
+    unreadable: Unreadable,
 }
 
 impl std::fmt::Debug for Processor {
@@ -138,6 +214,14 @@ fn is_fenced(e: &KafkaError) -> bool {
     }
 }
 
+/// The text of a panic payload.
+fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_owned())
+}
+
 impl Processor {
     /// Recovers and gets ready: loads the working set from RocksDB, fences any older
     /// instance of this journal partition, applies the journal from the watermark on, puts
@@ -148,6 +232,7 @@ impl Processor {
         store: Store,
         policy: Arc<RegoEngine>,
         status: Arc<Status>,
+        shutdown: CancellationToken,
     ) -> Result<Processor> {
         let settings = &config.settings;
         let partition = settings.processor.journal_partition;
@@ -173,6 +258,9 @@ impl Processor {
             .set("linger.ms", "2")
             .set("queue.buffering.max.messages", "1000000")
             .set("compression.type", "lz4")
+            // A record to a topic or partition that does not exist fails within seconds
+            // instead of waiting out the transaction.
+            .set("topic.metadata.propagation.max.ms", "5000")
             .create_with_context(delivery)
             .map_err(kafka("creating the transactional producer"))?;
         let timeout = Duration::from_millis(settings.processor.transaction_timeout_ms);
@@ -197,8 +285,12 @@ impl Processor {
             consumer: None,
             transactional_id,
             status,
+            shutdown,
             sent: 0,
             last_size_check: Instant::now(),
+            read_through: ReadThrough::default(),
+            last_assignment: None,
+            unreadable: Unreadable::default(),
         };
         p.catch_up()?;
         p.reconfigure()?;
@@ -223,18 +315,21 @@ impl Processor {
         );
         let (low, high) = journal_watermarks(&client, &self.topics.journal, partition)?;
         if from > high {
-            return Err(Error::Other(format!(
-                "the store in {} reflects journal offset {} but {}/{partition} ends at {high}: it belongs to another journal; move it away to rebuild from this one",
-                self.store.path().display(),
-                from - 1,
-                self.topics.journal
-            )));
+            return Err(Error::StoreAheadOfJournal {
+                path: self.store.path().display().to_string(),
+                store_offset: from - 1,
+                topic: self.topics.journal.clone(),
+                partition,
+                journal_end: high,
+            });
         }
         if from < low {
-            return Err(Error::Other(format!(
-                "the journal {}/{partition} starts at {low} but the store needs entries from {from}: the journal lost records (retention?)",
-                self.topics.journal
-            )));
+            return Err(Error::JournalTruncated {
+                topic: self.topics.journal.clone(),
+                partition,
+                journal_start: low,
+                needed: from,
+            });
         }
         if from >= high {
             info!(
@@ -283,8 +378,15 @@ impl Processor {
         };
         let now = wall_clock_ms().max(self.state.clock);
         self.transaction(|p| {
-            p.process_one(cause, now, Input::Reconfigure(wanted))?;
+            p.process_input(cause, now, Input::Reconfigure(wanted))?;
             Ok(None)
+        })
+        .map_err(|e| match e {
+            e @ (Error::Fenced { .. } | Error::Kafka { .. }) => e,
+            other => Error::Config {
+                source_name: "rules and policy".into(),
+                detail: format!("they could not be journaled: {other}"),
+            },
         })
     }
 
@@ -305,6 +407,7 @@ impl Processor {
             .set("statistics.interval.ms", "5000")
             .create_with_context(InputContext {
                 status: self.status.clone(),
+                replaced: Mutex::new(None),
             })
             .map_err(kafka("creating the input consumer"))?;
         let inputs = self.topics.inputs();
@@ -317,31 +420,63 @@ impl Processor {
         Ok(())
     }
 
-    /// Processes batches until `shutdown` is set, then commits what it has and returns.
-    pub fn run(&mut self, shutdown: &AtomicBool) -> Result<()> {
-        while !shutdown.load(Ordering::Relaxed) {
-            let batch = self.collect()?;
+    /// Processes batches until shutdown, then commits what it has and returns. `recovery`
+    /// says which inputs to isolate or set aside, and is updated as they pass.
+    pub fn run(&mut self, recovery: &mut Recovery) -> Result<()> {
+        while !self.shutdown.is_cancelled() {
+            self.check_membership()?;
+            let batch = self.collect(recovery)?;
             if batch.is_empty() {
                 continue;
             }
-            self.process_batch(batch)?;
+            self.process_batch(batch, recovery)?;
         }
         self.store.flush()?;
         info!("processor stopped");
         Ok(())
     }
 
-    fn collect(&mut self) -> Result<Vec<InputRecord>> {
+    /// Stops when another consumer took this instance's group membership.
+    fn check_membership(&self) -> Result<()> {
+        let consumer = self.consumer()?;
+        let replaced = consumer
+            .context()
+            .replaced
+            .lock()
+            .ok()
+            .and_then(|r| r.clone());
+        match replaced {
+            Some(detail) => Err(Error::Replaced {
+                instance_id: self.transactional_id.clone(),
+                detail,
+            }),
+            None => Ok(()),
+        }
+    }
+
+    fn consumer(&self) -> Result<&BaseConsumer<InputContext>> {
+        self.consumer
+            .as_ref()
+            .ok_or_else(|| Error::Other("processor is not subscribed".into()))
+    }
+
+    fn collect(&mut self, recovery: &mut Recovery) -> Result<Vec<InputRecord>> {
         let settings = &self.config.settings.processor;
+        let max_batch = if recovery.isolating() {
+            1
+        } else {
+            settings.max_batch
+        };
+        let window = Duration::from_millis(settings.commit_interval_ms);
+        let trust_create_time = self.config.settings.topics.trust_create_time;
         let consumer = self
             .consumer
             .as_ref()
             .ok_or_else(|| Error::Other("processor is not subscribed".into()))?;
         let mut batch = Vec::new();
         let first_wait = Duration::from_millis(100);
-        let window = Duration::from_millis(settings.commit_interval_ms);
         let mut deadline: Option<Instant> = None;
-        while batch.len() < settings.max_batch {
+        while batch.len() < max_batch {
             let wait = match deadline {
                 None => first_wait,
                 Some(d) => match d.checked_duration_since(Instant::now()) {
@@ -352,20 +487,21 @@ impl Processor {
             match consumer.poll(wait) {
                 Some(Ok(m)) => {
                     deadline.get_or_insert_with(|| Instant::now() + window);
-                    batch.push(InputRecord {
-                        topic: m.topic().to_owned(),
-                        partition: m.partition(),
-                        offset: m.offset(),
-                        timestamp: match m.timestamp() {
-                            Timestamp::CreateTime(t) | Timestamp::LogAppendTime(t) => Some(t),
-                            Timestamp::NotAvailable => None,
-                        },
-                        key: m.key().map(<[u8]>::to_vec),
-                        payload: m.payload().map(<[u8]>::to_vec),
-                    });
+                    batch.push(InputRecord::from_message(&m, trust_create_time));
                 }
+                Some(Err(KafkaError::PartitionEOF(_))) => {}
                 Some(Err(e)) => {
-                    warn!(error = %e, "input consumer error");
+                    if let KafkaError::MessageConsumptionFatal(_) = e {
+                        return Err(Error::Replaced {
+                            instance_id: self.transactional_id.clone(),
+                            detail: e.to_string(),
+                        });
+                    }
+                    // The consumer skipped what it could not read; the next record of the
+                    // same partition shows where (inputs.rs, `Unreadable`).
+                    error!(error = %e, "the input consumer could not read a record");
+                    self.status.metrics.unreadable.inc();
+                    self.unreadable.error(e.to_string());
                     if deadline.is_none() {
                         break;
                     }
@@ -380,31 +516,56 @@ impl Processor {
         Ok(batch)
     }
 
-    fn process_batch(&mut self, batch: Vec<InputRecord>) -> Result<()> {
+    fn process_batch(&mut self, batch: Vec<InputRecord>, recovery: &mut Recovery) -> Result<()> {
         let started = Instant::now();
         let n = batch.len();
         let span = tracing::info_span!("batch", records = n);
         let _enter = span.enter();
-        let mut offsets: BTreeMap<(String, i32), i64> = BTreeMap::new();
-        self.transaction(|p| {
-            for rec in batch {
-                let input = decode_input(&p.topics, &rec);
-                let cause = Cause {
-                    topic: rec.topic.clone(),
-                    partition: rec.partition,
-                    offset: rec.offset,
-                };
-                let ts = rec.timestamp.unwrap_or(p.state.clock);
-                p.process_one(cause, ts, input)?;
-                offsets.insert((rec.topic, rec.partition), rec.offset + 1);
+        let mut ranges: BTreeMap<(String, i32), i64> = BTreeMap::new();
+        for rec in &batch {
+            let last = ranges
+                .entry((rec.topic.clone(), rec.partition))
+                .or_default();
+            *last = (*last).max(rec.offset);
+        }
+        let only = (n == 1).then(|| batch[0].coords());
+        let outcome = self.transaction(|p| {
+            for rec in &batch {
+                p.process_record(rec, recovery)?;
             }
             let mut tpl = TopicPartitionList::new();
-            for ((topic, partition), next) in &offsets {
-                tpl.add_partition_offset(topic, *partition, Offset::Offset(*next))
+            for ((topic, partition), last) in &ranges {
+                tpl.add_partition_offset(topic, *partition, Offset::Offset(*last + 1))
                     .map_err(kafka("building the offset list"))?;
             }
             Ok(Some(tpl))
-        })?;
+        });
+        match outcome {
+            Ok(()) => {
+                for rec in &batch {
+                    recovery.passed(rec);
+                }
+            }
+            // A refusal or a panic with several inputs in the batch: which one is not
+            // known; a refusal with one input: that one.
+            Err(Error::Kafka { context, source })
+                if source
+                    .rdkafka_error_code()
+                    .is_some_and(refused_for_what_it_is)
+                    && context.starts_with("producing") =>
+            {
+                let detail = format!("{context}: {source}");
+                return Err(match only {
+                    Some(coords) => Error::InputFailed { coords, detail },
+                    None => Error::BatchFailed {
+                        inputs: n,
+                        ranges,
+                        detail,
+                    },
+                });
+            }
+            Err(e) => return Err(e),
+        }
         self.status
             .metrics
             .batch(n, started.elapsed().as_secs_f64(), &self.state);
@@ -416,18 +577,134 @@ impl Processor {
         Ok(())
     }
 
-    /// Decides on one input and queues its journal entry and outputs in the transaction.
-    fn process_one(&mut self, cause: Cause, ts: i64, input: Input) -> Result<()> {
-        self.state.load_for_input(&input, &self.store)?;
-        let ctx = Ctx {
-            policy: self.policy.as_ref(),
-        };
-        let processed = process(&mut self.state, &ctx, cause, ts, input);
-        self.send_entry(&processed.entry)?;
-        for out in processed.outputs {
-            self.send_output(out)?;
+    /// One input record: a marker moves the read-through time of its partition; anything
+    /// else is decided on and journaled (or set aside, when it failed before).
+    fn process_record(&mut self, rec: &InputRecord, recovery: &mut Recovery) -> Result<()> {
+        if let Some(gap) = self.unreadable.read(rec) {
+            let cause = Cause {
+                topic: gap.topic.clone(),
+                partition: gap.partition,
+                offset: gap.offset,
+            };
+            self.process_input(cause, self.state.clock, unreadable_input(&gap))?;
         }
-        self.status.metrics.entry(&processed.entry, &self.state);
+        self.read_through.observe(rec);
+        let max_record_bytes = self
+            .state
+            .rules()
+            .map_or(512 * 1024, |r| r.limits.max_record_bytes);
+        let taken = take(&self.topics, rec, max_record_bytes);
+        let input = match recovery.set_aside.remove(&rec.coords()) {
+            Some(detail) => {
+                let decoded = match &taken {
+                    Taken::Input(i) => Some(i),
+                    Taken::Marker => None,
+                };
+                warn!(
+                    topic = %rec.topic,
+                    partition = rec.partition,
+                    offset = rec.offset,
+                    detail = %detail,
+                    "setting an input aside: it is dead-lettered as processing_failed"
+                );
+                self.status.metrics.set_aside.inc();
+                set_aside(rec, decoded, &detail)
+            }
+            None => match taken {
+                Taken::Marker => return Ok(()),
+                Taken::Input(i) => i,
+            },
+        };
+        let input = match input {
+            Input::Tick(mut t) => {
+                t.watermark = Some(self.tick_watermark(rec.log_append_time));
+                self.status.tick_processed();
+                Input::Tick(t)
+            }
+            other => other,
+        };
+        let cause = Cause {
+            topic: rec.topic.clone(),
+            partition: rec.partition,
+            offset: rec.offset,
+        };
+        let ts = rec.log_append_time.unwrap_or(self.state.clock);
+        self.process_input(cause, ts, input)
+    }
+
+    /// What a Tick appended at `tick_time` is judged at: the least of it and what every
+    /// evidence partition has been read through; the previous watermark while some
+    /// evidence partition has not been read at all yet.
+    fn tick_watermark(&mut self, tick_time: Option<i64>) -> i64 {
+        if self
+            .last_assignment
+            .is_none_or(|t| t.elapsed() > ASSIGNMENT_REFRESH)
+            && let Some(c) = self.consumer.as_ref()
+            && let Ok(tpl) = c.assignment()
+        {
+            self.last_assignment = Some(Instant::now());
+            let evidence: Vec<(String, i32)> = tpl
+                .elements()
+                .iter()
+                .filter(|e| {
+                    matches!(
+                        self.topics.kind(e.topic()),
+                        InputKind::Results | InputKind::Heartbeats
+                    )
+                })
+                .map(|e| (e.topic().to_owned(), e.partition()))
+                .collect();
+            self.read_through.set_assignment(evidence);
+        }
+        let tick_time = tick_time.unwrap_or(self.state.clock);
+        match self.read_through.watermark(tick_time) {
+            Some(w) => w.max(self.state.watermark),
+            None => {
+                debug!(unread = ?self.read_through.unread(), "evidence partitions not read yet; time holds");
+                self.state.watermark
+            }
+        }
+    }
+
+    /// Decides on one input (and any continuations it needs) and queues the journal entries
+    /// and outputs in the transaction. A panic in a decision is isolated to the input.
+    fn process_input(&mut self, cause: Cause, ts: i64, input: Input) -> Result<()> {
+        let coords = (cause.topic.clone(), cause.partition, cause.offset);
+        let mut next = Some(input);
+        let mut continuations = 0;
+        while let Some(input) = next.take() {
+            self.state.load_for_input(&input, &self.store)?;
+            let ctx = Ctx {
+                policy: self.policy.as_ref(),
+            };
+            let state = &mut self.state;
+            let processed = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                process(state, &ctx, cause.clone(), ts, input)
+            }))
+            .map_err(|p| Error::InputFailed {
+                coords: coords.clone(),
+                detail: format!("deciding on it panicked: {}", panic_text(p.as_ref())),
+            })?;
+            self.send_entry(&processed.entry)?;
+            for out in processed.outputs {
+                self.send_output(out)?;
+            }
+            self.status.metrics.entry(&processed.entry, &self.state);
+            if processed.more {
+                if continuations < MAX_CONTINUATIONS {
+                    continuations += 1;
+                    next = Some(continuation(&self.state));
+                } else {
+                    debug!("work left for the next Tick");
+                }
+            }
+        }
+        if continuations > 0 {
+            self.status
+                .metrics
+                .continuations
+                .inc_by(continuations as u64);
+        }
         Ok(())
     }
 
@@ -453,10 +730,7 @@ impl Processor {
         })?;
         let outcome = body(self).and_then(|offsets| {
             if let Some(tpl) = offsets {
-                let consumer = self
-                    .consumer
-                    .as_ref()
-                    .ok_or_else(|| Error::Other("offsets without a consumer".into()))?;
+                let consumer = self.consumer()?;
                 let meta = consumer
                     .group_metadata()
                     .ok_or_else(|| Error::Other("consumer has no group metadata".into()))?;
@@ -465,6 +739,7 @@ impl Processor {
                     .map_err(kafka("send_offsets_to_transaction"))?;
             }
             self.await_deliveries(timeout)?;
+            self.refusals()?;
             self.producer
                 .commit_transaction(timeout)
                 .map_err(kafka("commit_transaction"))
@@ -474,20 +749,9 @@ impl Processor {
             if !fatal && let Err(abort) = self.producer.abort_transaction(timeout) {
                 warn!(error = %abort, "abort_transaction failed");
             }
+            // Reports of the aborted records are moot now.
+            self.refusals().ok();
             return Err(if fatal { fenced(self) } else { e });
-        }
-        let failures = std::mem::take(
-            &mut *self
-                .producer
-                .context()
-                .failures
-                .lock()
-                .unwrap_or_else(|p| p.into_inner()),
-        );
-        if !failures.is_empty() {
-            return Err(Error::Other(format!(
-                "records of a committed transaction reported delivery failures: {failures:?}"
-            )));
         }
         let last = self
             .producer
@@ -496,6 +760,30 @@ impl Processor {
             .load(Ordering::Relaxed);
         self.persist((last >= 0).then_some(last))?;
         Ok(())
+    }
+
+    /// Delivery failures of this transaction's records, as an error (and cleared).
+    fn refusals(&self) -> Result<()> {
+        let failures = std::mem::take(
+            &mut *self
+                .producer
+                .context()
+                .failures
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()),
+        );
+        let Some((topic, code, text)) = failures
+            .iter()
+            .find(|(_, c, _)| refused_for_what_it_is(*c))
+            .or(failures.first())
+            .cloned()
+        else {
+            return Ok(());
+        };
+        Err(kafka(format!(
+            "producing to {topic} ({} of the transaction's records failed; first: {text})",
+            failures.len()
+        ))(KafkaError::MessageProduction(code)))
     }
 
     /// Serves delivery reports until every record of the transaction is acknowledged.
@@ -538,6 +826,8 @@ impl Processor {
         Ok(())
     }
 
+    /// Queues one record in the transaction. A full producer queue is waited out for at
+    /// most the transaction timeout; a record the client refuses outright fails at once.
     fn send(
         &mut self,
         topic: &str,
@@ -549,10 +839,14 @@ impl Processor {
         if let Some(p) = partition.filter(|p| *p >= 0) {
             record = record.partition(p);
         }
+        let deadline = Instant::now()
+            + Duration::from_millis(self.config.settings.processor.transaction_timeout_ms);
         loop {
             match self.producer.send(record) {
                 Ok(()) => break,
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r))
+                    if Instant::now() < deadline =>
+                {
                     self.producer.poll(Duration::from_millis(10));
                     record = r;
                 }
@@ -615,50 +909,14 @@ impl Processor {
     }
 }
 
+/// Encodes a record the processor writes; a value that does not encode is refused like a
+/// record the broker refuses (it is the input's, not the broker's, problem).
 fn encode_or_fail<T: Record>(value: &T) -> Result<Vec<u8>> {
-    encode(value).map_err(|e| Error::Other(format!("encoding {}: {e}", T::NAME)))
-}
-
-/// The record as an input: decoded if it is the kind its topic carries, otherwise a malformed
-/// record that becomes a `malformed_record` dead letter.
-fn decode_input(topics: &Topics, rec: &InputRecord) -> Input {
-    let malformed = |error: String| {
-        Input::Malformed(MalformedRecord {
-            key: rec
-                .key
-                .as_deref()
-                .map(|k| String::from_utf8_lossy(k).into_owned()),
-            size_bytes: rec
-                .payload
-                .as_ref()
-                .map_or(0, |p| i32::try_from(p.len()).unwrap_or(i32::MAX)),
-            error,
-        })
-    };
-    let Some(payload) = rec.payload.as_deref() else {
-        return malformed("record has no value".into());
-    };
-    let record = match decode_any(payload) {
-        Ok(r) => r,
-        Err(e) => return malformed(e.to_string()),
-    };
-    let kind = topics.kind(&rec.topic);
-    match (kind, record) {
-        (InputKind::Jobs, AnyRecord::JobRequest(r)) => Input::Submit(r),
-        (InputKind::Results, AnyRecord::JobStarted(r)) => Input::Started(r),
-        (InputKind::Results, AnyRecord::JobProgress(r)) => Input::Progress(r),
-        (InputKind::Results, AnyRecord::JobResult(r)) => Input::Result(r),
-        (InputKind::Control, AnyRecord::CancelJob(r)) => Input::Cancel(r),
-        (InputKind::Control, AnyRecord::ApproveJob(r)) => Input::Approve(r),
-        (InputKind::Control, AnyRecord::RejectJob(r)) => Input::Reject(r),
-        (InputKind::Control, AnyRecord::Tick(r)) => Input::Tick(r),
-        (InputKind::Heartbeats, AnyRecord::Heartbeat(r)) => Input::Heartbeat(r),
-        (kind, other) => malformed(format!(
-            "a {} record does not belong on {} ({kind:?} topic)",
-            other.name(),
-            rec.topic
-        )),
-    }
+    encode(value).map_err(|e| {
+        kafka(format!("producing {} (it does not encode: {e})", T::NAME))(
+            KafkaError::MessageProduction(RDKafkaErrorCode::InvalidMessage),
+        )
+    })
 }
 
 pub(crate) fn wall_clock_ms() -> i64 {

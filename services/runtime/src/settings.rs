@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use ksched_core::events::Reconfigure;
 use ksched_core::hash::sha256_parts;
 use ksched_core::rules::{
-    BreakerRules, Overload, PoolRules, RetryRules, Rules, TenantRules, Timing,
+    BreakerRules, Limits, Overload, PoolRules, RetryRules, Rules, TenantRules, Timing,
 };
 use ksched_policy::PolicyBundle;
 use serde::{Deserialize, Serialize};
@@ -54,6 +54,14 @@ pub struct TopicSettings {
     pub prefix: String,
     /// Create missing topics at start. Default true.
     pub create: bool,
+    /// Check existing topics' configuration at start (timestamp type, message size,
+    /// journal retention and compaction) and refuse what breaks ksched's guarantees.
+    /// Default true.
+    pub verify: bool,
+    /// Take producers' timestamps (CreateTime) as the time of input records. Only for a
+    /// cluster that cannot stamp LogAppendTime (the embedded mock of `ksched dev`): any
+    /// producer could then move the scheduler's clock. Default false.
+    pub trust_create_time: bool,
     /// Replication factor of created topics. Default 1.
     pub replication_factor: i32,
     /// Partitions of each job topic ksched creates. Default 4.
@@ -78,6 +86,8 @@ impl Default for TopicSettings {
         TopicSettings {
             prefix: "ksched.".into(),
             create: true,
+            verify: true,
+            trust_create_time: false,
             replication_factor: 1,
             job_partitions: 4,
             results_partitions: 4,
@@ -132,6 +142,7 @@ pub struct SchedulerSettings {
     pub retry: RetryRules,
     pub overload: Overload,
     pub breaker: BreakerRules,
+    pub limits: Limits,
 }
 
 /// Where the projection lives.
@@ -348,6 +359,9 @@ impl Config {
             retry: settings.scheduler.retry.clone(),
             overload: settings.scheduler.overload.clone(),
             breaker: settings.scheduler.breaker.clone(),
+            limits: settings.scheduler.limits.clone(),
+            // Filled in from the broker's metadata at start (topics::dispatch_partitions).
+            dispatch_partitions: BTreeMap::new(),
         };
         rules.validate().map_err(|e| Error::Config {
             source_name: settings.pools_file.display().to_string(),
@@ -529,6 +543,13 @@ impl Settings {
             return bad(format!(
                 "processor.transaction_timeout_ms ({}) must be at least 1000 and well above commit_interval_ms ({})",
                 p.transaction_timeout_ms, p.commit_interval_ms
+            ));
+        }
+        let gap = self.scheduler.timing.clock_gap_ms;
+        if gap < i64::try_from(p.tick_interval_ms.saturating_mul(2)).unwrap_or(i64::MAX) {
+            return bad(format!(
+                "scheduler.timing.clock_gap_ms ({gap}) must be at least twice processor.tick_interval_ms ({}): ordinary ticks would look like gaps",
+                p.tick_interval_ms
             ));
         }
         if !matches!(self.log.format.as_str(), "text" | "json") {

@@ -1,9 +1,12 @@
-//! What the processor tells the rest of the process (health, metrics): caught up or not,
-//! the journal watermark, and the Prometheus metrics.
+//! What the processor tells the rest of the process (health, metrics, the ticker): caught up
+//! or not, stopped for good (fenced, replaced) or not, when it last judged time, the journal
+//! watermark, and the Prometheus metrics.
 
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 
 use crate::metrics::Metrics;
+use crate::processor::wall_clock_ms;
 
 /// Shared processor status.
 #[derive(Debug)]
@@ -14,6 +17,11 @@ pub struct Status {
     pub watermark: AtomicI64,
     /// Wall-clock ms of the last successful commit (0: none yet).
     pub last_commit_ms: AtomicI64,
+    /// Wall-clock ms when the processor last judged a Tick (0: none yet). A processor that
+    /// reads no Ticks is cut off from the log (or its ticker is), and is not ready.
+    pub last_tick_ms: AtomicI64,
+    /// Why the processor stopped for good, once it has (another instance took over).
+    stopped: Mutex<Option<String>>,
     pub metrics: Metrics,
 }
 
@@ -29,6 +37,8 @@ impl Status {
             caught_up: AtomicBool::new(false),
             watermark: AtomicI64::new(-1),
             last_commit_ms: AtomicI64::new(0),
+            last_tick_ms: AtomicI64::new(0),
+            stopped: Mutex::new(None),
             metrics: Metrics::new(),
         }
     }
@@ -40,5 +50,29 @@ impl Status {
 
     pub fn is_caught_up(&self) -> bool {
         self.caught_up.load(Ordering::Relaxed)
+    }
+
+    pub fn tick_processed(&self) {
+        self.last_tick_ms.store(wall_clock_ms(), Ordering::Relaxed);
+    }
+
+    /// Milliseconds since the processor last judged a Tick, if it ever did.
+    pub fn since_last_tick_ms(&self) -> Option<i64> {
+        let t = self.last_tick_ms.load(Ordering::Relaxed);
+        (t > 0).then(|| wall_clock_ms().saturating_sub(t))
+    }
+
+    /// Marks the processor stopped for good, with the reason operators will read.
+    pub fn set_stopped(&self, why: String) {
+        self.set_caught_up(false);
+        self.metrics.stopped.set(1);
+        if let Ok(mut s) = self.stopped.lock() {
+            s.get_or_insert(why);
+        }
+    }
+
+    /// Why the processor stopped for good, if it did.
+    pub fn stopped(&self) -> Option<String> {
+        self.stopped.lock().ok().and_then(|s| s.clone())
     }
 }

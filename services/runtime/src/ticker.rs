@@ -1,26 +1,34 @@
 //! The ticker: appends a Tick to the control topic every `tick_interval_ms`, so time reaches
-//! the core only through the log (DESIGN invariant 1). Its record timestamps are assigned by
-//! the broker (the control topic uses LogAppendTime), so every decision uses one clock.
+//! the core only through the log (DESIGN invariant 1), and a marker Tick to every partition
+//! of the evidence topics (results, heartbeats), so the processor knows how far it has read
+//! each of them even when no worker writes there (docs/architecture.md, "Time"). Record
+//! timestamps are the broker's (those topics use LogAppendTime), so every decision uses one
+//! clock. It stops on shutdown and when the processor stopped for good.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use ksched_core::records::Tick;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::error::{Result, kafka};
 use crate::processor::wall_clock_ms;
 use crate::settings::Settings;
-use crate::topics::{Topics, client_config};
+use crate::status::Status;
+use crate::topics::{Topics, client_config, partition_count};
 
-/// Starts the ticker thread; it stops when `shutdown` is set.
+/// The `source` of marker Ticks on evidence partitions.
+pub const MARKER_SOURCE: &str = "watermark-marker";
+
+/// Starts the ticker thread.
 pub fn spawn(
     settings: &Settings,
     topics: &Topics,
-    shutdown: Arc<AtomicBool>,
+    status: Arc<Status>,
+    shutdown: CancellationToken,
 ) -> Result<JoinHandle<()>> {
     let producer: BaseProducer = client_config(settings)
         .set("client.id", format!("{}-ticker", settings.kafka.client_id))
@@ -28,30 +36,31 @@ pub fn spawn(
         .set("linger.ms", "0")
         .create()
         .map_err(kafka("creating the ticker producer"))?;
-    let topic = topics.control.clone();
+    let mut markers: Vec<(String, i32)> = Vec::new();
+    for topic in [&topics.results, &topics.heartbeats] {
+        let n = partition_count(settings, topic)?;
+        markers.extend((0..n).map(|p| (topic.clone(), p)));
+    }
+    let control = topics.control.clone();
     let interval = Duration::from_millis(settings.processor.tick_interval_ms);
     let source = format!("{}-{}", settings.kafka.client_id, std::process::id());
     let handle = std::thread::Builder::new()
         .name("ksched-ticker".into())
         .spawn(move || {
-            info!(topic = %topic, interval_ms = interval.as_millis() as u64, "ticker started");
-            while !shutdown.load(Ordering::Relaxed) {
-                let tick = Tick {
-                    source: source.clone(),
-                    issued_at: wall_clock_ms(),
-                };
-                match ksched_codec::encode(&tick) {
-                    Ok(bytes) => {
-                        if let Err((e, _)) =
-                            producer.send(BaseRecord::to(&topic).key("tick").payload(&bytes))
-                        {
-                            warn!(error = %e, "could not append a tick");
-                        }
-                    }
-                    Err(e) => warn!(error = %e, "could not encode a tick"),
+            info!(topic = %control, interval_ms = interval.as_millis() as u64, evidence_partitions = markers.len(), "ticker started");
+            while !shutdown.is_cancelled() {
+                if let Some(why) = status.stopped() {
+                    info!(reason = %why, "ticker stopped: the processor stopped");
+                    break;
                 }
+                let now = wall_clock_ms();
+                // Markers first: a Tick read after them finds its evidence partitions read.
+                for (topic, partition) in &markers {
+                    append(&producer, topic, Some(*partition), MARKER_SOURCE, now);
+                }
+                append(&producer, &control, None, &source, now);
                 producer.poll(Duration::ZERO);
-                sleep_unless(&shutdown, interval);
+                crate::sleep_unless(&shutdown, interval);
             }
             let _ = producer.flush(Duration::from_secs(2));
         })
@@ -59,13 +68,22 @@ pub fn spawn(
     Ok(handle)
 }
 
-/// Sleeps up to `d`, waking early when `flag` is set.
-pub(crate) fn sleep_unless(flag: &AtomicBool, d: Duration) {
-    let step = Duration::from_millis(50);
-    let mut left = d;
-    while !left.is_zero() && !flag.load(Ordering::Relaxed) {
-        let s = left.min(step);
-        std::thread::sleep(s);
-        left = left.saturating_sub(s);
+fn append(producer: &BaseProducer, topic: &str, partition: Option<i32>, source: &str, now: i64) {
+    let tick = Tick {
+        source: source.to_owned(),
+        issued_at: now,
+        watermark: None,
+    };
+    match ksched_codec::encode(&tick) {
+        Ok(bytes) => {
+            let mut record = BaseRecord::to(topic).key("tick").payload(&bytes);
+            if let Some(p) = partition {
+                record = record.partition(p);
+            }
+            if let Err((e, _)) = producer.send(record) {
+                warn!(error = %e, topic, "could not append a tick");
+            }
+        }
+        Err(e) => warn!(error = %e, "could not encode a tick"),
     }
 }

@@ -4,10 +4,11 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use rdkafka::ClientConfig;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
 use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::types::RDKafkaErrorCode;
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::error::{Error, Result, kafka};
 use crate::settings::Settings;
@@ -86,8 +87,22 @@ pub async fn ensure_topics(settings: &Settings, topics: &Topics) -> Result<()> {
         .map_err(kafka("creating the admin client"))?;
     let t = &settings.topics;
     let log_append: BTreeMap<&str, &str> = [("message.timestamp.type", "LogAppendTime")].into();
-    let forever: BTreeMap<&str, &str> = [("retention.ms", "-1"), ("retention.bytes", "-1")].into();
-    let none = BTreeMap::new();
+    // The processor's producer batches records up to its message.max.bytes; the topics it
+    // writes must take a batch that large (a journal entry fits in one, checked at start).
+    let output_bytes = client_message_max_bytes(settings)
+        .max(BROKER_MESSAGE_MAX_BYTES)
+        .to_string();
+    let mut forever: BTreeMap<&str, &str> = [
+        ("retention.ms", "-1"),
+        ("retention.bytes", "-1"),
+        ("cleanup.policy", "delete"),
+        ("max.message.bytes", output_bytes.as_str()),
+    ]
+    .into();
+    if t.replication_factor >= 3 {
+        forever.insert("min.insync.replicas", "2");
+    }
+    let output: BTreeMap<&str, &str> = [("max.message.bytes", output_bytes.as_str())].into();
     let mut wanted: Vec<(String, i32, &BTreeMap<&str, &str>)> = Vec::new();
     for job_topic in &topics.jobs {
         wanted.push((job_topic.clone(), t.job_partitions, &log_append));
@@ -100,9 +115,9 @@ pub async fn ensure_topics(settings: &Settings, topics: &Topics) -> Result<()> {
         &log_append,
     ));
     wanted.push((topics.journal.clone(), t.journal_partitions, &forever));
-    wanted.push((topics.dlq.clone(), t.dlq_partitions, &none));
+    wanted.push((topics.dlq.clone(), t.dlq_partitions, &output));
     for pool in &topics.pools {
-        wanted.push((topics.dispatch(pool), t.dispatch_partitions, &none));
+        wanted.push((topics.dispatch(pool), t.dispatch_partitions, &output));
     }
     let new: Vec<NewTopic<'_>> = wanted
         .iter()
@@ -143,4 +158,185 @@ pub fn client_config(settings: &Settings) -> ClientConfig {
         cfg.set(k, v);
     }
     cfg
+}
+
+/// Room a journal entry needs besides its input: the events of at most
+/// `limits.max_work_per_entry` units of work, placement candidates included.
+pub const JOURNAL_ENTRY_OVERHEAD: i64 = 256 * 1024;
+/// librdkafka's `message.max.bytes` when `kafka.properties` does not set it.
+const CLIENT_MESSAGE_MAX_BYTES: i64 = 1_000_000;
+/// The broker's default `max.message.bytes`.
+const BROKER_MESSAGE_MAX_BYTES: i64 = 1_048_588;
+
+/// The largest batch (and so record) the processor's producer sends.
+pub fn client_message_max_bytes(settings: &Settings) -> i64 {
+    settings
+        .kafka
+        .properties
+        .get("message.max.bytes")
+        .and_then(|v| v.parse::<i64>().ok())
+        .unwrap_or(CLIENT_MESSAGE_MAX_BYTES)
+}
+
+/// Partitions of `topic`, from the broker's metadata.
+pub fn partition_count(settings: &Settings, topic: &str) -> Result<i32> {
+    let consumer: BaseConsumer = client_config(settings)
+        .set(
+            "client.id",
+            format!("{}-metadata", settings.kafka.client_id),
+        )
+        .create()
+        .map_err(kafka("creating a metadata client"))?;
+    let md = consumer
+        .fetch_metadata(Some(topic), Duration::from_secs(30))
+        .map_err(kafka(format!("reading the metadata of {topic}")))?;
+    let t = md
+        .topics()
+        .iter()
+        .find(|t| t.name() == topic)
+        .ok_or_else(|| Error::Other(format!("topic {topic} is not in the metadata")))?;
+    if let Some(e) = t.error() {
+        return Err(Error::Config {
+            source_name: format!("topic {topic}"),
+            detail: format!(
+                "{}: create it, or let ksched create it (topics.create)",
+                RDKafkaErrorCode::from(e)
+            ),
+        });
+    }
+    Ok(i32::try_from(t.partitions().len()).unwrap_or(i32::MAX))
+}
+
+/// Pool -> partitions of its dispatch topic (journaled with the rules, so a heartbeat that
+/// claims a partition the topic lacks is refused).
+pub fn dispatch_partitions(settings: &Settings, topics: &Topics) -> Result<BTreeMap<String, i32>> {
+    topics
+        .pools
+        .iter()
+        .map(|pool| {
+            Ok((
+                pool.clone(),
+                partition_count(settings, &topics.dispatch(pool))?,
+            ))
+        })
+        .collect()
+}
+
+/// Checks the configuration of existing topics against what ksched relies on; returns the
+/// warnings (already logged) and refuses what would break its guarantees, with the command
+/// that fixes it (docs/operations.md, "Topics ksched checks").
+pub async fn verify_topics(settings: &Settings, topics: &Topics) -> Result<Vec<String>> {
+    let max_record_bytes = settings.scheduler.limits.max_record_bytes;
+    let admin: AdminClient<DefaultClientContext> = client_config(settings)
+        .create()
+        .map_err(kafka("creating the admin client"))?;
+    let mut names: Vec<String> = topics.inputs();
+    names.push(topics.journal.clone());
+    names.push(topics.dlq.clone());
+    names.extend(topics.pools.iter().map(|p| topics.dispatch(p)));
+    let specs: Vec<ResourceSpecifier<'_>> =
+        names.iter().map(|n| ResourceSpecifier::Topic(n)).collect();
+    let opts = AdminOptions::new().request_timeout(Some(Duration::from_secs(30)));
+    let results = match admin.describe_configs(specs.iter(), &opts).await {
+        Ok(r) => r,
+        Err(e) => {
+            let w = format!("could not read topic configurations ({e}); they are not checked");
+            warn!("{w}");
+            return Ok(vec![w]);
+        }
+    };
+    let fix = |topic: &str, setting: &str| {
+        format!(
+            "kafka-configs.sh --bootstrap-server {} --alter --entity-type topics --entity-name {topic} --add-config {setting}",
+            settings.kafka.bootstrap_servers
+        )
+    };
+    let client_max = client_message_max_bytes(settings);
+    let journal_needs = max_record_bytes + JOURNAL_ENTRY_OVERHEAD;
+    let inputs = topics.inputs();
+    let mut refusals = Vec::new();
+    let mut warnings = Vec::new();
+    if journal_needs > client_max {
+        refusals.push(format!(
+            "limits.max_record_bytes {max_record_bytes} plus {JOURNAL_ENTRY_OVERHEAD} bytes for a journal entry's events exceeds the client's message.max.bytes {client_max}: lower limits.max_record_bytes or raise kafka.properties.message.max.bytes"
+        ));
+    }
+    for (name, result) in names.iter().zip(results) {
+        let resource = match result {
+            Ok(r) => r,
+            Err(RDKafkaErrorCode::UnknownTopicOrPartition) => {
+                refusals.push(format!(
+                    "topic {name} does not exist: create it, or set topics.create: true"
+                ));
+                continue;
+            }
+            Err(code) => {
+                warnings.push(format!(
+                    "could not read the configuration of {name} ({code}); it is not checked"
+                ));
+                continue;
+            }
+        };
+        let entries = resource.entry_map();
+        let get = |k: &str| entries.get(k).and_then(|e| e.value.clone());
+        if inputs.contains(name) && get("message.timestamp.type").as_deref() == Some("CreateTime") {
+            if topics.kind(name) == InputKind::Jobs {
+                warnings.push(format!(
+                    "job topic {name} keeps producers' timestamps (CreateTime): ksched ignores them and stamps its jobs with broker time from its own topics. To have broker time on jobs too: {}",
+                    fix(name, "message.timestamp.type=LogAppendTime")
+                ));
+            } else {
+                refusals.push(format!(
+                    "{name} keeps producers' timestamps (CreateTime): any producer could move the scheduler's clock. Fix: {}",
+                    fix(name, "message.timestamp.type=LogAppendTime")
+                ));
+            }
+        }
+        let max_bytes = get("max.message.bytes").and_then(|v| v.parse::<i64>().ok());
+        let written = *name == topics.journal
+            || *name == topics.dlq
+            || topics.pools.iter().any(|p| topics.dispatch(p) == *name);
+        if written && let Some(has) = max_bytes.filter(|has| *has < client_max) {
+            refusals.push(format!(
+                "{name} accepts record batches of at most {has} bytes (max.message.bytes), but ksched's producer sends batches of up to {client_max} (message.max.bytes; a journal entry may need {journal_needs}). Fix: {}",
+                fix(name, &format!("max.message.bytes={client_max}"))
+            ));
+        }
+        if *name == topics.journal {
+            let policy = get("cleanup.policy").unwrap_or_default();
+            if policy.contains("compact") {
+                refusals.push(format!(
+                    "the journal {name} is compacted (cleanup.policy={policy}): compaction drops entries, and the journal is the scheduler's history. Fix: {}",
+                    fix(name, "cleanup.policy=delete")
+                ));
+            }
+            if let Some(r) = get("retention.ms").filter(|r| r != "-1") {
+                warnings.push(format!(
+                    "the journal {name} deletes entries after retention.ms={r}: the projection can then no longer be rebuilt from it, nor the history audited. Fix: {}",
+                    fix(name, "retention.ms=-1")
+                ));
+            }
+            let min_isr = get("min.insync.replicas").and_then(|v| v.parse::<i32>().ok());
+            if settings.topics.replication_factor >= 3
+                && let Some(m) = min_isr.filter(|m| *m < 2)
+            {
+                warnings.push(format!(
+                    "the journal {name} has min.insync.replicas={m} with replication factor {}: losing one broker could lose committed decisions. Fix: {}",
+                    settings.topics.replication_factor,
+                    fix(name, "min.insync.replicas=2")
+                ));
+            }
+        }
+    }
+    for w in &warnings {
+        warn!("{w}");
+    }
+    if refusals.is_empty() {
+        Ok(warnings)
+    } else {
+        Err(Error::Config {
+            source_name: "topics".into(),
+            detail: refusals.join("\n  "),
+        })
+    }
 }

@@ -33,8 +33,14 @@ use rocksdb::{
 use serde::{Serialize, de::DeserializeOwned};
 use thiserror::Error;
 
-/// Bumped whenever a stored value's encoding changes.
-pub const FORMAT_VERSION: u32 = 1;
+/// Bumped whenever a stored value's encoding changes. A store of another version is moved
+/// aside and rebuilt from the journal ([`Store::open_or_rebuild`]).
+/// 2: breakers track their probes by job id; watermark and liveness floor in `meta`.
+pub const FORMAT_VERSION: u32 = 2;
+
+/// Most idempotency keys one write deletes when their retention passed; the rest follow in
+/// the next writes, so a prune never becomes one huge batch.
+pub const PRUNE_CHUNK: usize = 10_000;
 
 const CF_META: &str = "meta";
 const CF_JOBS: &str = "jobs";
@@ -67,6 +73,10 @@ const META_DLQ_COUNTS: &[u8] = b"dlq_by_reason";
 const META_DLQ_SEQ: &[u8] = b"dlq_seq";
 const META_CONFIG: &[u8] = b"config";
 const META_JOB_COUNTS: &[u8] = b"jobs_by_state";
+const META_TICK_WATERMARK: &[u8] = b"tick_watermark";
+const META_LIVENESS_FLOOR: &[u8] = b"liveness_floor";
+/// Idempotency keys first seen before this are still to be deleted (a prune in progress).
+const META_PRUNE_BEFORE: &[u8] = b"prune_before";
 
 #[derive(Debug, Error)]
 pub enum Error {
@@ -85,6 +95,22 @@ pub enum Error {
         "store {path} has format version {found}, this ksched writes {FORMAT_VERSION}; remove the data directory to rebuild it from the journal"
     )]
     Format { path: String, found: u32 },
+    #[error("moving the store {path} of another format aside: {source}")]
+    MoveAside {
+        path: String,
+        source: std::io::Error,
+    },
+}
+
+impl Error {
+    /// The disk is full: writing may succeed again once space returns.
+    pub fn is_out_of_space(&self) -> bool {
+        let text = match self {
+            Error::Open { source, .. } | Error::Db(source) => source.to_string(),
+            _ => return false,
+        };
+        text.contains("No space left on device") || text.contains("ENOSPC")
+    }
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -174,6 +200,34 @@ impl Store {
             }
         }
         Ok(store)
+    }
+
+    /// Opens the store at `path`; a store written in another format is moved aside (to
+    /// `<path>.format-<version>`) and a new one is opened, to be rebuilt from the journal.
+    /// Returns the store and where the old one went, if it was moved.
+    pub fn open_or_rebuild(
+        path: &Path,
+        partition: u16,
+    ) -> Result<(Store, Option<std::path::PathBuf>)> {
+        match Store::open(path, partition) {
+            Err(Error::Format { found, .. }) => {
+                let mut aside = path.as_os_str().to_owned();
+                aside.push(format!(".format-{found}"));
+                let aside = std::path::PathBuf::from(aside);
+                if aside.exists() {
+                    std::fs::remove_dir_all(&aside).map_err(|source| Error::MoveAside {
+                        path: aside.display().to_string(),
+                        source,
+                    })?;
+                }
+                std::fs::rename(path, &aside).map_err(|source| Error::MoveAside {
+                    path: path.display().to_string(),
+                    source,
+                })?;
+                Ok((Store::open(path, partition)?, Some(aside)))
+            }
+            other => other.map(|s| (s, None)),
+        }
     }
 
     /// Opens an existing store read-only (a stopped scheduler's directory or a checkpoint);
@@ -288,6 +342,8 @@ impl Store {
         state.last_idempotency_prune = self.get_meta(META_LAST_PRUNE)?.unwrap_or(0);
         state.dead_letters_by_reason = self.get_meta(META_DLQ_COUNTS)?.unwrap_or_default();
         state.jobs_by_state = self.get_meta(META_JOB_COUNTS)?.unwrap_or_default();
+        state.watermark = self.get_meta(META_TICK_WATERMARK)?.unwrap_or(0);
+        state.liveness_floor = self.get_meta(META_LIVENESS_FLOOR)?.unwrap_or(0);
         if let Some(raw) = self.get_meta::<Reconfigure>(META_CONFIG)? {
             let rules = Rules::from_json(&raw.rules_json).map_err(|e| Error::Decode {
                 what: "config rules".into(),
@@ -346,8 +402,10 @@ impl Store {
             }
         }
         for id in &dirty.workers {
-            if let Some(w) = state.workers.get(id) {
-                b.put_cf(self.cf(CF_WORKERS), self.key(id.as_bytes()), encode(w));
+            match state.workers.get(id) {
+                Some(w) => b.put_cf(self.cf(CF_WORKERS), self.key(id.as_bytes()), encode(w)),
+                // Forgotten (retention passed).
+                None => b.delete_cf(self.cf(CF_WORKERS), self.key(id.as_bytes())),
             }
         }
         for pool in &dirty.breakers {
@@ -369,8 +427,19 @@ impl Store {
                 b.put_cf(self.cf(CF_IDEMPOTENCY_BY_TIME), self.key(&tk), encode(&()));
             }
         }
-        if let Some(before) = dirty.idempotency_pruned_before {
-            self.prune_idempotency(&mut b, before)?;
+        let pending: Option<Millis> = self.get_meta(META_PRUNE_BEFORE)?;
+        let prune_before = pending.max(dirty.idempotency_pruned_before);
+        if let Some(before) = prune_before {
+            let done = self.prune_idempotency(&mut b, before, state)?;
+            if done {
+                b.delete_cf(self.cf(CF_META), self.key(META_PRUNE_BEFORE));
+            } else {
+                b.put_cf(
+                    self.cf(CF_META),
+                    self.key(META_PRUNE_BEFORE),
+                    encode(&before),
+                );
+            }
         }
         if !dirty.dead_letters.is_empty() {
             let mut seq: u64 = self.get_meta(META_DLQ_SEQ)?.unwrap_or(0);
@@ -405,6 +474,16 @@ impl Store {
             self.key(META_JOB_COUNTS),
             encode(&state.jobs_by_state),
         );
+        b.put_cf(
+            meta,
+            self.key(META_TICK_WATERMARK),
+            encode(&state.watermark),
+        );
+        b.put_cf(
+            meta,
+            self.key(META_LIVENESS_FLOOR),
+            encode(&state.liveness_floor),
+        );
         if let Some(w) = watermark {
             b.put_cf(meta, self.key(META_WATERMARK), encode(&w));
         }
@@ -414,13 +493,16 @@ impl Store {
         Ok(())
     }
 
-    fn prune_idempotency(&self, b: &mut WriteBatch, before: Millis) -> Result<()> {
+    /// Deletes up to [`PRUNE_CHUNK`] idempotency keys first seen before `before`; true when
+    /// none is left. A key renewed since (a later `seen_at`, in the store or in this very
+    /// write) keeps its owner.
+    fn prune_idempotency(&self, b: &mut WriteBatch, before: Millis, state: &State) -> Result<bool> {
         let start = self.key(&0i64.to_be_bytes());
         let cf = self.cf(CF_IDEMPOTENCY_BY_TIME);
-        for item in self
+        let iter = self
             .db
-            .iterator_cf(cf, IteratorMode::From(&start, Direction::Forward))
-        {
+            .iterator_cf(cf, IteratorMode::From(&start, Direction::Forward));
+        for (deleted, item) in iter.enumerate() {
             let (k, _) = item?;
             if !k.starts_with(&self.partition.to_be_bytes()) || k.len() < 10 {
                 break;
@@ -429,15 +511,20 @@ impl Store {
             if seen >= before {
                 break;
             }
+            if deleted >= PRUNE_CHUNK {
+                return Ok(false);
+            }
             let ik = &k[10..];
-            // Only drop the owner if it was not renewed since (same key, later seen_at).
+            let renewed_now = split_idem_key(ik)
+                .and_then(|key| state.idempotency.get(&key))
+                .is_some_and(|e| e.seen_at >= before);
             let current: Option<IdempotencyEntry> = self.get(CF_IDEMPOTENCY, ik)?;
-            if current.is_some_and(|c| c.seen_at < before) {
+            if !renewed_now && current.is_some_and(|c| c.seen_at < before) {
                 b.delete_cf(self.cf(CF_IDEMPOTENCY), self.key(ik));
             }
             b.delete_cf(cf, &k);
         }
-        Ok(())
+        Ok(true)
     }
 
     /// Every stored job (for queries and audits), in job_id order.
@@ -563,6 +650,14 @@ fn idem_key(tenant: &str, key: &str) -> Vec<u8> {
     k.push(0);
     k.extend_from_slice(key.as_bytes());
     k
+}
+
+fn split_idem_key(k: &[u8]) -> Option<(String, String)> {
+    let i = k.iter().position(|b| *b == 0)?;
+    Some((
+        String::from_utf8(k[..i].to_vec()).ok()?,
+        String::from_utf8(k[i + 1..].to_vec()).ok()?,
+    ))
 }
 
 fn utf8(k: Vec<u8>) -> String {

@@ -85,6 +85,7 @@ fn inputs() -> Vec<(i64, &'static str, Input)> {
             Input::Tick(Tick {
                 source: "t".into(),
                 issued_at: 0,
+                watermark: None,
             }),
         ),
     ]

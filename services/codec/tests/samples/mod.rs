@@ -147,6 +147,7 @@ pub fn tick() -> Tick {
     Tick {
         source: "ticker-1".into(),
         issued_at: 1_700_000_001_000,
+        watermark: Some(1_700_000_000_900),
     }
 }
 
@@ -225,7 +226,7 @@ pub fn every_event() -> Vec<Event> {
     vec![
         Event::JobAccepted(JobAccepted {
             job_id: "job-1".into(),
-            request: job_request(),
+            request: Some(job_request()),
             job_hash: "ab".repeat(32),
             pools: vec!["default".into()],
             routing_notes: vec!["pool gpu lacks gpu".into()],
@@ -253,6 +254,7 @@ pub fn every_event() -> Vec<Event> {
             reason_code: "no_workers".into(),
             detail: "no alive worker in default".into(),
             candidates: vec![candidate(None)],
+            candidates_omitted: 3,
         }),
         Event::JobScheduled(JobScheduled {
             job_id: "job-1".into(),
@@ -262,6 +264,7 @@ pub fn every_event() -> Vec<Event> {
             strategy: "least_loaded".into(),
             candidates: vec![candidate(Some(1.25)), candidate(None)],
             notes: vec!["preferred_worker_id w-9 is not alive".into()],
+            candidates_omitted: 0,
         }),
         Event::JobDispatched(JobDispatched {
             job_id: "job-1".into(),
@@ -401,6 +404,20 @@ pub fn every_event() -> Vec<Event> {
         Event::ConfigApplied(ConfigApplied {
             config: reconfigure(),
         }),
+        Event::BreakerCounted(BreakerCounted {
+            pool: "default".into(),
+            job_id: "job-1".into(),
+            failure: true,
+        }),
+        Event::ClockGap(ClockGap {
+            from: 1_700_000_000_000,
+            to: 1_700_000_045_000,
+        }),
+        Event::WorkerForgotten(WorkerForgotten {
+            worker_id: "w-2".into(),
+            pool: "default".into(),
+            last_seen: 1_700_000_000_000,
+        }),
     ]
 }
 
@@ -420,6 +437,9 @@ pub fn every_input() -> Vec<Input> {
             key: Some("job-9".into()),
             size_bytes: 3,
             error: "record is 3 bytes".into(),
+            reason_code: "record_too_large".into(),
+            job_id: Some("job-9".into()),
+            tenant_id: None,
         }),
         Input::Reconfigure(reconfigure()),
     ]

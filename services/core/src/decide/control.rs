@@ -2,12 +2,17 @@
 
 use crate::decide::Decider;
 use crate::events::*;
+use crate::reason::{DlqReason, Rejection};
 use crate::records::{ApproveJob, CancelJob, RejectJob};
 
 impl Decider<'_, '_> {
     pub(super) fn cancel(&mut self, c: &CancelJob) {
         let Some(job) = self.state().jobs.get(&c.job_id) else {
-            self.refuse(&c.job_id, "unknown_job", format!("no job {}", c.job_id));
+            self.refuse(
+                &c.job_id,
+                Rejection::UnknownJob,
+                format!("no job {}", c.job_id),
+            );
             return;
         };
         if let Some(tenant) = &c.tenant_id
@@ -17,12 +22,12 @@ impl Decider<'_, '_> {
                 "principal {} of tenant {tenant} may not cancel a job of tenant {}",
                 c.principal_id, job.request.tenant_id
             );
-            self.refuse(&c.job_id, "tenant_mismatch", reason);
+            self.refuse(&c.job_id, Rejection::TenantMismatch, reason);
             return;
         }
         if job.state.is_terminal() {
             let reason = format!("the job is already {}", job.state);
-            self.refuse(&c.job_id, "invalid_transition", reason);
+            self.refuse(&c.job_id, Rejection::InvalidTransition, reason);
             return;
         }
         let on_worker = matches!(
@@ -58,12 +63,16 @@ impl Decider<'_, '_> {
 
     pub(super) fn approve(&mut self, a: &ApproveJob) {
         let Some(job) = self.state().jobs.get(&a.job_id) else {
-            self.refuse(&a.job_id, "unknown_job", format!("no job {}", a.job_id));
+            self.refuse(
+                &a.job_id,
+                Rejection::UnknownJob,
+                format!("no job {}", a.job_id),
+            );
             return;
         };
         if job.state != JobState::ApprovalRequired {
             let reason = format!("the job is {}, not awaiting approval", job.state);
-            self.refuse(&a.job_id, "not_awaiting_approval", reason);
+            self.refuse(&a.job_id, Rejection::NotAwaitingApproval, reason);
             return;
         }
         if a.job_hash != job.job_hash {
@@ -71,7 +80,7 @@ impl Decider<'_, '_> {
                 "approval is for job hash {}, the job's hash is {}",
                 a.job_hash, job.job_hash
             );
-            self.refuse(&a.job_id, "stale_job_hash", reason);
+            self.refuse(&a.job_id, Rejection::StaleJobHash, reason);
             return;
         }
         let stored = job.policy_snapshot.clone().unwrap_or_default();
@@ -80,7 +89,7 @@ impl Decider<'_, '_> {
                 "approval is for policy snapshot {}, approval was requested under {stored}",
                 a.policy_snapshot
             );
-            self.refuse(&a.job_id, "stale_policy_snapshot", reason);
+            self.refuse(&a.job_id, Rejection::StalePolicySnapshot, reason);
             return;
         }
         let current = self.rules().raw.policy_snapshot.clone();
@@ -109,7 +118,7 @@ impl Decider<'_, '_> {
                 let reason = format!(
                     "the policy changed from snapshot {stored} to {current} and still requires approval; approve again under the new snapshot"
                 );
-                self.refuse(&a.job_id, "stale_policy_snapshot", reason);
+                self.refuse(&a.job_id, Rejection::StalePolicySnapshot, reason);
                 self.apply_policy_decision(&a.job_id, decision);
             }
             Verdict::Deny => self.apply_policy_decision(&a.job_id, decision),
@@ -118,26 +127,24 @@ impl Decider<'_, '_> {
 
     pub(super) fn reject(&mut self, r: &RejectJob) {
         let Some(job) = self.state().jobs.get(&r.job_id) else {
-            self.refuse(&r.job_id, "unknown_job", format!("no job {}", r.job_id));
+            self.refuse(
+                &r.job_id,
+                Rejection::UnknownJob,
+                format!("no job {}", r.job_id),
+            );
             return;
         };
         if job.state != JobState::ApprovalRequired {
             let reason = format!("the job is {}, not awaiting approval", job.state);
-            self.refuse(&r.job_id, "not_awaiting_approval", reason);
+            self.refuse(&r.job_id, Rejection::NotAwaitingApproval, reason);
             return;
         }
         let reasons: Vec<String> = r.reason.iter().cloned().collect();
-        self.emit(Event::JobDenied(JobDenied {
-            job_id: r.job_id.clone(),
-            reason_code: "approval_rejected".to_owned(),
-            reasons: reasons.clone(),
-            by: Some(r.approver.clone()),
-        }));
-        let reason = match reasons.first() {
-            Some(why) => format!("rejected by {}: {why}", r.approver),
-            None => format!("rejected by {}", r.approver),
-        };
-        self.dead_letter(&r.job_id, "approval_rejected", reason);
-        self.saga_on_terminal(&r.job_id);
+        self.deny(
+            &r.job_id,
+            DlqReason::ApprovalRejected,
+            reasons,
+            Some(r.approver.clone()),
+        );
     }
 }

@@ -6,7 +6,13 @@
 //! state change goes through an event, which [`Decider::emit`] guarantees: handlers only get
 //! `&State`. The journal entry for the input is the input plus these events; replaying the
 //! entry with [`crate::apply::apply_entry`] yields the same state.
+//!
+//! Work per entry is bounded: an input that would cause more than
+//! [`crate::rules::Limits::max_work_per_entry`] units of work (placements, timeouts, lost
+//! workers) stops at a safe point and says so ([`Processed::more`]); the processor then
+//! journals a continuation (a Tick at the same watermark) that picks up where it stopped.
 
+mod breaker;
 mod control;
 mod placement;
 mod reports;
@@ -17,15 +23,16 @@ mod tick;
 
 use std::sync::Arc;
 
-use crate::apply::{apply, begin_entry};
+use crate::apply::{Applying, apply, begin_entry};
 use crate::events::*;
 use crate::outputs::{Output, output_of};
 use crate::policy::PolicyEngine;
-use crate::records::{DeadLetter, Millis};
+use crate::reason::{DlqReason, Rejection};
+use crate::records::{DeadLetter, Millis, Tick};
 use crate::rules::Rules;
 use crate::state::{ActiveConfig, State};
 
-pub use placement::blocker_reason_code;
+pub use placement::MAX_CANDIDATES;
 pub use retry::backoff_ms;
 pub use saga::workflow_of;
 
@@ -46,7 +53,22 @@ impl std::fmt::Debug for Ctx<'_> {
 pub struct Processed {
     pub entry: JournalEntry,
     pub outputs: Vec<Output>,
+    /// The input's work was cut at the per-entry bound: process [`continuation`] next.
+    pub more: bool,
 }
+
+/// The input that continues work cut at the per-entry bound: a Tick judged at the time the
+/// state was last judged at, so it fires nothing a Tick has not already made due.
+pub fn continuation(state: &State) -> Input {
+    Input::Tick(Tick {
+        source: CONTINUATION_SOURCE.to_owned(),
+        issued_at: state.clock,
+        watermark: Some(state.watermark),
+    })
+}
+
+/// `Tick.source` of a continuation.
+pub const CONTINUATION_SOURCE: &str = "continuation";
 
 /// Decides on `input` and applies the events to `state`. `log_time` is the input record's
 /// timestamp; the decision uses it, or the previous entry's time if that is later.
@@ -58,43 +80,38 @@ pub fn process(
     input: Input,
 ) -> Processed {
     let now = state.clock.max(log_time);
-    begin_entry(state, now);
+    let previous_watermark = state.watermark;
+    begin_entry(state, now, &input);
+    let budget = state
+        .rules()
+        .map_or(Rules::default().limits.max_work_per_entry, |r| {
+            r.limits.max_work_per_entry
+        });
     let mut d = Decider {
         state,
         ctx,
         now,
         cause: &cause,
-        input_kind: input.kind(),
+        input: &input,
         events: Vec::new(),
         outputs: Vec::new(),
+        budget,
+        more: false,
+        previous_watermark,
     };
-    d.handle(&input);
-    let (events, outputs) = (d.events, d.outputs);
+    d.handle();
+    let (events, outputs, more) = (d.events, d.outputs, d.more);
     Processed {
         entry: JournalEntry {
             cause,
             log_time: now,
             input,
             events,
+            format: DECISION_FORMAT,
         },
         outputs,
+        more,
     }
-}
-
-/// The events `input` would produce from `state`, without changing it (for audit verify and
-/// what-if replays; the live path uses [`process`]).
-pub fn decide(
-    state: &State,
-    ctx: &Ctx<'_>,
-    cause: Cause,
-    log_time: Millis,
-    input: Input,
-) -> Vec<Event> {
-    let mut scratch = state.clone();
-    scratch.dirty = None;
-    process(&mut scratch, ctx, cause, log_time, input)
-        .entry
-        .events
 }
 
 pub(crate) struct Decider<'s, 'c> {
@@ -102,14 +119,20 @@ pub(crate) struct Decider<'s, 'c> {
     ctx: &'c Ctx<'c>,
     now: Millis,
     cause: &'s Cause,
-    input_kind: &'static str,
+    input: &'s Input,
     events: Vec<Event>,
     outputs: Vec<Output>,
+    /// Units of work this entry may still do.
+    budget: u32,
+    /// Work was left for a continuation.
+    more: bool,
+    /// The watermark before this entry (a Tick's jump from it may be a gap).
+    previous_watermark: Millis,
 }
 
 impl Decider<'_, '_> {
-    fn handle(&mut self, input: &Input) {
-        match input {
+    fn handle(&mut self) {
+        match self.input {
             Input::Submit(r) => self.submit(r),
             Input::Started(s) => self.started(s),
             Input::Progress(p) => self.progress(p),
@@ -118,7 +141,7 @@ impl Decider<'_, '_> {
             Input::Cancel(c) => self.cancel(c),
             Input::Approve(a) => self.approve(a),
             Input::Reject(r) => self.reject(r),
-            Input::Tick(_) => self.tick(),
+            Input::Tick(t) => self.tick(t),
             Input::Malformed(m) => self.malformed(m),
             Input::Reconfigure(r) => self.reconfigure(r),
         }
@@ -130,11 +153,34 @@ impl Decider<'_, '_> {
 
     /// Applies `event` and records it (and the record it sends, if any).
     pub(crate) fn emit(&mut self, event: Event) {
-        apply(self.state, &event, self.now);
+        let at = Applying {
+            now: self.now,
+            input: self.input,
+            format: DECISION_FORMAT,
+        };
+        apply(self.state, &event, &at);
         if let Some(out) = output_of(self.state, &event, self.now) {
             self.outputs.push(out);
         }
         self.events.push(event);
+    }
+
+    /// Whether this entry may do another unit of work (a placement, a timeout, a lost
+    /// worker, a retry). When not, the entry ends and a continuation does the rest: handlers
+    /// ask before each unit, at points where stopping leaves a consistent state that a later
+    /// Tick would pick up again. Only work that emits events spends budget
+    /// ([`Decider::spend`]), so every continuation makes progress.
+    pub(crate) fn may_work(&mut self) -> bool {
+        if self.budget == 0 {
+            self.more = true;
+            return false;
+        }
+        true
+    }
+
+    /// One unit of work was done.
+    pub(crate) fn spend(&mut self) {
+        self.budget = self.budget.saturating_sub(1);
     }
 
     pub(crate) fn config(&self) -> Option<Arc<ActiveConfig>> {
@@ -151,19 +197,19 @@ impl Decider<'_, '_> {
         })
     }
 
-    pub(crate) fn refuse(&mut self, job_id: &str, reason_code: &str, reason: String) {
+    pub(crate) fn refuse(&mut self, job_id: &str, code: Rejection, reason: String) {
         let state = self.state.jobs.get(job_id).map(|j| j.state);
         let job_id = if state.is_some() { job_id } else { "" };
         self.emit(Event::CommandRejected(CommandRejected {
             job_id: job_id.to_owned(),
-            input_kind: self.input_kind.to_owned(),
-            reason_code: reason_code.to_owned(),
+            input_kind: self.input.kind().to_owned(),
+            reason_code: code.as_str().to_owned(),
             reason,
             state,
         }));
     }
 
-    /// Emits the DeadLettered event for a job.
+    /// Emits the DeadLettered event for a job the state knows.
     pub(crate) fn dead_letter(&mut self, job_id: &str, reason_code: &str, reason: String) {
         let (topic, tenant, last_state, attempts) = match self.state.jobs.get(job_id) {
             Some(j) => (
@@ -174,10 +220,53 @@ impl Decider<'_, '_> {
             ),
             None => (String::new(), String::new(), String::new(), 0),
         };
+        self.dead_letter_record(
+            job_id,
+            topic,
+            tenant,
+            last_state,
+            attempts,
+            reason_code,
+            reason,
+        );
+    }
+
+    /// Emits a DeadLettered event for a record that never became a job (or a submission
+    /// refused before it did): malformed, too large, set aside, a conflicting duplicate.
+    pub(crate) fn dead_letter_input(
+        &mut self,
+        job_id: &str,
+        tenant_id: &str,
+        reason_code: DlqReason,
+        reason: String,
+    ) {
+        let topic = self.cause.topic.clone();
+        self.dead_letter_record(
+            job_id,
+            topic,
+            tenant_id.to_owned(),
+            String::new(),
+            0,
+            reason_code.as_str(),
+            reason,
+        );
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn dead_letter_record(
+        &mut self,
+        job_id: &str,
+        topic: String,
+        tenant_id: String,
+        last_state: String,
+        attempts: i32,
+        reason_code: &str,
+        reason: String,
+    ) {
         let dl = DeadLetter {
             job_id: job_id.to_owned(),
             topic,
-            tenant_id: tenant,
+            tenant_id,
             reason_code: reason_code.to_owned(),
             reason,
             last_state,
@@ -191,26 +280,17 @@ impl Decider<'_, '_> {
     }
 
     fn malformed(&mut self, m: &MalformedRecord) {
-        let dl = DeadLetter {
-            job_id: String::new(),
-            topic: self.cause.topic.clone(),
-            tenant_id: String::new(),
-            reason_code: "malformed_record".to_owned(),
-            reason: match &m.key {
-                Some(k) => format!(
-                    "record with key {k:?} ({} bytes): {}",
-                    m.size_bytes, m.error
-                ),
-                None => format!("record without key ({} bytes): {}", m.size_bytes, m.error),
-            },
-            last_state: String::new(),
-            attempts: 0,
-            cause_topic: self.cause.topic.clone(),
-            cause_partition: self.cause.partition,
-            cause_offset: self.cause.offset,
-            at: self.now,
+        let code = DlqReason::parse(&m.reason_code).unwrap_or(DlqReason::MalformedRecord);
+        let reason = match &m.key {
+            Some(k) => format!(
+                "record with key {k:?} ({} bytes): {}",
+                m.size_bytes, m.error
+            ),
+            None => format!("record without key ({} bytes): {}", m.size_bytes, m.error),
         };
-        self.emit(Event::DeadLettered(DeadLettered { dead_letter: dl }));
+        let job_id = m.job_id.clone().unwrap_or_default();
+        let tenant = m.tenant_id.clone().unwrap_or_default();
+        self.dead_letter_input(&job_id, &tenant, code, reason);
     }
 
     fn reconfigure(&mut self, r: &Reconfigure) {
@@ -220,7 +300,7 @@ impl Decider<'_, '_> {
         }) {
             Ok(rules) => rules,
             Err(e) => {
-                self.refuse("", "invalid_config", e.to_string());
+                self.refuse("", Rejection::InvalidConfig, e.to_string());
                 return;
             }
         };
@@ -231,6 +311,7 @@ impl Decider<'_, '_> {
             return;
         }
         self.emit(Event::ConfigApplied(ConfigApplied { config: r.clone() }));
+        self.reset_breakers("the configuration changed");
         let pools: Vec<String> = self.state.queues.keys().cloned().collect();
         self.schedule_pools(pools);
     }

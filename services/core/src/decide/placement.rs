@@ -11,7 +11,9 @@ use std::collections::BTreeSet;
 use std::ops::Bound::{Excluded, Unbounded};
 
 use crate::decide::Decider;
+use crate::decide::breaker::breaker_blocks;
 use crate::events::*;
+use crate::reason::{DlqReason, WaitReason};
 use crate::records::Heartbeat;
 use crate::rules::{Overload, Rules};
 use crate::state::{Job, QueueKey, State, Worker};
@@ -22,23 +24,50 @@ pub const LABEL_PREFERRED_WORKER: &str = "preferred_worker_id";
 /// Job label prefixes that must equal the worker's label of the same name (SPEC §3.5).
 pub const PLACEMENT_PREFIXES: &[&str] = &["placement.", "constraint.", "node."];
 
+/// Most candidates a placement event lists; the rest are counted (a pool of thousands of
+/// workers must not make every placement event thousands of entries long).
+pub const MAX_CANDIDATES: usize = 16;
+
+/// The workers a placement considered, as journaled: at most [`MAX_CANDIDATES`], the best
+/// scored first in line, and how many were left out.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub(crate) struct Candidates {
+    pub listed: Vec<Candidate>,
+    pub omitted: i32,
+}
+
+impl Candidates {
+    /// Bounds `all` (in evaluation order): when there are too many, keeps the scored ones
+    /// with the best scores, then skipped ones, in their original order.
+    fn bounded(all: Vec<Candidate>) -> Candidates {
+        if all.len() <= MAX_CANDIDATES {
+            return Candidates {
+                listed: all,
+                omitted: 0,
+            };
+        }
+        let mut order: Vec<usize> = (0..all.len()).collect();
+        order.sort_by(|a, b| {
+            let key = |i: &usize| all[*i].score.unwrap_or(f64::INFINITY);
+            key(a).total_cmp(&key(b)).then(a.cmp(b))
+        });
+        let mut keep: Vec<usize> = order.into_iter().take(MAX_CANDIDATES).collect();
+        keep.sort_unstable();
+        let omitted = i32::try_from(all.len() - keep.len()).unwrap_or(i32::MAX);
+        let mut all: Vec<Option<Candidate>> = all.into_iter().map(Some).collect();
+        Candidates {
+            listed: keep.into_iter().filter_map(|i| all[i].take()).collect(),
+            omitted,
+        }
+    }
+}
+
 /// Why a job could not be placed now.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Blocked {
-    /// `no_workers`, `pool_overloaded`, `tenant_limit` or `circuit_open`.
-    pub code: &'static str,
+    pub code: WaitReason,
     pub detail: String,
-    pub candidates: Vec<Candidate>,
-}
-
-/// The DLQ reason code for a job that waited too long, by what held it (SPEC §4). A circuit
-/// that stayed open counts as an overloaded pool.
-pub fn blocker_reason_code(wait_code: &str) -> &'static str {
-    match wait_code {
-        "tenant_limit" => "tenant_limit",
-        "pool_overloaded" | "circuit_open" => "pool_overloaded",
-        _ => "no_workers",
-    }
+    pub candidates: Candidates,
 }
 
 /// What placement would do for a job now.
@@ -61,7 +90,7 @@ struct PoolOutcome {
 }
 
 impl Decider<'_, '_> {
-    /// Runs a scheduling pass over each pool's queue.
+    /// Runs a scheduling pass over each pool's queue, within the entry's work budget.
     pub(crate) fn schedule_pools(&mut self, pools: Vec<String>) {
         let pools: BTreeSet<String> = pools.into_iter().collect();
         for pool in pools {
@@ -78,27 +107,14 @@ impl Decider<'_, '_> {
                     Some(k) => q.range((Excluded(k), Unbounded)).next().cloned(),
                 });
                 let Some(key) = next else { break };
-                self.try_place(&key.job_id);
+                if !self.may_work() {
+                    return;
+                }
+                if self.try_place(&key.job_id) {
+                    self.spend();
+                }
                 after = Some(key);
             }
-        }
-    }
-
-    /// Open -> half-open once the cool-down has passed.
-    pub(crate) fn maybe_half_open(&mut self, pool: &str) {
-        let cooldown = self.rules().rules.breaker.cooldown_ms;
-        let due = self.state().breakers.get(pool).is_some_and(|b| {
-            b.state == CircuitState::Open
-                && b.opened_at
-                    .is_some_and(|t| self.now.saturating_sub(t) >= cooldown)
-        });
-        if due {
-            self.emit(Event::CircuitChanged(CircuitChanged {
-                pool: pool.to_owned(),
-                from: CircuitState::Open,
-                to: CircuitState::HalfOpen,
-                reason: format!("cool-down of {cooldown} ms passed; letting probes through"),
-            }));
         }
     }
 
@@ -114,9 +130,17 @@ impl Decider<'_, '_> {
         })
     }
 
-    /// Places one queued job if any of its pools has a worker for it.
+    /// Places one queued job if any of its pools has a worker for it (or ends it, if its
+    /// deadline passed while it waited); true when the job left the queue.
     fn try_place(&mut self, job_id: &str) -> bool {
         let config = self.rules();
+        if let Some(deadline) = self.state().jobs[job_id].deadline_at
+            && deadline <= self.now
+        {
+            let detail = format!("deadline passed at {deadline} before the job could be placed");
+            self.time_out(job_id, DlqReason::DeadlineExceeded, detail);
+            return true;
+        }
         match evaluate(self.state(), &config.rules, job_id) {
             Decision::Place {
                 pool,
@@ -138,9 +162,9 @@ impl Decider<'_, '_> {
         match evaluate(self.state(), &config.rules, job_id) {
             Decision::Blocked(b) => b,
             Decision::Place { .. } => Blocked {
-                code: "no_workers",
+                code: WaitReason::NoWorkers,
                 detail: "placeable now; waiting for the next pass".into(),
-                candidates: Vec::new(),
+                candidates: Candidates::default(),
             },
         }
     }
@@ -164,14 +188,16 @@ impl Decider<'_, '_> {
             .copied()
             .min()
             .unwrap_or(-1);
+        let candidates = Candidates::bounded(candidates);
         self.emit(Event::JobScheduled(JobScheduled {
             job_id: job_id.to_owned(),
             attempt,
             pool: pool.to_owned(),
             worker_id: worker_id.to_owned(),
             strategy: strategy.to_owned(),
-            candidates,
+            candidates: candidates.listed,
             notes,
+            candidates_omitted: candidates.omitted,
         }));
         self.emit(Event::JobDispatched(JobDispatched {
             job_id: job_id.to_owned(),
@@ -252,27 +278,28 @@ fn evaluate(state: &State, rules: &Rules, job_id: &str) -> Decision {
             .count();
     }
     let pools = job.pools.join(", ");
+    let candidates = Candidates::bounded(candidates);
     let blocked = if any_overloaded > 0 {
         Blocked {
-            code: "pool_overloaded",
+            code: WaitReason::PoolOverloaded,
             detail: format!("every suitable worker in [{pools}] is at capacity"),
             candidates,
         }
     } else if let Some(why) = circuit.filter(|_| any_alive == 0) {
         Blocked {
-            code: "circuit_open",
+            code: WaitReason::CircuitOpen,
             detail: why,
             candidates,
         }
     } else if any_alive == 0 {
         Blocked {
-            code: "no_workers",
+            code: WaitReason::NoWorkers,
             detail: format!("no live worker in [{pools}]"),
             candidates,
         }
     } else {
         Blocked {
-            code: "no_workers",
+            code: WaitReason::NoWorkers,
             detail: format!(
                 "no live worker in [{pools}] matches the job's placement labels or can receive dispatches"
             ),
@@ -296,28 +323,13 @@ fn tenant_blocks(state: &State, job: &Job) -> Option<Blocked> {
     let limit = job.constraints.max_concurrent_jobs?;
     let active = state.tenant_active_jobs(&job.request.tenant_id);
     (active >= i64::from(limit)).then(|| Blocked {
-        code: "tenant_limit",
+        code: WaitReason::TenantLimit,
         detail: format!(
             "tenant {} has {active} active jobs, its limit is {limit}",
             job.request.tenant_id
         ),
-        candidates: Vec::new(),
+        candidates: Candidates::default(),
     })
-}
-
-/// Why the pool's breaker holds jobs back, if it does.
-fn breaker_blocks(state: &State, rules: &Rules, pool: &str) -> Option<String> {
-    let b = state.breakers.get(pool)?;
-    match b.state {
-        CircuitState::Closed => None,
-        CircuitState::Open => Some(format!("circuit of pool {pool} is open")),
-        CircuitState::HalfOpen => (b.probes_sent >= rules.breaker.half_open_probes).then(|| {
-            format!(
-                "circuit of pool {pool} is half-open and its {} probes are out",
-                rules.breaker.half_open_probes
-            )
-        }),
-    }
 }
 
 /// Why a live worker cannot take any job now, whatever the job.

@@ -3,10 +3,10 @@
 //! Every report carries the attempt number of the Dispatch it answers; a report for an older
 //! attempt is journaled as rejected and changes nothing (attempt fencing).
 
-use crate::apply::ERROR_HANDED_BACK;
 use crate::decide::Decider;
 use crate::events::*;
 use crate::policy::output_document;
+use crate::reason::{AttemptError, DlqReason, Rejection};
 use crate::records::{Heartbeat, JobProgress, JobResult, JobStarted, ResultStatus};
 
 impl Decider<'_, '_> {
@@ -14,14 +14,14 @@ impl Decider<'_, '_> {
     /// not fit. Returns the job's state when the report may proceed.
     fn admit_report(&mut self, job_id: &str, attempt: i32) -> Option<JobState> {
         let Some(job) = self.state().jobs.get(job_id) else {
-            self.refuse(job_id, "unknown_job", format!("no job {job_id}"));
+            self.refuse(job_id, Rejection::UnknownJob, format!("no job {job_id}"));
             return None;
         };
         let (state, current) = (job.state, job.attempt);
         if attempt < current {
             self.refuse(
                 job_id,
-                "stale_attempt",
+                Rejection::StaleAttempt,
                 format!("report for attempt {attempt}, the job is on attempt {current}; ignored"),
             );
             return None;
@@ -29,7 +29,7 @@ impl Decider<'_, '_> {
         if attempt > current {
             self.refuse(
                 job_id,
-                "unknown_attempt",
+                Rejection::UnknownAttempt,
                 format!("report for attempt {attempt}, but only {current} were dispatched"),
             );
             return None;
@@ -37,8 +37,11 @@ impl Decider<'_, '_> {
         if !matches!(state, JobState::Dispatched | JobState::Running) {
             self.refuse(
                 job_id,
-                "invalid_transition",
-                format!("the job is {state}; a {} cannot change it", self.input_kind),
+                Rejection::InvalidTransition,
+                format!(
+                    "the job is {state}; a {} cannot change it",
+                    self.input.kind()
+                ),
             );
             return None;
         }
@@ -62,7 +65,7 @@ impl Decider<'_, '_> {
             Some(JobState::Dispatched) => self.start(&s.job_id, s.attempt, &s.worker_id),
             Some(_) => self.refuse(
                 &s.job_id,
-                "duplicate",
+                Rejection::Duplicate,
                 format!("attempt {} already started", s.attempt),
             ),
             None => {}
@@ -101,42 +104,31 @@ impl Decider<'_, '_> {
             ResultStatus::Succeeded => self.succeed(r),
             ResultStatus::FailedRetryable => self.retry_or_fail(
                 &r.job_id,
-                r.error_code.as_deref().unwrap_or("failed_retryable"),
+                worker_code(&r.error_code).unwrap_or(AttemptError::FailedRetryable.as_str()),
                 r.error_message.clone(),
             ),
-            ResultStatus::FailedFatal => {
-                let code = r
-                    .error_code
-                    .clone()
-                    .filter(|c| !c.is_empty())
-                    .unwrap_or_else(|| "failed_fatal".to_owned());
-                self.fail(&r.job_id, r.attempt, &code, r.error_message.clone());
-                self.dead_letter(
-                    &r.job_id,
-                    &code,
-                    r.error_message
-                        .clone()
-                        .unwrap_or_else(|| "the worker reported FAILED_FATAL".to_owned()),
-                );
-                self.saga_on_fatal(&r.job_id);
-            }
+            ResultStatus::FailedFatal => self.fail_fatal(
+                &r.job_id,
+                worker_code(&r.error_code).unwrap_or(AttemptError::FailedFatal.as_str()),
+                r.error_message.clone(),
+            ),
             // Nobody asked to cancel (a cancelled job is terminal and refused above): the worker
             // gave the job back, e.g. while draining. Another attempt runs elsewhere.
             ResultStatus::Cancelled => self.retry_or_fail(
                 &r.job_id,
-                ERROR_HANDED_BACK,
+                AttemptError::HandedBack.as_str(),
                 r.error_message
                     .clone()
                     .or_else(|| Some(format!("worker {} gave the job back", r.worker_id))),
             ),
         }
         if let Some(pool) = pool {
-            self.evaluate_breaker(&pool);
             self.schedule_pools(vec![pool]);
         }
     }
 
     fn succeed(&mut self, r: &JobResult) {
+        let counted = self.breaker_pool(&r.job_id, "");
         self.emit(Event::JobSucceeded(JobSucceeded {
             job_id: r.job_id.clone(),
             attempt: r.attempt,
@@ -145,6 +137,7 @@ impl Decider<'_, '_> {
             result_meta: r.result_meta.clone(),
             execution_ms: r.execution_ms,
         }));
+        self.count_for_breaker(counted, &r.job_id, false);
         let config = self.rules();
         let doc = output_document(
             &self.state().jobs[&r.job_id].request,
@@ -165,63 +158,17 @@ impl Decider<'_, '_> {
                 snapshot_id: config.raw.policy_snapshot.clone(),
                 reasons: verdict.reasons,
             }));
-            self.dead_letter(&r.job_id, "output_quarantined", reason);
+            self.dead_letter(&r.job_id, DlqReason::OutputQuarantined.as_str(), reason);
         }
         self.saga_on_success(&r.job_id);
     }
 
-    /// Opens, closes or keeps a pool's circuit after a result (SPEC §5).
-    pub(super) fn evaluate_breaker(&mut self, pool: &str) {
-        let config = self.rules();
-        let rules = &config.rules.breaker;
-        let Some(b) = self.state().breakers.get(pool) else {
-            return;
-        };
-        let ratio = b.failure_ratio();
-        let change = match b.state {
-            CircuitState::Closed if b.consecutive_failures >= rules.consecutive_failures => Some((
-                CircuitState::Open,
-                format!("{} consecutive failures", b.consecutive_failures),
-            )),
-            CircuitState::Closed
-                if b.window.len() >= rules.window as usize && ratio >= rules.failure_ratio =>
-            {
-                Some((
-                    CircuitState::Open,
-                    format!(
-                        "failure ratio {:.0}% over the last {} results",
-                        ratio * 100.0,
-                        b.window.len()
-                    ),
-                ))
-            }
-            CircuitState::HalfOpen if b.consecutive_failures > 0 => {
-                Some((CircuitState::Open, "a probe job failed".to_owned()))
-            }
-            CircuitState::HalfOpen if b.probe_successes >= rules.close_after_successes => Some((
-                CircuitState::Closed,
-                format!("{} probe jobs succeeded", b.probe_successes),
-            )),
-            _ => None,
-        };
-        if let Some((to, reason)) = change {
-            let from = b.state;
-            self.emit(Event::CircuitChanged(CircuitChanged {
-                pool: pool.to_owned(),
-                from,
-                to,
-                reason,
-            }));
-        }
-    }
-
     pub(super) fn heartbeat(&mut self, hb: &Heartbeat) {
-        if hb.worker_id.trim().is_empty() || hb.pool.trim().is_empty() {
-            self.refuse(
-                "",
-                "invalid_heartbeat",
-                "heartbeat without worker_id or pool".to_owned(),
-            );
+        let config = self.rules();
+        let partitions = config.rules.dispatch_partitions.get(&hb.pool).copied();
+        let configured = config.rules.pools.contains_key(&hb.pool);
+        if let Some(why) = invalid_heartbeat(hb, configured, partitions) {
+            self.refuse("", Rejection::InvalidHeartbeat, why);
             return;
         }
         let joined = self
@@ -236,4 +183,56 @@ impl Decider<'_, '_> {
         }));
         self.schedule_pools(vec![hb.pool.clone()]);
     }
+}
+
+/// A worker's own error code, when it gave one.
+// (see also `invalid_heartbeat`: a heartbeat must name a configured pool)
+fn worker_code(code: &Option<String>) -> Option<&str> {
+    code.as_deref().filter(|c| !c.trim().is_empty())
+}
+
+/// Why a heartbeat cannot be taken as the worker's view, if it cannot: identity missing,
+/// loads that are not numbers (NaN would win every placement) or negative, negative counts,
+/// or dispatch partitions the pool's topic does not have (`partitions`, when known).
+fn invalid_heartbeat(hb: &Heartbeat, configured: bool, partitions: Option<i32>) -> Option<String> {
+    if hb.worker_id.trim().is_empty() || hb.pool.trim().is_empty() {
+        return Some("heartbeat without worker_id or pool".to_owned());
+    }
+    let who = crate::records::truncate_for_display(&hb.worker_id, 64);
+    if !configured {
+        return Some(format!(
+            "heartbeat of {who}: pool {} is not configured (pools.yaml)",
+            crate::records::truncate_for_display(&hb.pool, 64)
+        ));
+    }
+    for (name, v) in [
+        ("cpu_load", hb.cpu_load),
+        ("gpu_utilization", hb.gpu_utilization),
+        ("memory_load", hb.memory_load),
+    ] {
+        if !v.is_finite() || v < 0.0 {
+            return Some(format!(
+                "heartbeat of {who}: {name} {v} is not a load (a finite number, 0 or more)"
+            ));
+        }
+    }
+    if hb.active_jobs < 0 || hb.max_parallel_jobs < 0 {
+        return Some(format!(
+            "heartbeat of {who}: active_jobs {} and max_parallel_jobs {} must not be negative",
+            hb.active_jobs, hb.max_parallel_jobs
+        ));
+    }
+    if hb.memory_free_bytes.is_some_and(|m| m < 0) {
+        return Some(format!("heartbeat of {who}: memory_free_bytes is negative"));
+    }
+    if let Some(n) = partitions
+        && let Some(p) = hb.owned_partitions.iter().find(|p| **p < 0 || **p >= n)
+    {
+        return Some(format!(
+            "heartbeat of {who}: it claims dispatch partition {p}, but the dispatch topic of pool {} has partitions 0..{}",
+            crate::records::truncate_for_display(&hb.pool, 64),
+            n - 1
+        ));
+    }
+    None
 }

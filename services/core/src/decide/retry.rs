@@ -3,6 +3,7 @@
 use crate::decide::Decider;
 use crate::events::*;
 use crate::hash::fnv1a64;
+use crate::reason::DlqReason;
 use crate::rules::RetryRules;
 
 /// Backoff before retrying after `attempt` failed:
@@ -28,6 +29,7 @@ impl Decider<'_, '_> {
         let max_retries = job.max_retries(&config.rules);
         let worker = job.worker_id.clone();
         if attempt < max_retries + 1 {
+            let counted = self.breaker_pool(job_id, code);
             let backoff = backoff_ms(&config.rules.retry, job_id, attempt);
             self.emit(Event::JobRetrying(JobRetrying {
                 job_id: job_id.to_owned(),
@@ -37,6 +39,7 @@ impl Decider<'_, '_> {
                 backoff_ms: backoff,
                 retry_at: self.now.saturating_add(backoff),
             }));
+            self.count_for_breaker(counted, job_id, true);
         } else {
             let reason = format!(
                 "{attempt} attempts failed (max_retries {max_retries}); last error {code}{}{}",
@@ -46,46 +49,109 @@ impl Decider<'_, '_> {
                     .unwrap_or_default(),
                 worker.map(|w| format!(" on {w}")).unwrap_or_default()
             );
-            self.fail(job_id, attempt, "max_retries_exceeded", message);
-            self.dead_letter(job_id, "max_retries_exceeded", reason);
+            let counted = self.breaker_pool(job_id, code);
+            self.end_failed(
+                job_id,
+                DlqReason::MaxRetriesExceeded.as_str(),
+                message,
+                reason,
+                counted,
+            );
             self.saga_on_terminal(job_id);
         }
     }
 
-    pub(crate) fn fail(
+    /// FAILED for good, by the scheduler's decision (no pool, placement timeout, retries
+    /// exhausted): the job fails, is dead-lettered with `code`, and a saga it ran for as a
+    /// compensation learns it failed.
+    pub(crate) fn fail_for_good(
         &mut self,
         job_id: &str,
-        attempt: i32,
-        reason_code: &str,
+        code: &str,
         message: Option<String>,
+        reason: String,
     ) {
+        self.end_failed(job_id, code, message, reason, None);
+        self.saga_on_terminal(job_id);
+    }
+
+    /// FAILED_FATAL from the worker: the job fails, counts against its pool, is
+    /// dead-lettered with the worker's code, and its workflow rolls back (SPEC §7).
+    pub(crate) fn fail_fatal(&mut self, job_id: &str, code: &str, message: Option<String>) {
+        let reason = message
+            .clone()
+            .unwrap_or_else(|| "the worker reported FAILED_FATAL".to_owned());
+        let counted = self.breaker_pool(job_id, code);
+        self.end_failed(job_id, code, message, reason, counted);
+        self.saga_on_fatal(job_id);
+    }
+
+    /// The one way a job becomes FAILED: JobFailed, the breaker count its attempt decided,
+    /// the dead letter.
+    fn end_failed(
+        &mut self,
+        job_id: &str,
+        code: &str,
+        message: Option<String>,
+        reason: String,
+        counted: Option<String>,
+    ) {
+        let attempt = self.state().jobs[job_id].attempt;
         self.emit(Event::JobFailed(JobFailed {
             job_id: job_id.to_owned(),
             attempt,
-            reason_code: reason_code.to_owned(),
+            reason_code: code.to_owned(),
             error_message: message,
         }));
+        self.count_for_breaker(counted, job_id, true);
+        self.dead_letter(job_id, code, reason);
     }
 
-    /// TIMEOUT: stops the attempt on its worker, dead-letters, and settles a saga.
-    pub(crate) fn time_out(&mut self, job_id: &str, reason_code: &str, detail: String) {
+    /// DENIED (policy or approver): dead-lettered with `code`, a saga learns of it.
+    pub(crate) fn deny(
+        &mut self,
+        job_id: &str,
+        code: DlqReason,
+        reasons: Vec<String>,
+        by: Option<String>,
+    ) {
+        let reason = match (&by, reasons.first()) {
+            (Some(by), Some(why)) => format!("rejected by {by}: {why}"),
+            (Some(by), None) => format!("rejected by {by}"),
+            (None, _) if reasons.is_empty() => "denied by policy".to_owned(),
+            (None, _) => reasons.join("; "),
+        };
+        self.emit(Event::JobDenied(JobDenied {
+            job_id: job_id.to_owned(),
+            reason_code: code.as_str().to_owned(),
+            reasons,
+            by,
+        }));
+        self.dead_letter(job_id, code.as_str(), reason);
+        self.saga_on_terminal(job_id);
+    }
+
+    /// TIMEOUT: stops the attempt on its worker, counts a reconciler timeout against the
+    /// pool, dead-letters, and settles a saga.
+    pub(crate) fn time_out(&mut self, job_id: &str, code: DlqReason, detail: String) {
         let job = &self.state().jobs[job_id];
-        let running = matches!(
-            job.state,
-            JobState::Scheduled | JobState::Dispatched | JobState::Running
-        );
+        let running = job.state.is_active();
         let (attempt, worker, pool, partition) = (
             job.attempt,
             job.worker_id.clone(),
             job.pool.clone(),
             job.partition,
         );
+        let counted = (code == DlqReason::Timeout)
+            .then(|| self.breaker_pool(job_id, code.as_str()))
+            .flatten();
         self.emit(Event::JobTimedOut(JobTimedOut {
             job_id: job_id.to_owned(),
             attempt,
-            reason_code: reason_code.to_owned(),
+            reason_code: code.as_str().to_owned(),
             detail: detail.clone(),
         }));
+        self.count_for_breaker(counted, job_id, true);
         if running && let (Some(worker_id), Some(pool)) = (worker, pool) {
             self.emit(Event::DispatchCancelled(DispatchCancelled {
                 job_id: job_id.to_owned(),
@@ -93,10 +159,10 @@ impl Decider<'_, '_> {
                 pool,
                 worker_id,
                 partition: partition.unwrap_or(-1),
-                reason: reason_code.to_owned(),
+                reason: code.as_str().to_owned(),
             }));
         }
-        self.dead_letter(job_id, reason_code, detail);
+        self.dead_letter(job_id, code.as_str(), detail);
         self.saga_on_terminal(job_id);
     }
 }

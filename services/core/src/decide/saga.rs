@@ -170,7 +170,7 @@ impl Decider<'_, '_> {
             );
             return;
         }
-        self.accept(request);
+        self.accept(request, true);
         // accept() settles the saga itself if the compensation ended at once (no pool,
         // denied): saga_on_terminal sees it as the running compensation.
     }

@@ -4,32 +4,24 @@ use crate::decide::Decider;
 use crate::events::*;
 use crate::hash::job_hash;
 use crate::policy::{PolicyDecision, input_document};
+use crate::reason::DlqReason;
 use crate::records::{Constraints, JobRequest};
-use crate::state::Job;
+use crate::rules::{Limits, Rules};
+use crate::state::{Job, State};
 
 /// Label naming the one pool a job would like (SPEC §3.3).
 pub const LABEL_PREFERRED_POOL: &str = "preferred_pool";
 
 impl Decider<'_, '_> {
-    pub(super) fn submit(&mut self, request: &JobRequest) {
-        let mut request = request.clone();
-        // Routing trusts the topic the record was read from, not what the producer wrote.
+    pub(super) fn submit(&mut self, input: &JobRequest) {
+        let mut request = input.clone();
+        // Routing trusts the topic the record was read from, not what the producer wrote
+        // (the processor already journals it so; an input that says otherwise keeps its own
+        // request in JobAccepted).
         request.topic = self.cause.topic.clone();
-        if let Some(problem) = invalid_request(&request) {
-            let dl = crate::records::DeadLetter {
-                job_id: request.job_id.clone(),
-                topic: request.topic.clone(),
-                tenant_id: request.tenant_id.clone(),
-                reason_code: "malformed_record".to_owned(),
-                reason: problem,
-                last_state: String::new(),
-                attempts: 0,
-                cause_topic: self.cause.topic.clone(),
-                cause_partition: self.cause.partition,
-                cause_offset: self.cause.offset,
-                at: self.now,
-            };
-            self.emit(Event::DeadLettered(DeadLettered { dead_letter: dl }));
+        let journal_request = request != *input;
+        if let Some((code, problem)) = invalid_request(&request, &self.rules().rules.limits) {
+            self.dead_letter_input(&request.job_id, &request.tenant_id, code, problem);
             return;
         }
 
@@ -47,22 +39,15 @@ impl Decider<'_, '_> {
                 idempotency_key: request.meta.idempotency_key.clone(),
             }));
             if !same {
-                let dl = crate::records::DeadLetter {
-                    job_id: job_id.clone(),
-                    topic: request.topic.clone(),
-                    tenant_id: request.tenant_id.clone(),
-                    reason_code: "duplicate_job_id".to_owned(),
-                    reason: format!(
-                        "job_id {job_id} was already submitted with different content; the new submission is dropped"
-                    ),
-                    last_state: String::new(),
-                    attempts: 0,
-                    cause_topic: self.cause.topic.clone(),
-                    cause_partition: self.cause.partition,
-                    cause_offset: self.cause.offset,
-                    at: self.now,
-                };
-                self.emit(Event::DeadLettered(DeadLettered { dead_letter: dl }));
+                let reason = format!(
+                    "job_id {job_id} was already submitted with different content; the new submission is dropped"
+                );
+                self.dead_letter_input(
+                    &job_id,
+                    &request.tenant_id,
+                    DlqReason::DuplicateJobId,
+                    reason,
+                );
             }
             return;
         }
@@ -86,11 +71,23 @@ impl Decider<'_, '_> {
             }
         }
 
-        self.accept(request);
+        let config = self.rules();
+        let (pools, _) = route(&config.rules, &request);
+        if let Some(why) = queue_full(self.state(), &config.rules, &request, &pools) {
+            self.dead_letter_input(
+                &request.job_id,
+                &request.tenant_id,
+                DlqReason::QueueFull,
+                why,
+            );
+            return;
+        }
+        self.accept(request, journal_request);
     }
 
     /// Admits a job (a submission or a saga compensation): routing, policy, queueing.
-    pub(super) fn accept(&mut self, request: JobRequest) {
+    /// `journal_request`: the request is not the entry's input, so JobAccepted carries it.
+    pub(super) fn accept(&mut self, request: JobRequest, journal_request: bool) {
         let config = self.rules();
         let rules = &config.rules;
         let job_id = request.job_id.clone();
@@ -100,13 +97,11 @@ impl Decider<'_, '_> {
             job_hash: job_hash(&request),
             pools: pools.clone(),
             routing_notes: notes.clone(),
-            request,
+            request: journal_request.then_some(request),
         }));
         if pools.is_empty() {
             let reason = notes.join("; ");
-            self.fail(&job_id, 0, "no_pool_mapping", Some(reason.clone()));
-            self.dead_letter(&job_id, "no_pool_mapping", reason);
-            self.saga_on_terminal(&job_id);
+            self.fail_for_good(&job_id, DlqReason::NoPoolMapping.as_str(), None, reason);
             return;
         }
         let decision = self.evaluate_input_policy(&job_id);
@@ -137,21 +132,7 @@ impl Decider<'_, '_> {
         self.emit(Event::PolicyEvaluated(decision));
         match verdict {
             Verdict::Allow => self.enqueue(job_id),
-            Verdict::Deny => {
-                let reason = if reasons.is_empty() {
-                    "denied by policy".to_owned()
-                } else {
-                    reasons.join("; ")
-                };
-                self.emit(Event::JobDenied(JobDenied {
-                    job_id: job_id.to_owned(),
-                    reason_code: "safety_denied".to_owned(),
-                    reasons,
-                    by: None,
-                }));
-                self.dead_letter(job_id, "safety_denied", reason);
-                self.saga_on_terminal(job_id);
-            }
+            Verdict::Deny => self.deny(job_id, DlqReason::SafetyDenied, reasons, None),
             Verdict::RequireApproval => {
                 let job_hash = self.state().jobs[job_id].job_hash.clone();
                 self.emit(Event::ApprovalRequested(ApprovalRequested {
@@ -180,35 +161,91 @@ impl Decider<'_, '_> {
             let blocked = self.blocker(job_id);
             self.emit(Event::JobWaiting(JobWaiting {
                 job_id: job_id.to_owned(),
-                reason_code: blocked.code.to_owned(),
+                reason_code: blocked.code.as_str().to_owned(),
                 detail: blocked.detail,
-                candidates: blocked.candidates,
+                candidates: blocked.candidates.listed,
+                candidates_omitted: blocked.candidates.omitted,
             }));
         }
     }
 }
 
-/// Why a decodable request still cannot be scheduled, if it cannot.
-fn invalid_request(r: &JobRequest) -> Option<String> {
+/// Why a decodable request still cannot be scheduled, if it cannot: `record_too_large` for
+/// what exceeds the configured limits, `malformed_record` for the rest.
+fn invalid_request(r: &JobRequest, limits: &Limits) -> Option<(DlqReason, String)> {
+    let malformed = |m: String| Some((DlqReason::MalformedRecord, m));
+    let too_large = |m: String| Some((DlqReason::RecordTooLarge, m));
     if r.job_id.trim().is_empty() {
-        return Some("job_id is empty".into());
+        return malformed("job_id is empty".into());
     }
     if r.tenant_id.trim().is_empty() {
-        return Some(format!("job {}: tenant_id is empty", r.job_id));
+        return malformed(format!("job {}: tenant_id is empty", r.job_id));
     }
     if r.budget.deadline_ms.is_some_and(|d| d <= 0) {
-        return Some(format!(
+        return malformed(format!(
             "job {}: budget.deadline_ms must be positive",
             r.job_id
         ));
     }
     if r.budget.max_runtime_ms.is_some_and(|d| d <= 0) {
-        return Some(format!(
+        return malformed(format!(
             "job {}: budget.max_runtime_ms must be positive",
             r.job_id
         ));
     }
+    let payload = r.payload.len() as i64;
+    if payload > limits.max_payload_bytes {
+        return too_large(format!(
+            "job {}: payload of {payload} bytes exceeds limits.max_payload_bytes {}",
+            r.job_id, limits.max_payload_bytes
+        ));
+    }
+    for (what, map, max) in [
+        ("labels", &r.labels, limits.max_labels),
+        ("env", &r.env, limits.max_env),
+    ] {
+        if map.len() > usize::try_from(max).unwrap_or(0) {
+            return too_large(format!(
+                "job {}: {} {what} exceed limits.max_{what} {max}",
+                r.job_id,
+                map.len()
+            ));
+        }
+        if let Some((k, v)) = map.iter().find(|(k, v)| {
+            k.len() as i64 > limits.max_entry_bytes || v.len() as i64 > limits.max_entry_bytes
+        }) {
+            return too_large(format!(
+                "job {}: {what} entry {:?} ({} + {} bytes) exceeds limits.max_entry_bytes {}",
+                r.job_id,
+                crate::records::truncate_for_display(k, 64),
+                k.len(),
+                v.len(),
+                limits.max_entry_bytes
+            ));
+        }
+    }
     None
+}
+
+/// Why the job may not enter its pools' queues now (admission limits), if it may not.
+fn queue_full(state: &State, rules: &Rules, r: &JobRequest, pools: &[String]) -> Option<String> {
+    let max_pool = rules.limits.max_pending_per_pool;
+    if let Some(pool) = pools
+        .iter()
+        .find(|p| state.queues.get(*p).map_or(0, |q| q.len() as i64) >= max_pool)
+    {
+        return Some(format!(
+            "pool {pool} already has {max_pool} pending jobs (limits.max_pending_per_pool); submit again later"
+        ));
+    }
+    let max_tenant = rules.max_pending_for_tenant(&r.tenant_id)?;
+    let pending = state.tenant_pending.get(&r.tenant_id).copied().unwrap_or(0);
+    (pending >= max_tenant).then(|| {
+        format!(
+            "tenant {} already has {pending} pending jobs, its limit is {max_tenant}; submit again later",
+            r.tenant_id
+        )
+    })
 }
 
 /// A resubmission is "the same job" when everything but the topic the scheduler fills in is

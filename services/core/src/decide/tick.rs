@@ -1,68 +1,115 @@
-//! Tick: time passes (SPEC §4). Lost workers, breaker cool-downs, due timers (retries,
-//! deadlines, placement and reconciler timeouts), idempotency retention, and a scheduling pass
-//! over every non-empty queue.
+//! Tick: time passes (SPEC §4). Lost workers and their jobs, breaker cool-downs, due timers
+//! (retries, deadlines, placement and reconciler timeouts), forgotten workers, idempotency
+//! retention, and a scheduling pass over every non-empty queue.
+//!
+//! A Tick judges at its watermark, the time up to which the processor has read every input
+//! that could have prevented a timeout (docs/architecture.md, "Time"): a worker is lost, or
+//! a job times out, only when its heartbeats and results have been read up to that time. A
+//! jump of the watermark larger than `clock_gap_ms` means nothing could be read in between;
+//! evidence-based timeouts then count from after the jump (`ClockGap`).
 
-use crate::apply::ERROR_WORKER_LOST;
 use crate::decide::Decider;
-use crate::decide::placement::blocker_reason_code;
 use crate::events::*;
+use crate::reason::{AttemptError, DlqReason};
+use crate::records::{Millis, Tick};
 use crate::state::{Timer, TimerKind};
 
 /// Never prune idempotency keys more often than this (log time).
 const MAX_PRUNE_INTERVAL_MS: i64 = 3_600_000;
+/// Most jobs a WorkerLost event lists (every one is retried by its own event).
+const MAX_LISTED_JOBS: usize = 100;
 
 impl Decider<'_, '_> {
-    pub(super) fn tick(&mut self) {
-        self.lose_silent_workers();
+    pub(super) fn tick(&mut self, t: &Tick) {
+        // Journals written before watermarks judged at the Tick's log time.
+        let judged = t.watermark.unwrap_or(self.now).max(self.previous_watermark);
+        let gap = self.rules().rules.timing.clock_gap_ms;
+        if t.watermark.is_some()
+            && self.previous_watermark > 0
+            && judged - self.previous_watermark > gap
+        {
+            self.emit(Event::ClockGap(ClockGap {
+                from: self.previous_watermark,
+                to: judged,
+            }));
+        }
+        self.lose_silent_workers(judged);
+        self.requeue_jobs_of_lost_workers();
         let pools: Vec<String> = self.state().breakers.keys().cloned().collect();
         for pool in pools {
             self.maybe_half_open(&pool);
         }
-        self.fire_due_timers();
+        self.fire_due_timers(judged);
+        self.forget_lost_workers(judged);
         self.prune_idempotency();
         let pools: Vec<String> = self.state().queues.keys().cloned().collect();
         self.schedule_pools(pools);
     }
 
-    fn lose_silent_workers(&mut self) {
+    fn lose_silent_workers(&mut self, judged: Millis) {
         let ttl = self.rules().rules.timing.worker_ttl_ms;
-        let lost: Vec<(String, String, i64, Vec<String>)> = self
+        let floor = self.state().liveness_floor;
+        let lost: Vec<(String, String, Millis, Vec<String>)> = self
             .state()
             .workers
             .iter()
-            .filter(|(_, w)| w.alive && self.now.saturating_sub(w.last_seen) > ttl)
+            .filter(|(_, w)| w.alive && judged.saturating_sub(w.last_seen.max(floor)) > ttl)
             .map(|(id, w)| {
                 (
                     id.clone(),
                     w.heartbeat.pool.clone(),
                     w.last_seen,
-                    w.inflight.iter().cloned().collect(),
+                    w.inflight.iter().take(MAX_LISTED_JOBS).cloned().collect(),
                 )
             })
             .collect();
         for (worker_id, pool, last_seen, job_ids) in lost {
+            if !self.may_work() {
+                return;
+            }
             self.emit(Event::WorkerLost(WorkerLost {
-                worker_id: worker_id.clone(),
+                worker_id,
                 pool,
                 last_seen,
-                job_ids: job_ids.clone(),
+                job_ids,
             }));
-            // The oncue agent-death rule: its jobs failed retryably.
-            for job_id in job_ids {
-                let message = format!(
-                    "worker {worker_id} sent no heartbeat for more than {ttl} ms (last at {last_seen})"
-                );
-                self.retry_or_fail(&job_id, ERROR_WORKER_LOST, Some(message));
-            }
+            self.spend();
         }
     }
 
-    fn fire_due_timers(&mut self) {
+    /// The oncue agent-death rule: jobs on a lost worker failed retryably. One unit of work
+    /// per job, so a worker that had thousands is settled over several entries.
+    fn requeue_jobs_of_lost_workers(&mut self) {
+        let ttl = self.rules().rules.timing.worker_ttl_ms;
+        let orphaned: Vec<(String, Millis, String)> = self
+            .state()
+            .workers
+            .iter()
+            .filter(|(_, w)| !w.alive)
+            .flat_map(|(id, w)| {
+                w.inflight
+                    .iter()
+                    .map(move |j| (id.clone(), w.last_seen, j.clone()))
+            })
+            .collect();
+        for (worker_id, last_seen, job_id) in orphaned {
+            if !self.may_work() {
+                return;
+            }
+            let message = format!(
+                "worker {worker_id} sent no heartbeat for more than {ttl} ms (last at {last_seen})"
+            );
+            self.retry_or_fail(&job_id, AttemptError::WorkerLost.as_str(), Some(message));
+            self.spend();
+        }
+    }
+
+    fn fire_due_timers(&mut self, judged: Millis) {
         let due: Vec<Timer> = self
             .state()
             .timers
             .iter()
-            .take_while(|t| t.due <= self.now)
+            .take_while(|t| t.due <= judged)
             .cloned()
             .collect();
         let config = self.rules();
@@ -73,28 +120,29 @@ impl Decider<'_, '_> {
             if !self.state().timers.contains(&t) {
                 continue;
             }
+            if !self.may_work() {
+                break;
+            }
+            self.spend();
             let job = &self.state().jobs[&t.job_id];
             match t.kind {
                 TimerKind::Deadline => {
-                    let deadline_ms = job.deadline_at.unwrap_or(0) - job.request.submitted_at;
+                    let deadline_ms = job.deadline_at.unwrap_or(0) - job.accepted_at;
                     let detail = format!(
-                        "deadline of {deadline_ms} ms from submission passed in state {}",
+                        "deadline of {deadline_ms} ms from acceptance passed in state {}",
                         job.state
                     );
-                    self.time_out(&t.job_id, "deadline_exceeded", detail);
+                    self.time_out(&t.job_id, DlqReason::DeadlineExceeded, detail);
                 }
                 TimerKind::RetryAt => requeued.push(t.job_id.clone()),
                 TimerKind::PlacementTimeout => {
                     let blocked = self.blocker(&t.job_id);
-                    let code = blocker_reason_code(blocked.code);
+                    let code = blocked.code.dlq_reason();
                     let reason = format!(
                         "not placed within {} ms: {}",
                         timing.placement_timeout_ms, blocked.detail
                     );
-                    let attempt = self.state().jobs[&t.job_id].attempt;
-                    self.fail(&t.job_id, attempt, code, Some(reason.clone()));
-                    self.dead_letter(&t.job_id, code, reason);
-                    self.saga_on_terminal(&t.job_id);
+                    self.fail_for_good(&t.job_id, code.as_str(), Some(reason.clone()), reason);
                 }
                 TimerKind::DispatchTimeout => {
                     let detail = format!(
@@ -103,7 +151,7 @@ impl Decider<'_, '_> {
                         job.worker_id.as_deref().unwrap_or("?"),
                         timing.dispatch_timeout_ms
                     );
-                    self.time_out(&t.job_id, "timeout", detail);
+                    self.time_out(&t.job_id, DlqReason::Timeout, detail);
                 }
                 TimerKind::RunningTimeout => {
                     let detail = format!(
@@ -112,7 +160,7 @@ impl Decider<'_, '_> {
                         job.worker_id.as_deref().unwrap_or("?"),
                         timing.running_timeout_ms
                     );
-                    self.time_out(&t.job_id, "timeout", detail);
+                    self.time_out(&t.job_id, DlqReason::Timeout, detail);
                 }
                 TimerKind::MaxRuntime => {
                     let detail = format!(
@@ -120,17 +168,43 @@ impl Decider<'_, '_> {
                         job.attempt,
                         job.max_runtime_ms().unwrap_or(0)
                     );
-                    self.time_out(&t.job_id, "timeout", detail);
+                    self.time_out(&t.job_id, DlqReason::Timeout, detail);
                 }
             }
         }
         for job_id in requeued {
             let ready = self.state().jobs.get(&job_id).is_some_and(|j| {
-                j.state == JobState::Pending && j.retry_at.is_some_and(|r| r <= self.now)
+                j.state == JobState::Pending && j.retry_at.is_some_and(|r| r <= judged)
             });
             if ready {
                 self.enqueue(&job_id);
             }
+        }
+    }
+
+    /// Drops the records of workers lost for longer than `worker_retention_ms` whose jobs
+    /// have all been settled, so a fleet that churns through worker ids stays bounded.
+    fn forget_lost_workers(&mut self, judged: Millis) {
+        let retention = self.rules().rules.timing.worker_retention_ms;
+        let gone: Vec<(String, String, Millis)> = self
+            .state()
+            .workers
+            .iter()
+            .filter(|(_, w)| {
+                !w.alive && w.inflight.is_empty() && judged.saturating_sub(w.last_seen) > retention
+            })
+            .map(|(id, w)| (id.clone(), w.heartbeat.pool.clone(), w.last_seen))
+            .collect();
+        for (worker_id, pool, last_seen) in gone {
+            if !self.may_work() {
+                return;
+            }
+            self.emit(Event::WorkerForgotten(WorkerForgotten {
+                worker_id,
+                pool,
+                last_seen,
+            }));
+            self.spend();
         }
     }
 

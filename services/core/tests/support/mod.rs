@@ -153,7 +153,18 @@ pub struct Sim {
     pub outputs: Vec<Output>,
     /// Index into `journal` where the last input's entry is.
     pub last: usize,
+    /// Continuation entries journaled so far (work cut at the per-entry bound).
+    pub continuations: usize,
+    /// Workers that heartbeat while time passes.
+    pub alive: Vec<(String, String)>,
+    last_tick: i64,
+    last_beat: i64,
 }
+
+/// The ticker's interval in scenarios (the default `tick_interval_ms`).
+pub const TICK_MS: i64 = 1_000;
+/// How often keep-alive workers heartbeat in scenarios.
+pub const HEARTBEAT_MS: i64 = 3_000;
 
 impl Sim {
     pub fn new() -> Sim {
@@ -175,6 +186,10 @@ impl Sim {
             journal: Vec::new(),
             outputs: Vec::new(),
             last: 0,
+            continuations: 0,
+            alive: Vec::new(),
+            last_tick: T0,
+            last_beat: T0,
         };
         sim.reconfigure(&rules, "snap-1");
         sim
@@ -208,8 +223,8 @@ impl Sim {
             self.now,
             input.clone(),
         );
-        let p = process(&mut self.state, &ctx, cause, self.now, input);
-        assert_eq!(q.entry, p.entry, "a partial state decided differently");
+        let p = process(&mut self.state, &ctx, cause.clone(), self.now, input);
+        same_entry(&q.entry, &p.entry);
         let dirty = self.partial.take_dirty();
         self.cold.persist(&self.partial, dirty);
         self.partial.evict_cold();
@@ -217,7 +232,58 @@ impl Sim {
         self.journal.push(p.entry.clone());
         self.last = self.journal.len() - 1;
         self.check();
-        p.entry.events
+        let mut events = p.entry.events;
+        // Work cut at the per-entry bound continues at once, as the processor does.
+        let mut more = p.more;
+        while more {
+            let next = ksched_core::decide::continuation(&self.state);
+            self.partial
+                .load_for_input(&next, &self.cold)
+                .unwrap_or_else(|e| match e {});
+            let q = process(
+                &mut self.partial,
+                &ctx,
+                cause.clone(),
+                self.now,
+                next.clone(),
+            );
+            let p = process(&mut self.state, &ctx, cause.clone(), self.now, next);
+            same_entry(&q.entry, &p.entry);
+            let dirty = self.partial.take_dirty();
+            self.cold.persist(&self.partial, dirty);
+            self.partial.evict_cold();
+            self.outputs.extend(p.outputs);
+            self.journal.push(p.entry.clone());
+            self.continuations += 1;
+            self.check();
+            events.extend(p.entry.events);
+            more = p.more;
+        }
+        events
+    }
+
+    /// Applies the journal event by event, calling `each` after every event with the state
+    /// and the event (for checks of every intermediate state).
+    pub fn replay_each(&self, mut each: impl FnMut(&State, &Event)) {
+        let mut replay = State::new();
+        for entry in &self.journal {
+            ksched_core::apply::apply_entry(
+                &mut replay,
+                &JournalEntry {
+                    events: vec![],
+                    ..entry.clone()
+                },
+            );
+            let at = ksched_core::apply::Applying {
+                now: entry.log_time,
+                input: &entry.input,
+                format: entry.format,
+            };
+            for e in &entry.events {
+                ksched_core::apply(&mut replay, e, &at);
+                each(&replay, e);
+            }
+        }
     }
 
     /// Replay == live and index consistency, after every input.
@@ -270,20 +336,73 @@ impl Sim {
         self.heartbeat(hb(worker, pool))
     }
 
-    /// Advances time and ticks.
+    /// Lets `ms` pass as in production: the ticker appends a Tick every [`TICK_MS`], each
+    /// judged at its own time, and workers named by [`Sim::keep_alive`] heartbeat every
+    /// [`HEARTBEAT_MS`]. Ends with a Tick at the new time; returns the events of every input.
     pub fn tick_after(&mut self, ms: i64) -> Vec<Event> {
+        let mut events = self.elapse(ms);
+        events.extend(self.tick_now());
+        events
+    }
+
+    /// Lets `ms` pass as in production (Ticks and keep-alive heartbeats, as in
+    /// [`Sim::tick_after`]) without a Tick at the end, so the next input is read at the new
+    /// time. Returns what happened meanwhile.
+    pub fn advance(&mut self, ms: i64) -> Vec<Event> {
+        self.elapse(ms)
+    }
+
+    /// Time jumps by `ms` with nothing read meanwhile (a broker outage, the scheduler down):
+    /// the next Tick sees a gap.
+    pub fn gap(&mut self, ms: i64) {
         self.now += ms;
+        self.last_beat = self.now;
+    }
+
+    /// Workers that keep heartbeating (as `hb(worker, pool)`) while time passes.
+    pub fn keep_alive(&mut self, workers: &[(&str, &str)]) {
+        self.alive = workers
+            .iter()
+            .map(|(w, p)| ((*w).to_owned(), (*p).to_owned()))
+            .collect();
+    }
+
+    fn elapse(&mut self, ms: i64) -> Vec<Event> {
+        let end = self.now + ms;
+        let mut events = Vec::new();
+        loop {
+            let next_tick = self.last_tick + TICK_MS;
+            let next_beat = self.last_beat + HEARTBEAT_MS;
+            let next = next_tick.min(next_beat);
+            if next >= end {
+                break;
+            }
+            self.now = next;
+            if next == next_beat {
+                self.last_beat = next;
+                for (w, p) in self.alive.clone() {
+                    events.extend(self.heartbeat(hb(&w, &p)));
+                }
+            }
+            if next == next_tick {
+                events.extend(self.tick_now());
+            }
+        }
+        self.now = end;
+        events
+    }
+
+    /// A Tick at the current time, judged at it.
+    pub fn tick_now(&mut self) -> Vec<Event> {
+        self.last_tick = self.now;
         self.input(
             "ksched.control",
             Input::Tick(Tick {
                 source: "test".into(),
                 issued_at: self.now,
+                watermark: Some(self.now),
             }),
         )
-    }
-
-    pub fn advance(&mut self, ms: i64) {
-        self.now += ms;
     }
 
     pub fn started(&mut self, job_id: &str, attempt: i32, worker: &str) -> Vec<Event> {
@@ -427,4 +546,16 @@ pub fn dead_lettered(events: &[Event]) -> &DeadLetter {
         _ => None,
     })
     .dead_letter
+}
+
+/// The partial and the full state decided the same (compared as text, so that a NaN a
+/// hostile input carries compares equal to itself).
+fn same_entry(a: &JournalEntry, b: &JournalEntry) {
+    if a != b {
+        assert_eq!(
+            format!("{a:?}"),
+            format!("{b:?}"),
+            "a partial state decided differently"
+        );
+    }
 }

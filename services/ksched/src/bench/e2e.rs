@@ -10,8 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use ksched_core::events::{Event, JournalEntry};
 use ksched_core::records::JobRequest;
-use ksched_runtime::{Config, Status, run_processor, ticker};
-use ksched_store::Store;
+use ksched_runtime::{Config, Scheduler, Status};
 use ksched_worker::{Outcome, Worker, WorkerConfig};
 use rdkafka::ClientConfig;
 use rdkafka::consumer::BaseConsumer;
@@ -80,10 +79,8 @@ struct Times {
 /// A running scheduler with workers, a tailer and a submitter.
 pub struct Rig {
     config: Config,
-    shutdown: Arc<AtomicBool>,
+    scheduler: Option<Scheduler>,
     status: Arc<Status>,
-    processor: Option<std::thread::JoinHandle<ksched_runtime::Result<()>>>,
-    ticker: Option<std::thread::JoinHandle<()>>,
     rt: tokio::runtime::Runtime,
     workers_stop: CancellationToken,
     workers: Vec<tokio::task::JoinHandle<ksched_worker::Result<()>>>,
@@ -110,25 +107,13 @@ impl Rig {
             .worker_threads(2)
             .enable_all()
             .build()?;
-        rt.block_on(ksched_runtime::topics::ensure_topics(&settings, &topics))?;
-        let store = Store::open(&settings.storage.data_dir, 0)?;
-        let shutdown = Arc::new(AtomicBool::new(false));
-        let status = Arc::new(Status::new());
-        let ticker = ticker::spawn(&settings, &topics, shutdown.clone())?;
-        let processor = {
-            let (c, s, st, sh) = (config.clone(), store, status.clone(), shutdown.clone());
-            std::thread::Builder::new()
-                .name("ksched-processor".into())
-                .spawn(move || run_processor(c, s, st, sh))?
-        };
-        let started = Instant::now();
-        while !status.is_caught_up() {
-            anyhow::ensure!(
-                started.elapsed() < Duration::from_secs(600),
-                "the scheduler did not recover within 10 minutes"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let scheduler = rt.block_on(Scheduler::start(config.clone()))?;
+        let status = scheduler.status.clone();
+        anyhow::ensure!(
+            scheduler.wait_ready(Duration::from_secs(600)),
+            "the scheduler did not recover within 10 minutes: {}",
+            status.stopped().unwrap_or_default()
+        );
         let epoch = Instant::now();
         let times = Arc::new(Mutex::new(Times::default()));
         let tail_stop = Arc::new(AtomicBool::new(false));
@@ -166,10 +151,8 @@ impl Rig {
             .create()?;
         let rig = Rig {
             config,
-            shutdown,
+            scheduler: Some(scheduler),
             status,
-            processor: Some(processor),
-            ticker: Some(ticker),
             rt,
             workers_stop,
             workers: handles,
@@ -354,14 +337,8 @@ impl Rig {
         if let Some(t) = self.tailer.take() {
             let _ = t.join();
         }
-        self.shutdown.store(true, Ordering::Relaxed);
-        if let Some(p) = self.processor.take() {
-            p.join()
-                .map_err(|_| anyhow::anyhow!("processor panicked"))?
-                .context("processor")?;
-        }
-        if let Some(t) = self.ticker.take() {
-            let _ = t.join();
+        if let Some(s) = self.scheduler.take() {
+            s.stop().context("processor")?;
         }
         Ok(())
     }

@@ -144,6 +144,7 @@ pub fn build(
     let tick = Tick {
         source: "bench-history".into(),
         issued_at: clock,
+        watermark: Some(clock),
     };
     emit(&mut state, &topics.control, Input::Tick(tick), clock)?;
     producer.flush(Duration::from_secs(300))?;

@@ -363,135 +363,31 @@ fn verify(t: &Target, src: &Source) -> CliResult {
     }
 }
 
-/// One event, explained on one line.
-fn explain(e: &Event) -> String {
-    match e {
-        Event::JobScheduled(s) => {
-            let candidates: Vec<String> = s
-                .candidates
-                .iter()
-                .map(|c| match (&c.score, &c.skipped) {
-                    (Some(score), _) => format!("{}={score:.3}", c.worker_id),
-                    (None, Some(why)) => format!("{} skipped ({why})", c.worker_id),
-                    (None, None) => c.worker_id.clone(),
-                })
-                .collect();
-            let mut line = format!(
-                "attempt {} -> {} in {} by {}; candidates: {}",
-                s.attempt,
-                s.worker_id,
-                s.pool,
-                s.strategy,
-                candidates.join(", ")
-            );
-            if !s.notes.is_empty() {
-                line.push_str(&format!("; {}", s.notes.join("; ")));
-            }
-            line
-        }
-        Event::PolicyEvaluated(p) => format!(
-            "{:?} under snapshot {}{}; constraints max_retries={:?} max_concurrent_jobs={:?} max_runtime_ms={:?} deadline_ms={:?}",
-            p.verdict,
-            p.snapshot_id,
-            if p.reasons.is_empty() {
-                String::new()
-            } else {
-                format!(" ({})", p.reasons.join("; "))
-            },
-            p.constraints.max_retries,
-            p.constraints.max_concurrent_jobs,
-            p.constraints.max_runtime_ms,
-            p.constraints.deadline_ms
-        ),
-        Event::JobRetrying(r) => format!(
-            "attempt {} failed ({}{}); backoff {} ms, retry at {}",
-            r.attempt,
-            r.error_code,
-            r.error_message
-                .as_deref()
-                .map(|m| format!(": {m}"))
-                .unwrap_or_default(),
-            r.backoff_ms,
-            time(r.retry_at)
-        ),
-        Event::ApprovalRequested(a) => format!(
-            "approval required ({}); job_hash {} snapshot {}",
-            a.reasons.join("; "),
-            a.job_hash,
-            a.snapshot_id
-        ),
-        Event::JobApproved(a) => format!("approved by {}", a.approver),
-        Event::DeadLettered(d) => format!(
-            "DLQ {}: {} (attempts {}, cause {}/{}@{})",
-            d.dead_letter.reason_code,
-            d.dead_letter.reason,
-            d.dead_letter.attempts,
-            d.dead_letter.cause_topic,
-            d.dead_letter.cause_partition,
-            d.dead_letter.cause_offset
-        ),
-        Event::CommandRejected(r) => format!(
-            "{} rejected: {} ({})",
-            r.input_kind, r.reason_code, r.reason
-        ),
-        Event::JobAccepted(a) => format!(
-            "accepted from {} -> pools [{}]{}",
-            a.request.topic,
-            a.pools.join(", "),
-            if a.routing_notes.is_empty() {
-                String::new()
-            } else {
-                format!("; {}", a.routing_notes.join("; "))
-            }
-        ),
-        Event::JobWaiting(w) => format!("waiting: {} ({})", w.reason_code, w.detail),
-        Event::JobQueued(q) => format!(
-            "queued in [{}] at priority {}",
-            q.pools.join(", "),
-            q.priority.as_str()
-        ),
-        Event::JobProgressed(p) => format!(
-            "progress {:.0}%{}",
-            p.progress * 100.0,
-            p.message
-                .as_deref()
-                .map(|m| format!(" ({m})"))
-                .unwrap_or_default()
-        ),
-        Event::JobQuarantined(q) => format!("output quarantined: {}", q.reasons.join("; ")),
-        Event::DispatchCancelled(d) => format!(
-            "CancelDispatch sent to {} for attempt {} ({})",
-            d.worker_id, d.attempt, d.reason
-        ),
-        Event::JobDuplicate(d) => format!("duplicate {:?} of {}", d.kind, d.existing_job_id),
-        Event::SagaCompensationSubmitted(s) => {
-            format!("compensation {} submitted for {}", s.job_id, s.for_job_id)
-        }
-        Event::JobDispatched(d) => format!(
-            "dispatched attempt {} to {} partition {}",
-            d.attempt, d.worker_id, d.partition
-        ),
-        Event::JobRunning(r) => format!(
-            "running attempt {} on {}{}",
-            r.attempt,
-            r.worker_id,
-            r.reassigned_from
-                .as_deref()
-                .map(|f| format!(" (reassigned from {f})"))
-                .unwrap_or_default()
-        ),
-        Event::JobSucceeded(s) => format!("succeeded on {} in {} ms", s.worker_id, s.execution_ms),
-        Event::JobFailed(f) => format!("failed: {}", f.reason_code),
-        Event::JobTimedOut(x) => format!("timed out: {} ({})", x.reason_code, x.detail),
-        Event::JobCancelled(c) => format!("cancelled by {}", c.principal_id),
-        Event::JobDenied(d) => format!("denied: {} ({})", d.reason_code, d.reasons.join("; ")),
-        Event::WorkerLost(l) => format!(
-            "worker {} lost (last seen {})",
-            l.worker_id,
-            time(l.last_seen)
-        ),
-        other => other.name().to_owned(),
+/// One event, explained on one line: its text, and for placements every candidate with its
+/// score or why it was skipped (the audit's "why this worker").
+fn explain(e: &Event, input: &Input) -> String {
+    let mut line = e.describe(input);
+    let (candidates, omitted) = match e {
+        Event::JobScheduled(s) => (&s.candidates, s.candidates_omitted),
+        Event::JobWaiting(w) => (&w.candidates, w.candidates_omitted),
+        _ => return line,
+    };
+    if candidates.is_empty() {
+        return line;
     }
+    let list: Vec<String> = candidates
+        .iter()
+        .map(|c| match (&c.score, &c.skipped) {
+            (Some(score), _) => format!("{}={score:.3}", c.worker_id),
+            (None, Some(why)) => format!("{} skipped ({why})", c.worker_id),
+            (None, None) => c.worker_id.clone(),
+        })
+        .collect();
+    line.push_str(&format!("; candidates: {}", list.join(", ")));
+    if omitted > 0 {
+        line.push_str(&format!(" and {omitted} more"));
+    }
+    line
 }
 
 fn job(t: &Target, src: &Source, job_id: &str) -> CliResult {
@@ -534,7 +430,13 @@ fn job(t: &Target, src: &Source, job_id: &str) -> CliResult {
                     } else {
                         vec![String::new(); 3]
                     };
-                    rows.push([prefix, vec![format!("{}: {}", e.name(), explain(e))]].concat());
+                    rows.push(
+                        [
+                            prefix,
+                            vec![format!("{}: {}", e.name(), explain(e, &i.entry.input))],
+                        ]
+                        .concat(),
+                    );
                 }
             }
             table(

@@ -74,7 +74,7 @@ impl RunningScheduler {
                 "kafka:\n  bootstrap_servers: {bootstrap}\n\
                  topics:\n  prefix: {prefix}\n  dispatch_partitions: 2\n  job_partitions: 2\n  results_partitions: 2\n\
                  processor:\n  group_id: {prefix}processor\n  tick_interval_ms: 200\n  commit_interval_ms: 10\n\
-                 scheduler:\n  overload:\n    cpu_load: 1000\n  retry:\n    initial_backoff_ms: 100\n    max_backoff_ms: 500\n  timing:\n    worker_ttl_ms: 3000\n\
+                 scheduler:\n  overload:\n    cpu_load: 1000\n  retry:\n    initial_backoff_ms: 100\n    max_backoff_ms: 500\n  timing:\n    worker_ttl_ms: 3000\n    clock_gap_ms: 1000\n\
                  storage:\n  data_dir: {}\n\
                  http:\n  listen: 127.0.0.1:{port}\n{extra}",
                 dir.path().join("data").display()

@@ -1,0 +1,322 @@
+//! Input records as the processor takes them: copied out of the consumer, checked against
+//! the size limit before anything decodes them, decoded into the input their topic may
+//! carry, their timestamps trusted only when the broker set them, and what was read of each
+//! evidence partition tracked for the Tick watermark (docs/architecture.md, "Time").
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use ksched_codec::{AnyRecord, decode_any};
+use ksched_core::events::{Input, MalformedRecord};
+use ksched_core::reason::DlqReason;
+use ksched_core::records::{Millis, truncate_for_display};
+use rdkafka::message::{BorrowedMessage, Message, Timestamp};
+
+use crate::topics::{InputKind, Topics};
+
+/// An input record, copied out of the consumer.
+#[derive(Debug, Clone)]
+pub struct InputRecord {
+    pub topic: String,
+    pub partition: i32,
+    pub offset: i64,
+    /// The broker's append time. None when the topic keeps the producer's CreateTime:
+    /// producers do not move the scheduler's clock.
+    pub log_append_time: Option<Millis>,
+    pub key: Option<Vec<u8>>,
+    pub payload: Option<Vec<u8>>,
+}
+
+impl InputRecord {
+    /// Copies `m`; `trust_create_time` takes producers' timestamps as broker time (only for
+    /// a cluster that cannot stamp append times, `topics.trust_create_time`).
+    pub fn from_message(m: &BorrowedMessage<'_>, trust_create_time: bool) -> InputRecord {
+        InputRecord {
+            topic: m.topic().to_owned(),
+            partition: m.partition(),
+            offset: m.offset(),
+            log_append_time: match m.timestamp() {
+                Timestamp::LogAppendTime(t) => Some(t),
+                Timestamp::CreateTime(t) if trust_create_time => Some(t),
+                Timestamp::CreateTime(_) | Timestamp::NotAvailable => None,
+            },
+            key: m.key().map(<[u8]>::to_vec),
+            payload: m.payload().map(<[u8]>::to_vec),
+        }
+    }
+
+    pub fn coords(&self) -> (String, i32, i64) {
+        (self.topic.clone(), self.partition, self.offset)
+    }
+
+    fn key_text(&self) -> Option<String> {
+        self.key
+            .as_deref()
+            .map(|k| truncate_for_display(&String::from_utf8_lossy(k), 256))
+    }
+
+    fn size(&self) -> i32 {
+        self.payload
+            .as_ref()
+            .map_or(0, |p| i32::try_from(p.len()).unwrap_or(i32::MAX))
+    }
+
+    /// A refusal of this record with `reason` (what becomes its DeadLetter).
+    pub fn refused(&self, reason: DlqReason, error: String) -> Input {
+        Input::Malformed(MalformedRecord {
+            key: self.key_text(),
+            size_bytes: self.size(),
+            error,
+            reason_code: reason.as_str().to_owned(),
+            job_id: None,
+            tenant_id: None,
+        })
+    }
+}
+
+/// What a record is to the processor.
+// Taken once per record and moved at once, like `Input` itself.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+pub enum Taken {
+    /// An input to decide on and journal.
+    Input(Input),
+    /// A watermark marker the ticker appends to each evidence partition: it only says how far
+    /// that partition has been read; nothing is journaled for it.
+    Marker,
+}
+
+/// The record as an input: refused when larger than `max_record_bytes` (before decoding
+/// anything), decoded if it is a kind its topic carries, otherwise a malformed record. A
+/// job request's topic is set to the topic it was read from, so that the journal holds the
+/// request exactly as the scheduler takes it.
+pub fn take(topics: &Topics, rec: &InputRecord, max_record_bytes: i64) -> Taken {
+    let Some(payload) = rec.payload.as_deref() else {
+        return Taken::Input(rec.refused(DlqReason::MalformedRecord, "record has no value".into()));
+    };
+    if payload.len() as i64 > max_record_bytes {
+        return Taken::Input(rec.refused(
+            DlqReason::RecordTooLarge,
+            format!(
+                "{} bytes exceed limits.max_record_bytes {max_record_bytes}; not decoded",
+                payload.len()
+            ),
+        ));
+    }
+    let record = match decode_any(payload) {
+        Ok(r) => r,
+        Err(e) => return Taken::Input(rec.refused(DlqReason::MalformedRecord, e.to_string())),
+    };
+    let kind = topics.kind(&rec.topic);
+    let input = match (kind, record) {
+        (InputKind::Jobs, AnyRecord::JobRequest(mut r)) => {
+            r.topic = rec.topic.clone();
+            Input::Submit(r)
+        }
+        (InputKind::Results, AnyRecord::JobStarted(r)) => Input::Started(r),
+        (InputKind::Results, AnyRecord::JobProgress(r)) => Input::Progress(r),
+        (InputKind::Results, AnyRecord::JobResult(r)) => Input::Result(r),
+        (InputKind::Control, AnyRecord::CancelJob(r)) => Input::Cancel(r),
+        (InputKind::Control, AnyRecord::ApproveJob(r)) => Input::Approve(r),
+        (InputKind::Control, AnyRecord::RejectJob(r)) => Input::Reject(r),
+        (InputKind::Control, AnyRecord::Tick(mut t)) => {
+            // Set by the processor from what it has read, never taken from a producer.
+            t.watermark = None;
+            Input::Tick(t)
+        }
+        (InputKind::Heartbeats, AnyRecord::Heartbeat(r)) => Input::Heartbeat(r),
+        (InputKind::Results | InputKind::Heartbeats, AnyRecord::Tick(_)) => return Taken::Marker,
+        (kind, other) => rec.refused(
+            DlqReason::MalformedRecord,
+            format!(
+                "a {} record does not belong on {} ({kind:?} topic)",
+                other.name(),
+                rec.topic
+            ),
+        ),
+    };
+    Taken::Input(input)
+}
+
+/// How far each evidence partition (results, heartbeats) has been read, in broker time:
+/// the latest append time read there. Heartbeats and results are the evidence that keeps a
+/// worker alive and a job from timing out; a Tick is judged at the minimum over them (and
+/// its own time), so that nothing is judged on input the processor has not read yet.
+#[derive(Debug, Default)]
+pub struct ReadThrough {
+    read: BTreeMap<(String, i32), Millis>,
+    assigned: BTreeSet<(String, i32)>,
+}
+
+impl ReadThrough {
+    /// The evidence partitions this processor consumes (its assignment).
+    pub fn set_assignment(&mut self, evidence: impl IntoIterator<Item = (String, i32)>) {
+        self.assigned = evidence.into_iter().collect();
+        self.read.retain(|k, _| self.assigned.contains(k));
+    }
+
+    pub fn observe(&mut self, rec: &InputRecord) {
+        let k = (rec.topic.clone(), rec.partition);
+        if let Some(t) = rec.log_append_time
+            && self.assigned.contains(&k)
+        {
+            let e = self.read.entry(k).or_insert(t);
+            *e = (*e).max(t);
+        }
+    }
+
+    /// The time a Tick appended at `tick_time` may be judged at: the least of it and what
+    /// every evidence partition was read through. None while an evidence partition has not
+    /// been read at all since the processor started (its marker arrives within a tick).
+    pub fn watermark(&self, tick_time: Millis) -> Option<Millis> {
+        let mut w = tick_time;
+        for k in &self.assigned {
+            w = w.min(*self.read.get(k)?);
+        }
+        Some(w)
+    }
+
+    /// Evidence partitions not read since the start (for logs).
+    pub fn unread(&self) -> Vec<String> {
+        self.assigned
+            .iter()
+            .filter(|k| !self.read.contains_key(*k))
+            .map(|(t, p)| format!("{t}/{p}"))
+            .collect()
+    }
+}
+
+/// Records the consumer could not deliver at all (a compressed batch it cannot decompress,
+/// a record larger than it may fetch): librdkafka reports those as errors without their
+/// coordinates and skips them. The next record read from the same partition shows where
+/// the gap is; it becomes an `unreadable_record` dead letter there, so no record is only
+/// logged. (A gap while no error is pending is normal: transaction markers, aborted
+/// records.)
+#[derive(Debug, Default)]
+pub struct Unreadable {
+    next: BTreeMap<(String, i32), i64>,
+    pending: Option<String>,
+}
+
+impl Unreadable {
+    pub fn error(&mut self, what: String) {
+        self.pending = Some(what);
+    }
+
+    /// Notes `rec` as read; returns the unreadable records before it, when a consumer
+    /// error is pending and records were skipped on its partition.
+    pub fn read(&mut self, rec: &InputRecord) -> Option<InputRecord> {
+        let k = (rec.topic.clone(), rec.partition);
+        let expected = self.next.insert(k, rec.offset + 1);
+        let first = expected.filter(|e| *e < rec.offset)?;
+        let error = self.pending.take()?;
+        let count = rec.offset - first;
+        Some(InputRecord {
+            topic: rec.topic.clone(),
+            partition: rec.partition,
+            offset: first,
+            log_append_time: rec.log_append_time,
+            key: None,
+            payload: Some(
+                format!(
+                    "offsets {first}..{} ({count} records) of {}/{} could not be read: {error}",
+                    rec.offset - 1,
+                    rec.topic,
+                    rec.partition
+                )
+                .into_bytes(),
+            ),
+        })
+    }
+
+    /// After a rebuild, positions start over.
+    pub fn reset(&mut self) {
+        self.next.clear();
+    }
+}
+
+/// The input for records the consumer skipped (see [`Unreadable`]).
+pub fn unreadable_input(gap: &InputRecord) -> Input {
+    let error = gap
+        .payload
+        .as_deref()
+        .map(|p| String::from_utf8_lossy(p).into_owned())
+        .unwrap_or_default();
+    Input::Malformed(MalformedRecord {
+        key: None,
+        size_bytes: 0,
+        error,
+        reason_code: DlqReason::UnreadableRecord.as_str().to_owned(),
+        job_id: None,
+        tenant_id: None,
+    })
+}
+
+/// An input set aside after processing it failed deterministically: dead-lettered with what
+/// failed, so the producer learns of it and the journal explains it.
+pub fn set_aside(rec: &InputRecord, input: Option<&Input>, detail: &str) -> Input {
+    let (job_id, tenant_id) = match input {
+        Some(Input::Submit(r)) => (Some(r.job_id.clone()), Some(r.tenant_id.clone())),
+        Some(other) => (other.job_id().map(str::to_owned), None),
+        None => (None, None),
+    };
+    Input::Malformed(MalformedRecord {
+        key: rec.key_text(),
+        size_bytes: rec.size(),
+        error: format!(
+            "processing it failed and it was set aside so that scheduling could go on: {detail}"
+        ),
+        reason_code: DlqReason::ProcessingFailed.as_str().to_owned(),
+        job_id,
+        tenant_id,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(topic: &str, partition: i32, offset: i64, t: Option<i64>) -> InputRecord {
+        InputRecord {
+            topic: topic.into(),
+            partition,
+            offset,
+            log_append_time: t,
+            key: None,
+            payload: None,
+        }
+    }
+
+    #[test]
+    fn the_watermark_is_the_least_read_evidence_partition() {
+        let mut r = ReadThrough::default();
+        r.set_assignment([("hb".to_owned(), 0), ("res".to_owned(), 0)]);
+        r.observe(&rec("hb", 0, 1, Some(100)));
+        assert_eq!(r.watermark(500), None, "res not read yet");
+        r.observe(&rec("res", 0, 1, Some(300)));
+        assert_eq!(r.watermark(500), Some(100));
+        r.observe(&rec("hb", 0, 2, Some(700)));
+        assert_eq!(r.watermark(500), Some(300));
+        // Producer timestamps (CreateTime) say nothing about what was read.
+        r.observe(&rec("res", 0, 2, None));
+        assert_eq!(r.watermark(900), Some(300));
+        // Partitions outside the assignment do not hold it back.
+        r.observe(&rec("jobs", 0, 1, Some(10)));
+        assert_eq!(r.watermark(900), Some(300));
+    }
+
+    #[test]
+    fn a_skipped_record_is_found_at_the_next_one_of_its_partition() {
+        let mut u = Unreadable::default();
+        assert!(u.read(&rec("t", 0, 5, None)).is_none());
+        // A gap without an error: transaction markers, not a loss.
+        assert!(u.read(&rec("t", 0, 8, None)).is_none());
+        u.error("bad compression".into());
+        let gap = u.read(&rec("t", 0, 11, None)).expect("gap");
+        assert_eq!((gap.partition, gap.offset), (0, 9));
+        assert!(
+            String::from_utf8(gap.payload.unwrap())
+                .unwrap()
+                .contains("offsets 9..10")
+        );
+    }
+}
