@@ -34,6 +34,13 @@ pub type Env = Vec<(&'static str, String)>;
 
 impl Scheduler {
     pub async fn start(env: Env) -> Scheduler {
+        Scheduler::try_start(env)
+            .await
+            .unwrap_or_else(|e| panic!("starting the scheduler: {e}"))
+    }
+
+    /// Starts a scheduler, or says why it would not start.
+    pub async fn try_start(env: Env) -> Result<Scheduler, String> {
         let bootstrap = bootstrap_servers().unwrap_or_else(|e| panic!("{e}"));
         let prefix = format!("{}.", unique("t"));
         let job_topic = format!("{prefix}jobs");
@@ -86,10 +93,10 @@ impl Scheduler {
             policy_dir: Some(policy),
             ..Overrides::default()
         };
-        let config = Config::load(None, vars, &flags).unwrap_or_else(|e| panic!("config: {e}"));
+        let config = Config::load(None, vars, &flags).map_err(|e| format!("config: {e}"))?;
         let running = ksched_runtime::Scheduler::start(config.clone())
             .await
-            .unwrap_or_else(|e| panic!("starting the scheduler: {e}"));
+            .map_err(|e| e.to_string())?;
         let s = Scheduler {
             bootstrap,
             prefix,
@@ -101,7 +108,7 @@ impl Scheduler {
             _dir: dir,
         };
         s.wait_caught_up().await;
-        s
+        Ok(s)
     }
 
     async fn wait_caught_up(&self) {
