@@ -176,3 +176,127 @@ fn a_store_of_another_partition_sees_nothing_of_this_one() {
     let same = Store::open(dir.path(), 0);
     assert!(same.is_err(), "one process at a time: RocksDB holds a lock");
 }
+
+/// A state with idempotency keys as the core would have them after `n` submissions.
+fn keyed_state(n: usize, seen_at: i64) -> (State, ksched_core::state::Dirty) {
+    let mut s = State::tracking_changes();
+    let mut dirty = ksched_core::state::Dirty::default();
+    for i in 0..n {
+        let k = ("acme".to_owned(), format!("k{i}"));
+        s.idempotency.insert(
+            k.clone(),
+            ksched_core::state::IdempotencyEntry {
+                job_id: format!("j{i}"),
+                seen_at,
+            },
+        );
+        dirty.idempotency.insert(k);
+    }
+    (s, dirty)
+}
+
+#[test]
+fn a_key_renewed_in_the_write_that_prunes_its_old_self_survives() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), 0).unwrap();
+    let (s, dirty) = keyed_state(1, 1_000);
+    store.persist(&s, dirty, Some(0)).unwrap();
+    // Same write: k0 seen again at 10_000 (a new job took the key) and a prune of keys
+    // first seen before 5_000. The renewed owner must stay.
+    let (mut s, mut dirty) = keyed_state(1, 10_000);
+    s.idempotency
+        .get_mut(&("acme".into(), "k0".into()))
+        .unwrap()
+        .job_id = "new-owner".into();
+    dirty.idempotency_pruned_before = Some(5_000);
+    store.persist(&s, dirty, Some(1)).unwrap();
+    let e = store.idempotency("acme", "k0").unwrap().expect("kept");
+    assert_eq!((e.job_id.as_str(), e.seen_at), ("new-owner", 10_000));
+}
+
+#[test]
+fn pruning_deletes_in_bounded_chunks_and_finishes_over_later_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), 0).unwrap();
+    let n = ksched_store::PRUNE_CHUNK * 2 + 10;
+    let (s, dirty) = keyed_state(n, 1_000);
+    store.persist(&s, dirty, Some(0)).unwrap();
+    let empty = State::tracking_changes();
+    let prune = ksched_core::state::Dirty {
+        idempotency_pruned_before: Some(5_000),
+        ..Default::default()
+    };
+    store.persist(&empty, prune, Some(1)).unwrap();
+    let left = (0..n)
+        .filter(|i| {
+            store
+                .idempotency("acme", &format!("k{i}"))
+                .unwrap()
+                .is_some()
+        })
+        .count();
+    assert_eq!(left, n - ksched_store::PRUNE_CHUNK, "one chunk per write");
+    // The next writes continue without being asked again.
+    store.persist(&empty, Default::default(), Some(2)).unwrap();
+    store.persist(&empty, Default::default(), Some(3)).unwrap();
+    let left = (0..n)
+        .filter(|i| {
+            store
+                .idempotency("acme", &format!("k{i}"))
+                .unwrap()
+                .is_some()
+        })
+        .count();
+    assert_eq!(left, 0);
+}
+
+#[test]
+fn watermark_and_liveness_floor_survive_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = Store::open(dir.path(), 0).unwrap();
+        let mut s = State::tracking_changes();
+        s.watermark = 123_456;
+        s.liveness_floor = 120_000;
+        store.persist(&s, Default::default(), Some(0)).unwrap();
+    }
+    let loaded = Store::open(dir.path(), 0).unwrap().load_state().unwrap();
+    assert_eq!(
+        (loaded.watermark, loaded.liveness_floor),
+        (123_456, 120_000)
+    );
+}
+
+#[test]
+fn a_store_of_another_format_is_moved_aside_and_rebuilt() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("data");
+    {
+        let store = Store::open(&path, 0).unwrap();
+        let mut s = State::tracking_changes();
+        s.clock = 9;
+        store.persist(&s, Default::default(), Some(41)).unwrap();
+    }
+    // Pretend an older ksched wrote it.
+    {
+        let db =
+            rocksdb::DB::open_cf(&rocksdb::Options::default(), &path, ksched_store::CFS).unwrap();
+        let meta = db.cf_handle("meta").unwrap();
+        let mut k = 0u16.to_be_bytes().to_vec();
+        k.extend_from_slice(b"format");
+        db.put_cf(meta, k, postcard::to_stdvec(&1u32).unwrap())
+            .unwrap();
+    }
+    assert!(matches!(
+        Store::open(&path, 0),
+        Err(ksched_store::Error::Format { found: 1, .. })
+    ));
+    let (store, aside) = Store::open_or_rebuild(&path, 0).unwrap();
+    assert_eq!(
+        store.watermark().unwrap(),
+        None,
+        "empty: rebuilt from the journal"
+    );
+    let aside = aside.expect("moved");
+    assert!(aside.ends_with("data.format-1") && aside.exists());
+}
