@@ -66,8 +66,8 @@ async fn never_runs_more_than_max_parallel_jobs() {
         peak.load(Ordering::SeqCst)
     );
     assert_eq!(peak.load(Ordering::SeqCst), 2, "it did run two at once");
-    let j = s.job("par-0").unwrap();
-    assert!(j.history.iter().any(|h| h.event == "JobProgressed"));
+    let history = s.store.history("par-0").unwrap();
+    assert!(history.iter().any(|h| h.event == "JobProgressed"));
     token.cancel();
     handle.await.unwrap().unwrap();
 }

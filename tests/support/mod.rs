@@ -157,7 +157,8 @@ impl Scheduler {
             if Instant::now() > deadline {
                 panic!(
                     "job {id} never became {what}; last seen: {:?}",
-                    self.job(id).map(|j| (j.state, j.history))
+                    self.job(id)
+                        .map(|j| (j.state, self.store.history(id).unwrap_or_default()))
                 );
             }
             tokio::time::sleep(Duration::from_millis(50)).await;

@@ -9,9 +9,7 @@ use crate::events::*;
 use crate::reason::{AttemptError, DlqReason};
 use crate::records::{JobRequest, Millis};
 use crate::rules::Rules;
-use crate::state::{
-    ActiveConfig, Breaker, HistoryItem, IdempotencyEntry, Job, SagaStep, State, Worker,
-};
+use crate::state::{ActiveConfig, Breaker, IdempotencyEntry, Job, SagaStep, State, Worker};
 
 /// What an event is applied with besides itself: the entry it belongs to.
 #[derive(Debug, Clone, Copy)]
@@ -47,45 +45,6 @@ pub(crate) fn begin_entry(state: &mut State, log_time: Millis, input: &Input) {
     }
 }
 
-/// Lines a job's history keeps in the projection: the first [`HISTORY_HEAD`], a line saying
-/// how many were left out, and the latest. The journal keeps all of them (`ksched audit job`).
-pub const HISTORY_MAX: usize = 64;
-/// Lines at the start of a job's history that are always kept.
-pub const HISTORY_HEAD: usize = 16;
-const HISTORY_OMITTED: &str = "HistoryOmitted";
-
-fn history(job: &mut Job, at: Millis, event: &str, detail: String) {
-    if job.history.len() >= HISTORY_MAX {
-        let marker = &mut job.history[HISTORY_HEAD];
-        if marker.event == HISTORY_OMITTED {
-            let n: u64 = marker
-                .detail
-                .split_whitespace()
-                .next()
-                .and_then(|n| n.parse().ok())
-                .unwrap_or(0);
-            marker.detail = omitted_text(n + 1);
-            job.history.remove(HISTORY_HEAD + 1);
-        } else {
-            *marker = HistoryItem {
-                at: marker.at,
-                event: HISTORY_OMITTED.to_owned(),
-                detail: omitted_text(2),
-            };
-            job.history.remove(HISTORY_HEAD + 1);
-        }
-    }
-    job.history.push(HistoryItem {
-        at,
-        event: event.to_owned(),
-        detail,
-    });
-}
-
-fn omitted_text(n: u64) -> String {
-    format!("{n} lines omitted here; `ksched audit job` shows every event")
-}
-
 /// Records a pool result in its breaker window (true = failure).
 fn breaker_result(state: &mut State, pool: &str, failure: bool, rules_window: usize) {
     let b = state.breakers.entry(pool.to_owned()).or_default();
@@ -108,6 +67,15 @@ fn window(state: &State) -> usize {
     state
         .rules()
         .map_or(20, |r| usize::try_from(r.breaker.window).unwrap_or(20))
+}
+
+/// The first 16 bytes of the payload's SHA-256 (what a resubmission is compared by).
+pub fn payload_digest(payload: &[u8]) -> [u8; 16] {
+    use sha2::{Digest, Sha256};
+    let d = Sha256::digest(payload);
+    let mut out = [0u8; 16];
+    out.copy_from_slice(&d[..16]);
+    out
 }
 
 /// What a job's deadline counts from: its acceptance in the log, never a producer's clock
@@ -144,8 +112,13 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
                 .deadline_ms
                 .filter(|d| *d > 0)
                 .map(|d| deadline_base(r, now, at.format).saturating_add(d));
-            let mut job = Job {
-                request: r.clone(),
+            // The payload is written once, beside the job, and read back only to dispatch it.
+            let mut request = r.clone();
+            let payload = std::mem::take(&mut request.payload);
+            let job = Job {
+                request,
+                payload_len: payload.len() as u64,
+                payload_digest: payload_digest(&payload),
                 job_hash: e.job_hash.clone(),
                 state: JobState::Pending,
                 pools: e.pools.clone(),
@@ -170,10 +143,17 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
                 result_meta: None,
                 execution_ms: None,
                 dlq_reason: None,
-                history: Vec::new(),
+                history_lines: 0,
+                history_omitted: 0,
+                history_progress: false,
             };
-            history(&mut job, now, event.name(), event.describe(at.input));
             state.insert_job(e.job_id.clone(), job);
+            if let Some(d) = state.dirty.as_mut()
+                && !payload.is_empty()
+            {
+                d.payloads.insert(e.job_id.clone(), payload);
+            }
+            state.write_history(&e.job_id, now, event.name(), event.describe(at.input));
             if let Some(key) = &r.meta.idempotency_key {
                 let k = (r.tenant_id.clone(), key.clone());
                 state.idempotency.insert(
@@ -189,9 +169,12 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
             }
         }
         Event::JobDuplicate(e) => {
-            state.update_job(&e.existing_job_id, |j| {
-                history(j, now, event.name(), event.describe(at.input))
-            });
+            state.write_history(
+                &e.existing_job_id,
+                now,
+                event.name(),
+                event.describe(at.input),
+            );
         }
         Event::PolicyEvaluated(e) => {
             state.update_job(&e.job_id, |j| {
@@ -202,8 +185,8 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
                         Some(deadline_base(&j.request, j.accepted_at, at.format).saturating_add(d));
                 }
                 j.updated_at = now;
-                history(j, now, event.name(), event.describe(at.input));
             });
+            state.write_history(&e.job_id, now, event.name(), event.describe(at.input));
         }
         Event::JobQueued(e) => {
             state.update_job(&e.job_id, |j| {
@@ -214,17 +197,17 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
                 j.pool = None;
                 j.partition = None;
                 j.updated_at = now;
-                history(j, now, event.name(), event.describe(at.input));
             });
+            state.write_history(&e.job_id, now, event.name(), event.describe(at.input));
         }
         Event::JobWaiting(e) => {
             state.update_job(&e.job_id, |j| {
                 j.wait_reason = Some(e.reason_code.clone());
-                history(j, now, event.name(), event.describe(at.input));
             });
+            state.write_history(&e.job_id, now, event.name(), event.describe(at.input));
         }
         Event::JobScheduled(e) => {
-            let memory = state.jobs.get(&e.job_id).and_then(Job::memory_demand);
+            let memory = state.jobs.get(&e.job_id).and_then(|j| j.memory_demand());
             if let Some(w) = state.workers.get_mut(&e.worker_id) {
                 w.reserved_memory = w.reserved_memory.saturating_add(memory.unwrap_or(0));
                 state.mark_worker(&e.worker_id);
@@ -243,8 +226,8 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
                 j.worker_id = Some(e.worker_id.clone());
                 j.pool = Some(e.pool.clone());
                 j.updated_at = now;
-                history(j, now, event.name(), event.describe(at.input));
             });
+            state.write_history(&e.job_id, now, event.name(), event.describe(at.input));
         }
         Event::JobDispatched(e) => {
             state.update_job(&e.job_id, |j| {
@@ -252,8 +235,8 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
                 j.partition = Some(e.partition);
                 j.dispatched_at = Some(now);
                 j.updated_at = now;
-                history(j, now, event.name(), event.describe(at.input));
             });
+            state.write_history(&e.job_id, now, event.name(), event.describe(at.input));
         }
         Event::JobRunning(e) => {
             state.update_job(&e.job_id, |j| {
@@ -262,24 +245,16 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
                 j.started_at = Some(now);
                 j.last_evidence_at = Some(now);
                 j.updated_at = now;
-                history(j, now, event.name(), event.describe(at.input));
             });
+            state.write_history(&e.job_id, now, event.name(), event.describe(at.input));
         }
         Event::JobProgressed(e) => {
             state.update_job(&e.job_id, |j| {
                 j.progress = Some(e.progress);
                 j.last_evidence_at = Some(now);
                 j.updated_at = now;
-                let detail = event.describe(at.input);
-                // Progress is frequent: keep only the latest line of a run of progress.
-                match j.history.last_mut() {
-                    Some(last) if last.event == event.name() => {
-                        last.at = now;
-                        last.detail = detail;
-                    }
-                    _ => history(j, now, event.name(), detail),
-                }
             });
+            state.write_history(&e.job_id, now, event.name(), event.describe(at.input));
         }
         Event::JobSucceeded(e) => {
             let pool = state.jobs.get(&e.job_id).and_then(|j| j.pool.clone());
@@ -290,8 +265,8 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
                 j.execution_ms = Some(e.execution_ms);
                 j.progress = Some(1.0);
                 j.updated_at = now;
-                history(j, now, event.name(), event.describe(at.input));
             });
+            state.write_history(&e.job_id, now, event.name(), event.describe(at.input));
             if legacy_breaker && let Some(pool) = pool {
                 let w = window(state);
                 breaker_result(state, &pool, false, w);
@@ -301,8 +276,8 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
             state.update_job(&e.job_id, |j| {
                 j.state = JobState::OutputQuarantined;
                 j.updated_at = now;
-                history(j, now, event.name(), event.describe(at.input));
             });
+            state.write_history(&e.job_id, now, event.name(), event.describe(at.input));
         }
         Event::JobRetrying(e) => {
             let counted = legacy_breaker
@@ -318,8 +293,8 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
                 j.progress = None;
                 j.last_error = Some(error_text(&e.error_code, e.error_message.as_deref()));
                 j.updated_at = now;
-                history(j, now, event.name(), event.describe(at.input));
             });
+            state.write_history(&e.job_id, now, event.name(), event.describe(at.input));
             if let Some(pool) = counted {
                 let w = window(state);
                 breaker_result(state, &pool, true, w);
@@ -335,8 +310,8 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
                 j.retry_at = None;
                 j.last_error = Some(error_text(&e.reason_code, e.error_message.as_deref()));
                 j.updated_at = now;
-                history(j, now, event.name(), event.describe(at.input));
             });
+            state.write_history(&e.job_id, now, event.name(), event.describe(at.input));
             if let Some(pool) = counted {
                 let w = window(state);
                 breaker_result(state, &pool, true, w);
@@ -348,8 +323,8 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
                 j.queued_at = None;
                 j.retry_at = None;
                 j.updated_at = now;
-                history(j, now, event.name(), event.describe(at.input));
             });
+            state.write_history(&e.job_id, now, event.name(), event.describe(at.input));
         }
         Event::JobTimedOut(e) => {
             let counted = (legacy_breaker && e.reason_code == DlqReason::Timeout.as_str())
@@ -361,8 +336,8 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
                 j.retry_at = None;
                 j.last_error = Some(format!("{}: {}", e.reason_code, e.detail));
                 j.updated_at = now;
-                history(j, now, event.name(), event.describe(at.input));
             });
+            state.write_history(&e.job_id, now, event.name(), event.describe(at.input));
             if let Some(pool) = counted {
                 let w = window(state);
                 breaker_result(state, &pool, true, w);
@@ -373,8 +348,8 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
                 j.state = JobState::Denied;
                 j.queued_at = None;
                 j.updated_at = now;
-                history(j, now, event.name(), event.describe(at.input));
             });
+            state.write_history(&e.job_id, now, event.name(), event.describe(at.input));
         }
         Event::ApprovalRequested(e) => {
             state.update_job(&e.job_id, |j| {
@@ -382,20 +357,18 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
                 j.queued_at = None;
                 j.policy_snapshot = Some(e.snapshot_id.clone());
                 j.updated_at = now;
-                history(j, now, event.name(), event.describe(at.input));
             });
+            state.write_history(&e.job_id, now, event.name(), event.describe(at.input));
         }
         Event::JobApproved(e) => {
             state.update_job(&e.job_id, |j| {
                 j.state = JobState::Pending;
                 j.updated_at = now;
-                history(j, now, event.name(), event.describe(at.input));
             });
+            state.write_history(&e.job_id, now, event.name(), event.describe(at.input));
         }
         Event::DispatchCancelled(e) => {
-            state.update_job(&e.job_id, |j| {
-                history(j, now, event.name(), event.describe(at.input))
-            });
+            state.write_history(&e.job_id, now, event.name(), event.describe(at.input));
         }
         Event::DeadLettered(e) => {
             let dl = &e.dead_letter;
@@ -406,8 +379,8 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
             if !dl.job_id.is_empty() && dl.reason_code != DlqReason::DuplicateJobId.as_str() {
                 state.update_job(&dl.job_id, |j| {
                     j.dlq_reason = Some(dl.reason_code.clone());
-                    history(j, now, event.name(), event.describe(at.input));
                 });
+                state.write_history(&dl.job_id, now, event.name(), event.describe(at.input));
             }
             if let Some(d) = state.dirty.as_mut() {
                 d.dead_letters.push(dl.clone());
@@ -415,9 +388,7 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
         }
         Event::CommandRejected(e) => {
             if !e.job_id.is_empty() {
-                state.update_job(&e.job_id, |j| {
-                    history(j, now, event.name(), event.describe(at.input))
-                });
+                state.write_history(&e.job_id, now, event.name(), event.describe(at.input));
             }
         }
         Event::WorkerUpdated(e) => {

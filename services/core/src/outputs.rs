@@ -11,11 +11,14 @@ use crate::state::State;
 /// A record to produce besides the journal entry.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Output {
-    /// To `ksched.dispatch.<pool>`, key worker_id, on `partition`.
+    /// To `ksched.dispatch.<pool>`, key worker_id, on `partition`. The record's job carries
+    /// no payload (jobs do not hold theirs): the processor adds the job's `payload_len` bytes
+    /// from where it keeps payloads before it sends the record.
     Dispatch {
         pool: String,
         partition: i32,
         record: Box<Dispatch>,
+        payload_len: u64,
     },
     /// To `ksched.dispatch.<pool>`, key worker_id; `partition` -1 lets the key choose.
     CancelDispatch {
@@ -37,6 +40,7 @@ pub fn output_of(state: &State, event: &Event, now: Millis) -> Option<Output> {
             Some(Output::Dispatch {
                 pool: e.pool.clone(),
                 partition: e.partition,
+                payload_len: job.payload_len,
                 record: Box::new(Dispatch {
                     job: job.request.clone(),
                     attempt: e.attempt,

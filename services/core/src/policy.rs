@@ -61,9 +61,14 @@ impl PolicyEngine for AllowAll {
 /// The document the input policy sees as `input`.
 ///
 /// Secret env values are replaced by `*hidden*`; the payload is represented by its size.
-pub fn input_document(job: &JobRequest, tenant_active_jobs: i64, pools: &[String]) -> Value {
+pub fn input_document(
+    job: &JobRequest,
+    payload_size: u64,
+    tenant_active_jobs: i64,
+    pools: &[String],
+) -> Value {
     json!({
-        "job": job_document(job),
+        "job": job_document(job, payload_size),
         "tenant": { "id": job.tenant_id, "active_jobs": tenant_active_jobs },
         "pools": pools,
     })
@@ -72,13 +77,14 @@ pub fn input_document(job: &JobRequest, tenant_active_jobs: i64, pools: &[String
 /// The document the output policy sees as `input`.
 pub fn output_document(
     job: &JobRequest,
+    payload_size: u64,
     worker_id: &str,
     result_ptr: Option<&str>,
     meta: &crate::records::ResultMeta,
     execution_ms: i64,
 ) -> Value {
     json!({
-        "job": job_document(job),
+        "job": job_document(job, payload_size),
         "result": {
             "worker_id": worker_id,
             "result_ptr": result_ptr,
@@ -90,7 +96,7 @@ pub fn output_document(
     })
 }
 
-fn job_document(job: &JobRequest) -> Value {
+fn job_document(job: &JobRequest, payload_size: u64) -> Value {
     let env: BTreeMap<String, String> = redact_env(&job.env);
     json!({
         "job_id": job.job_id,
@@ -100,7 +106,7 @@ fn job_document(job: &JobRequest) -> Value {
         "priority": job.priority.as_str(),
         "labels": job.labels,
         "env": env,
-        "payload_size": job.payload.len(),
+        "payload_size": payload_size,
         "budget": { "deadline_ms": job.budget.deadline_ms, "max_runtime_ms": job.budget.max_runtime_ms },
         "meta": {
             "idempotency_key": job.meta.idempotency_key,

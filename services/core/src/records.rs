@@ -80,7 +80,8 @@ pub struct JobRequest {
     pub meta: JobMeta,
     pub workflow_id: Option<String>,
     pub step_index: Option<i32>,
-    pub compensation: Option<JobTemplate>,
+    /// Boxed: most jobs have none, and every job in memory would carry its size.
+    pub compensation: Option<Box<JobTemplate>>,
     pub submitted_at: Millis,
 }
 

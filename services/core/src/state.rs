@@ -35,10 +35,31 @@ pub struct HistoryItem {
     pub detail: String,
 }
 
-/// A job as the scheduler knows it.
+/// Most lines a job's history keeps (see [`State::write_history`]).
+pub const HISTORY_MAX: u32 = 200;
+
+/// One line of a job's history as the owner of the state persists it: the job, the line's
+/// number, the line. A line may replace an earlier one with the same number (a run of
+/// progress keeps one line; past the bound, the last slot keeps the latest line).
+#[derive(Debug, Clone, PartialEq)]
+pub struct HistoryLine {
+    pub job_id: String,
+    pub seq: u32,
+    pub item: HistoryItem,
+}
+
+/// A job as the scheduler knows it. Its payload and history are not held here: the payload
+/// is written once when the job is accepted and read back when it is dispatched, the history
+/// is appended line by line (see [`Dirty`]), so a backlog of pending jobs costs memory for
+/// what decisions read, not for what the jobs carry.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Job {
+    /// The request without its payload (see `payload_len` and `payload_digest`).
     pub request: JobRequest,
+    pub payload_len: u64,
+    /// First 16 bytes of the payload's SHA-256: a resubmission is "the same job" only with
+    /// the same payload.
+    pub payload_digest: [u8; 16],
     pub job_hash: String,
     pub state: JobState,
     /// Pools the job may run in, in preference order.
@@ -68,7 +89,13 @@ pub struct Job {
     pub result_meta: Option<ResultMeta>,
     pub execution_ms: Option<i64>,
     pub dlq_reason: Option<String>,
-    pub history: Vec<HistoryItem>,
+    /// History lines written so far (the next line's number).
+    pub history_lines: u32,
+    /// Lines not kept because the history reached its bound (the last slot keeps the
+    /// latest).
+    pub history_omitted: u32,
+    /// The last line is progress (the next progress replaces it).
+    pub history_progress: bool,
 }
 
 impl Job {
@@ -253,6 +280,10 @@ pub struct Dirty {
     pub idempotency_pruned_before: Option<Millis>,
     pub dead_letters: Vec<DeadLetter>,
     pub config: bool,
+    /// History lines written since the last persist, in order.
+    pub history: Vec<HistoryLine>,
+    /// Payloads of jobs accepted since the last persist (job_id -> payload).
+    pub payloads: BTreeMap<String, Vec<u8>>,
 }
 
 /// Everything the scheduler knows.
@@ -263,7 +294,9 @@ pub struct State {
     /// Journal entries applied.
     pub entries: u64,
     pub config: Option<Arc<ActiveConfig>>,
-    pub jobs: BTreeMap<String, Job>,
+    /// Boxed: a map node holds a pointer per job instead of the whole record, which the
+    /// tree's spare slots would otherwise multiply (a backlog of a million pending jobs).
+    pub jobs: BTreeMap<String, Box<Job>>,
     pub workers: BTreeMap<String, Worker>,
     pub breakers: BTreeMap<String, Breaker>,
     pub sagas: BTreeMap<String, Saga>,
@@ -451,7 +484,7 @@ impl State {
         if job.state.is_terminal() {
             self.cold.insert(job_id.clone());
         }
-        self.jobs.insert(job_id.clone(), job);
+        self.jobs.insert(job_id.clone(), Box::new(job));
         self.index_job(&job_id);
     }
 
@@ -497,7 +530,7 @@ impl State {
     pub(crate) fn update_job<R>(&mut self, id: &str, f: impl FnOnce(&mut Job) -> R) -> Option<R> {
         let (before, pool) = self.jobs.get(id).map(|j| (j.state, j.pool.clone()))?;
         self.unindex_job(id);
-        let r = self.jobs.get_mut(id).map(f);
+        let r = self.jobs.get_mut(id).map(|j| f(j));
         self.index_job(id);
         self.mark_job(id);
         if let Some(after) = self.jobs.get(id).map(|j| j.state)
@@ -516,6 +549,39 @@ impl State {
             }
         }
         r
+    }
+
+    /// Appends a line to job `id`'s history (nothing for an unknown job). The line goes out
+    /// with the dirty keys; the job keeps only counters. A run of progress keeps its latest
+    /// line; past [`HISTORY_MAX`] lines, the last slot keeps the latest and the others
+    /// between are counted as omitted (the journal has every event: `ksched audit job`).
+    pub(crate) fn write_history(&mut self, id: &str, at: Millis, event: &str, detail: String) {
+        let Some(job) = self.jobs.get_mut(id) else {
+            return;
+        };
+        let progress = event == "JobProgressed";
+        let seq = if progress && job.history_progress && job.history_lines > 0 {
+            job.history_lines - 1
+        } else if job.history_lines >= HISTORY_MAX {
+            job.history_omitted = job.history_omitted.saturating_add(1);
+            HISTORY_MAX - 1
+        } else {
+            job.history_lines += 1;
+            job.history_lines - 1
+        };
+        job.history_progress = progress;
+        self.mark_job(id);
+        if let Some(d) = self.dirty.as_mut() {
+            d.history.push(HistoryLine {
+                job_id: id.to_owned(),
+                seq,
+                item: HistoryItem {
+                    at,
+                    event: event.to_owned(),
+                    detail,
+                },
+            });
+        }
     }
 
     /// A half-open breaker's probe ended (any way): its slot is free again.
@@ -560,7 +626,7 @@ impl State {
         if job.state.is_terminal() {
             self.cold.insert(id.clone());
         }
-        self.jobs.insert(id.clone(), job);
+        self.jobs.insert(id.clone(), Box::new(job));
         self.index_job(&id);
         self.mark_job(&id);
     }

@@ -40,7 +40,8 @@ fn submit_dispatch_start_succeed() {
     let j = sim.job("j1");
     assert_eq!(j.state, JobState::Succeeded);
     assert_eq!(j.attempt, 1);
-    let history: Vec<&str> = j.history.iter().map(|h| h.event.as_str()).collect();
+    let lines = sim.history("j1");
+    let history: Vec<&str> = lines.iter().map(|h| h.event.as_str()).collect();
     assert_eq!(
         history,
         [
@@ -109,8 +110,7 @@ fn progress_is_recorded_and_implies_the_start() {
         );
     }
     let progress_lines = sim
-        .job("j1")
-        .history
+        .history("j1")
         .iter()
         .filter(|h| h.event == "JobProgressed")
         .count();
@@ -187,8 +187,7 @@ fn terminal_jobs_never_change_and_the_rejection_is_journaled() {
     }
     assert_eq!(sim.job_state("j1"), JobState::Succeeded);
     let rejections = sim
-        .job("j1")
-        .history
+        .history("j1")
         .iter()
         .filter(|h| h.event == "CommandRejected")
         .count();

@@ -154,9 +154,11 @@ fn run(ops: &[Op]) -> Sim {
                     req.meta.requires = vec!["gpu".into()];
                 }
                 req.workflow_id = (j % 3 == 0).then(|| "wf".to_owned());
-                req.compensation = (j % 3 == 0).then(|| JobTemplate {
-                    topic: "job.default".into(),
-                    ..Default::default()
+                req.compensation = (j % 3 == 0).then(|| {
+                    Box::new(JobTemplate {
+                        topic: "job.default".into(),
+                        ..Default::default()
+                    })
                 });
                 req.submitted_at = sim.now;
                 let topic = req.topic.clone();

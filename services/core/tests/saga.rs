@@ -10,10 +10,12 @@ use support::*;
 fn step(id: &str, workflow: &str, compensation: Option<&str>) -> ksched_core::records::JobRequest {
     let mut r = job(id);
     r.workflow_id = Some(workflow.into());
-    r.compensation = compensation.map(|c| JobTemplate {
-        topic: "job.default".into(),
-        payload: c.as_bytes().to_vec(),
-        ..Default::default()
+    r.compensation = compensation.map(|c| {
+        Box::new(JobTemplate {
+            topic: "job.default".into(),
+            payload: c.as_bytes().to_vec(),
+            ..Default::default()
+        })
     });
     r
 }
@@ -52,7 +54,7 @@ fn compensations_run_last_first_one_at_a_time() {
     assert_eq!(first.for_job_id, "s2", "last pushed, first run");
     assert_eq!(first.job_id, "wf~compensation~1");
     let comp = sim.job(&first.job_id).request.clone();
-    assert_eq!(comp.payload, b"undo-2");
+    assert_eq!(sim.payload(&first.job_id), b"undo-2");
     assert_eq!(comp.labels["saga_compensation"], "true");
     assert_eq!(comp.labels["saga_workflow_id"], "wf");
     assert_eq!(comp.tenant_id, "acme");
@@ -61,7 +63,7 @@ fn compensations_run_last_first_one_at_a_time() {
     let ev = sim.result(&first.job_id, 1, "w1", ResultStatus::Succeeded);
     let second = submitted(&ev).unwrap().clone();
     assert_eq!(second.for_job_id, "s1");
-    assert_eq!(sim.job(&second.job_id).request.payload, b"undo-1");
+    assert_eq!(sim.payload(&second.job_id), b"undo-1");
     let ev = sim.result(&second.job_id, 1, "w1", ResultStatus::Succeeded);
     let f = finished(&ev).unwrap();
     assert_eq!(f.outcome, SagaOutcome::Compensated);

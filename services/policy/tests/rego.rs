@@ -68,7 +68,7 @@ fn the_shipped_policies_are_permissive() {
     let engine = RegoEngine::new();
     let d = engine.evaluate_input(
         &r,
-        &input_document(&job("prod", &["destructive"], Priority::Batch), 0, &[]),
+        &input_document(&job("prod", &["destructive"], Priority::Batch), 0, 0, &[]),
     );
     assert_eq!(d.verdict, Verdict::Allow);
     assert_eq!(d.constraints, Default::default());
@@ -76,7 +76,7 @@ fn the_shipped_policies_are_permissive() {
     meta.labels.insert("contains_pii".into(), "true".into());
     let o = engine.evaluate_output(
         &r,
-        &output_document(&job("prod", &[], Priority::Batch), "w1", None, &meta, 1),
+        &output_document(&job("prod", &[], Priority::Batch), 0, "w1", None, &meta, 1),
     );
     assert!(!o.quarantine);
 }
@@ -98,6 +98,7 @@ fn the_commented_input_example_denies_requires_approval_and_sets_constraints() {
         &input_document(
             &job("prod", &["destructive"], Priority::Interactive),
             0,
+            0,
             &[],
         ),
     );
@@ -106,14 +107,14 @@ fn the_commented_input_example_denies_requires_approval_and_sets_constraints() {
 
     let d = engine.evaluate_input(
         &r,
-        &input_document(&job("prod", &[], Priority::Interactive), 0, &[]),
+        &input_document(&job("prod", &[], Priority::Interactive), 0, 0, &[]),
     );
     assert_eq!(d.verdict, Verdict::RequireApproval);
     assert_eq!(d.reasons, ["job j1 touches prod"]);
 
     let d = engine.evaluate_input(
         &r,
-        &input_document(&job("dev", &[], Priority::Batch), 0, &[]),
+        &input_document(&job("dev", &[], Priority::Batch), 0, 0, &[]),
     );
     assert_eq!(d.verdict, Verdict::Allow);
     assert_eq!(d.constraints.max_retries, Some(1));
@@ -122,7 +123,7 @@ fn the_commented_input_example_denies_requires_approval_and_sets_constraints() {
 
     let d = engine.evaluate_input(
         &r,
-        &input_document(&job("dev", &[], Priority::Critical), 0, &[]),
+        &input_document(&job("dev", &[], Priority::Critical), 0, 0, &[]),
     );
     assert_eq!(d.verdict, Verdict::Allow);
     assert_eq!(d.constraints, Default::default());
@@ -144,7 +145,7 @@ fn the_commented_output_example_quarantines() {
     meta.size_bytes = Some(2 << 30);
     let o = engine.evaluate_output(
         &r,
-        &output_document(&job("dev", &[], Priority::Batch), "w1", None, &meta, 1),
+        &output_document(&job("dev", &[], Priority::Batch), 0, "w1", None, &meta, 1),
     );
     assert!(o.quarantine);
     assert_eq!(o.reasons.len(), 2, "{:?}", o.reasons);
@@ -152,6 +153,7 @@ fn the_commented_output_example_quarantines() {
         &r,
         &output_document(
             &job("dev", &[], Priority::Batch),
+            0,
             "w1",
             None,
             &ResultMeta::default(),
@@ -166,7 +168,7 @@ fn decisions_are_memoized_per_snapshot_and_input() {
     let bundle = PolicyBundle::from_dir(&config_dir()).unwrap();
     let r = reconfigure(&bundle);
     let engine = RegoEngine::new();
-    let doc = input_document(&job("dev", &[], Priority::Batch), 0, &[]);
+    let doc = input_document(&job("dev", &[], Priority::Batch), 0, 0, &[]);
     engine.evaluate_input(&r, &doc);
     engine.evaluate_input(&r, &doc);
     assert_eq!(engine.memo_stats(), (1, 1));
@@ -192,7 +194,7 @@ fn no_allow_rule_means_default_deny_and_errors_fail_closed() {
     let engine = RegoEngine::new();
     let d = engine.evaluate_input(
         &r,
-        &input_document(&job("dev", &[], Priority::Batch), 0, &[]),
+        &input_document(&job("dev", &[], Priority::Batch), 0, 0, &[]),
     );
     assert_eq!(d.verdict, Verdict::Deny);
     assert!(d.reasons[0].contains("default deny"), "{:?}", d.reasons);
@@ -205,7 +207,7 @@ fn no_allow_rule_means_default_deny_and_errors_fail_closed() {
     broken.data_json = "{}".into();
     let d = engine.evaluate_input(
         &reconfigure(&broken),
-        &input_document(&job("dev", &[], Priority::Batch), 0, &[]),
+        &input_document(&job("dev", &[], Priority::Batch), 0, 0, &[]),
     );
     assert_eq!(d.verdict, Verdict::Deny);
 }
@@ -292,7 +294,7 @@ fn numbers_and_nested_values_of_the_input_reach_the_policy_intact() {
     let engine = RegoEngine::new();
     let d = engine.evaluate_input(
         &r,
-        &input_document(&job("dev", &[], Priority::Batch), 3, &[]),
+        &input_document(&job("dev", &[], Priority::Batch), 0, 3, &[]),
     );
     assert_eq!(d.verdict, Verdict::Deny);
     assert_eq!(d.reasons.len(), 1);
@@ -303,12 +305,12 @@ fn numbers_and_nested_values_of_the_input_reach_the_policy_intact() {
     );
     let d = engine.evaluate_input(
         &r,
-        &input_document(&job("prod", &[], Priority::Batch), 2, &[]),
+        &input_document(&job("prod", &[], Priority::Batch), 0, 2, &[]),
     );
     assert_eq!(d.verdict, Verdict::RequireApproval);
     let d = engine.evaluate_input(
         &r,
-        &input_document(&job("dev", &[], Priority::Batch), 2, &[]),
+        &input_document(&job("dev", &[], Priority::Batch), 0, 2, &[]),
     );
     assert_eq!(d.verdict, Verdict::Allow);
 }

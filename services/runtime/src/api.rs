@@ -235,7 +235,7 @@ pub fn job_view(id: &str, j: &Job) -> Value {
         "pool": j.pool,
         "labels": r.labels,
         "env": redact_env(&r.env),
-        "payload_size": r.payload.len(),
+        "payload_size": j.payload_len,
         "budget": { "deadline_ms": r.budget.deadline_ms, "max_runtime_ms": r.budget.max_runtime_ms },
         "meta": {
             "idempotency_key": r.meta.idempotency_key,
@@ -398,11 +398,15 @@ async fn get_job(AxState(api): AxState<Arc<Api>>, Path(id): Path<String>) -> Api
 
 async fn job_history(AxState(api): AxState<Arc<Api>>, Path(id): Path<String>) -> ApiResult {
     let job = load_job(&api, &id)?;
+    let lines = api.store.history(&id).map_err(internal)?;
     Ok(axum::Json(json!({
         "job_id": id,
         "state": job.state.as_str(),
         "attempt": job.attempt,
-        "history": job.history.iter().map(|h| json!({"at": h.at, "event": h.event, "detail": h.detail})).collect::<Vec<_>>(),
+        "history": lines.iter().map(|h| json!({"at": h.at, "event": h.event, "detail": h.detail})).collect::<Vec<_>>(),
+        // Lines past the bound were not kept (the last line is the latest); the journal has
+        // every event: `ksched audit job`.
+        "lines_omitted": job.history_omitted,
     })))
 }
 

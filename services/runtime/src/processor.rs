@@ -872,8 +872,12 @@ impl Processor {
             Output::Dispatch {
                 pool,
                 partition,
-                record,
+                mut record,
+                payload_len,
             } => {
+                if payload_len > 0 {
+                    record.job.payload = self.payload(&record.job.job_id)?;
+                }
                 let topic = self.topics.dispatch(&pool);
                 let bytes = encode_or_fail(record.as_ref())?;
                 self.send(&topic, Some(partition), record.worker_id.as_bytes(), &bytes)
@@ -901,6 +905,24 @@ impl Processor {
                 self.send(&topic, None, key.as_bytes(), &bytes)
             }
         }
+    }
+
+    /// A job's payload: accepted in this batch (not persisted yet), or from the store.
+    fn payload(&self, job_id: &str) -> Result<Vec<u8>> {
+        if let Some(p) = self
+            .state
+            .dirty
+            .as_ref()
+            .and_then(|d| d.payloads.get(job_id))
+        {
+            return Ok(p.clone());
+        }
+        self.store.payload(job_id)?.ok_or_else(|| {
+            Error::Store(ksched_store::Error::Decode {
+                what: format!("the payload of job {job_id}"),
+                detail: "it is missing".into(),
+            })
+        })
     }
 
     /// The projection, for tests and the HTTP API.

@@ -24,7 +24,8 @@ use ksched_core::events::Reconfigure;
 use ksched_core::records::{DeadLetter, Millis};
 use ksched_core::rules::Rules;
 use ksched_core::state::{
-    ActiveConfig, Breaker, ColdStore, Dirty, IdempotencyEntry, Job, Saga, State, Worker,
+    ActiveConfig, Breaker, ColdStore, Dirty, HistoryItem, IdempotencyEntry, Job, Saga, State,
+    Worker,
 };
 use rocksdb::{
     ColumnFamily, ColumnFamilyDescriptor, DB, Direction, IteratorMode, Options, WriteBatch,
@@ -35,7 +36,8 @@ use thiserror::Error;
 
 /// Bumped whenever a stored value's encoding changes. A store of another version is moved
 /// aside and rebuilt from the journal ([`Store::open_or_rebuild`]).
-/// 2: breakers track their probes by job id; watermark and liveness floor in `meta`.
+/// 2: breakers track their probes by job id; watermark and liveness floor in `meta`; job
+/// histories (`history`) and payloads (`payloads`) beside the jobs, not in them.
 pub const FORMAT_VERSION: u32 = 2;
 
 /// Most idempotency keys one write deletes when their retention passed; the rest follow in
@@ -51,6 +53,8 @@ const CF_SAGAS: &str = "sagas";
 const CF_IDEMPOTENCY: &str = "idempotency";
 const CF_IDEMPOTENCY_BY_TIME: &str = "idempotency_by_time";
 const CF_DLQ: &str = "dlq";
+const CF_HISTORY: &str = "history";
+const CF_PAYLOADS: &str = "payloads";
 /// Every column family, in a fixed order.
 pub const CFS: &[&str] = &[
     CF_META,
@@ -62,6 +66,8 @@ pub const CFS: &[&str] = &[
     CF_IDEMPOTENCY,
     CF_IDEMPOTENCY_BY_TIME,
     CF_DLQ,
+    CF_HISTORY,
+    CF_PAYLOADS,
 ];
 
 const META_FORMAT: &[u8] = b"format";
@@ -365,7 +371,7 @@ impl Store {
         for (k, ()) in self.scan::<()>(CF_ACTIVE)? {
             let id = utf8(k);
             if let Some(job) = self.job(&id)? {
-                state.jobs.insert(id, job);
+                state.jobs.insert(id, Box::new(job));
             }
         }
         state.rebuild_indexes();
@@ -440,6 +446,16 @@ impl Store {
                     encode(&before),
                 );
             }
+        }
+        for line in &dirty.history {
+            b.put_cf(
+                self.cf(CF_HISTORY),
+                self.key(&history_key(&line.job_id, line.seq)),
+                encode(&line.item),
+            );
+        }
+        for (id, payload) in &dirty.payloads {
+            b.put_cf(self.cf(CF_PAYLOADS), self.key(id.as_bytes()), payload);
         }
         if !dirty.dead_letters.is_empty() {
             let mut seq: u64 = self.get_meta(META_DLQ_SEQ)?.unwrap_or(0);
@@ -525,6 +541,31 @@ impl Store {
             b.delete_cf(cf, &k);
         }
         Ok(true)
+    }
+
+    /// A job's history, in order (its lines are written beside the job, not in it).
+    pub fn history(&self, job_id: &str) -> Result<Vec<HistoryItem>> {
+        let start = self.key(&history_key(job_id, 0));
+        let end = self.key(&history_key(job_id, u32::MAX));
+        let mut out = Vec::new();
+        for item in self.db.iterator_cf(
+            self.cf(CF_HISTORY),
+            IteratorMode::From(&start, Direction::Forward),
+        ) {
+            let (k, v) = item?;
+            if k.as_ref() > end.as_slice() {
+                break;
+            }
+            out.push(decode(CF_HISTORY, &v)?);
+        }
+        Ok(out)
+    }
+
+    /// A job's payload, as it was submitted (None for a job without one).
+    pub fn payload(&self, job_id: &str) -> Result<Option<Vec<u8>>> {
+        Ok(self
+            .db
+            .get_cf(self.cf(CF_PAYLOADS), self.key(job_id.as_bytes()))?)
     }
 
     /// Every stored job (for queries and audits), in job_id order.
@@ -649,6 +690,15 @@ fn idem_key(tenant: &str, key: &str) -> Vec<u8> {
     k.extend_from_slice(tenant.as_bytes());
     k.push(0);
     k.extend_from_slice(key.as_bytes());
+    k
+}
+
+/// `job_id \0 seq` (big-endian): a job's lines in order, and no job's lines inside another's.
+fn history_key(job_id: &str, seq: u32) -> Vec<u8> {
+    let mut k = Vec::with_capacity(job_id.len() + 5);
+    k.extend_from_slice(job_id.as_bytes());
+    k.push(0);
+    k.extend_from_slice(&seq.to_be_bytes());
     k
 }
 

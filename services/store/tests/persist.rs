@@ -30,10 +30,10 @@ fn inputs() -> Vec<(i64, &'static str, Input)> {
             ..Default::default()
         },
         workflow_id: Some("wf".into()),
-        compensation: Some(JobTemplate {
+        compensation: Some(Box::new(JobTemplate {
             topic: "job.default".into(),
             ..Default::default()
-        }),
+        })),
         ..Default::default()
     };
     let hb = Heartbeat {
@@ -123,7 +123,7 @@ fn persisted_and_reloaded_state_matches_the_in_memory_projection() {
     let in_memory: Vec<(String, ksched_core::state::Job)> = reference
         .jobs
         .iter()
-        .map(|(k, v)| (k.clone(), v.clone()))
+        .map(|(k, v)| (k.clone(), (**v).clone()))
         .collect();
     assert_eq!(on_disk, in_memory);
     let workers: Vec<_> = store.workers().unwrap();

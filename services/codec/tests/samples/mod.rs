@@ -50,7 +50,7 @@ pub fn job_request() -> JobRequest {
         },
         workflow_id: Some("wf-1".into()),
         step_index: Some(2),
-        compensation: Some(template()),
+        compensation: Some(Box::new(template())),
         submitted_at: 1_700_000_000_123,
     }
 }

@@ -139,8 +139,10 @@ impl Decider<'_, '_> {
         }));
         self.count_for_breaker(counted, &r.job_id, false);
         let config = self.rules();
+        let job = &self.state().jobs[&r.job_id];
         let doc = output_document(
-            &self.state().jobs[&r.job_id].request,
+            &job.request,
+            job.payload_len,
             &r.worker_id,
             r.result_ptr.as_deref(),
             &r.result_meta,

@@ -26,7 +26,7 @@ impl Decider<'_, '_> {
         }
 
         if let Some(existing) = self.state().jobs.get(&request.job_id) {
-            let same = same_submission(&existing.request, &request);
+            let same = same_submission(existing, &request);
             let job_id = request.job_id.clone();
             self.emit(Event::JobDuplicate(JobDuplicate {
                 job_id: job_id.clone(),
@@ -113,7 +113,7 @@ impl Decider<'_, '_> {
         let config = self.rules();
         let job = &self.state().jobs[job_id];
         let tenant_active = self.state().tenant_active_jobs(&job.request.tenant_id);
-        let doc = input_document(&job.request, tenant_active, &job.pools);
+        let doc = input_document(&job.request, job.payload_len, tenant_active, &job.pools);
         let decision: PolicyDecision = self.ctx.policy.evaluate_input(&config.raw, &doc);
         PolicyEvaluated {
             job_id: job_id.to_owned(),
@@ -170,6 +170,9 @@ impl Decider<'_, '_> {
     }
 }
 
+/// Longest job or tenant id, in bytes (ids key records, logs and terminals).
+pub const MAX_ID_BYTES: usize = 256;
+
 /// Why a decodable request still cannot be scheduled, if it cannot: `record_too_large` for
 /// what exceeds the configured limits, `malformed_record` for the rest.
 fn invalid_request(r: &JobRequest, limits: &Limits) -> Option<(DlqReason, String)> {
@@ -180,6 +183,14 @@ fn invalid_request(r: &JobRequest, limits: &Limits) -> Option<(DlqReason, String
     }
     if r.tenant_id.trim().is_empty() {
         return malformed(format!("job {}: tenant_id is empty", r.job_id));
+    }
+    for (what, id) in [("job_id", &r.job_id), ("tenant_id", &r.tenant_id)] {
+        if id.len() > MAX_ID_BYTES || id.chars().any(char::is_control) {
+            return malformed(format!(
+                "{what} {:?} must be at most {MAX_ID_BYTES} bytes without control characters",
+                crate::records::truncate_for_display(id, 64)
+            ));
+        }
     }
     if r.budget.deadline_ms.is_some_and(|d| d <= 0) {
         return malformed(format!(
@@ -249,10 +260,20 @@ fn queue_full(state: &State, rules: &Rules, r: &JobRequest, pools: &[String]) ->
 }
 
 /// A resubmission is "the same job" when everything but the topic the scheduler fills in is
-/// equal.
-fn same_submission(a: &JobRequest, b: &JobRequest) -> bool {
-    let mut b = b.clone();
-    b.topic = a.topic.clone();
+/// equal (the payload by its length and digest: the job holds no payload).
+fn same_submission(existing: &Job, new: &JobRequest) -> bool {
+    let payload = &new.payload;
+    if existing.payload_len != payload.len() as u64
+        || existing.payload_digest != crate::apply::payload_digest(payload)
+    {
+        return false;
+    }
+    let a = &existing.request;
+    let b = JobRequest {
+        topic: a.topic.clone(),
+        payload: Vec::new(),
+        ..new.clone()
+    };
     *a == b
 }
 

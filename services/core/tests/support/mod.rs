@@ -12,7 +12,7 @@ use ksched_core::outputs::Output;
 use ksched_core::policy::{OutputDecision, PolicyDecision, PolicyEngine};
 use ksched_core::records::*;
 use ksched_core::rules::{PoolRules, Rules, StrategyKind};
-use ksched_core::state::{ColdStore, Dirty, IdempotencyEntry, Job, Saga, State};
+use ksched_core::state::{ColdStore, Dirty, HistoryItem, IdempotencyEntry, Job, Saga, State};
 use serde_json::Value;
 
 type InputRule = Box<dyn Fn(&Value) -> Option<PolicyDecision>>;
@@ -48,6 +48,9 @@ pub struct ColdMap {
     pub jobs: BTreeMap<String, Job>,
     pub sagas: BTreeMap<String, Saga>,
     pub idempotency: BTreeMap<(String, String), IdempotencyEntry>,
+    /// History lines by (job, line number), as the store keeps them.
+    pub history: BTreeMap<(String, u32), HistoryItem>,
+    pub payloads: BTreeMap<String, Vec<u8>>,
 }
 
 impl ColdStore for ColdMap {
@@ -68,7 +71,7 @@ impl ColdMap {
     fn persist(&mut self, state: &State, dirty: Dirty) {
         for id in dirty.jobs {
             if let Some(j) = state.jobs.get(&id) {
-                self.jobs.insert(id, j.clone());
+                self.jobs.insert(id, (**j).clone());
             }
         }
         for id in dirty.sagas {
@@ -84,6 +87,10 @@ impl ColdMap {
         if let Some(before) = dirty.idempotency_pruned_before {
             self.idempotency.retain(|_, e| e.seen_at >= before);
         }
+        for line in dirty.history {
+            self.history.insert((line.job_id, line.seq), line.item);
+        }
+        self.payloads.extend(dirty.payloads);
     }
 }
 
@@ -300,8 +307,13 @@ impl Sim {
         assert!(problems.is_empty(), "invariants: {problems:?}");
         // Memory plus cold storage of the partial state hold the full projection.
         for (id, job) in &self.state.jobs {
-            let stored = self.partial.jobs.get(id).or_else(|| self.cold.jobs.get(id));
-            assert_eq!(stored, Some(job), "job {id} of the partial state");
+            let stored = self
+                .partial
+                .jobs
+                .get(id)
+                .map(|j| &**j)
+                .or_else(|| self.cold.jobs.get(id));
+            assert_eq!(stored, Some(&**job), "job {id} of the partial state");
         }
         // Eviction finds every job that became terminal, whichever way it did.
         let lingering: Vec<&String> = self
@@ -470,6 +482,20 @@ impl Sim {
             .jobs
             .get(id)
             .unwrap_or_else(|| panic!("no job {id}"))
+    }
+
+    /// A job's history as the store keeps it (the job itself holds only counters).
+    pub fn history(&self, id: &str) -> Vec<HistoryItem> {
+        self.cold
+            .history
+            .range((id.to_owned(), 0)..=(id.to_owned(), u32::MAX))
+            .map(|(_, item)| item.clone())
+            .collect()
+    }
+
+    /// A job's payload as the store keeps it.
+    pub fn payload(&self, id: &str) -> Vec<u8> {
+        self.cold.payloads.get(id).cloned().unwrap_or_default()
     }
 
     pub fn job_state(&self, id: &str) -> JobState {

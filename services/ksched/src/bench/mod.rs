@@ -5,6 +5,7 @@
 mod baseline;
 mod e2e;
 mod history;
+mod memory;
 mod recovery;
 
 use std::path::{Path, PathBuf};
@@ -45,6 +46,15 @@ pub struct BenchArgs {
     /// SDK workers in the end-to-end runs.
     #[arg(long, default_value_t = 4)]
     pub workers: usize,
+    /// Only measure memory per pending job, with this many pending jobs (no broker needed).
+    #[arg(long, value_name = "JOBS")]
+    pub memory: Option<u64>,
+    /// Payload bytes of each pending job in the memory measurement.
+    #[arg(long, default_value_t = 64)]
+    pub memory_payload: usize,
+    /// (Internal) load the store in this directory and print what it cost.
+    #[arg(long, hide = true, value_name = "DIR")]
+    pub memory_load: Option<PathBuf>,
 }
 
 struct Sizes {
@@ -241,6 +251,12 @@ fn phase(name: &str) {
 }
 
 fn bench(args: BenchArgs) -> Result<()> {
+    if let Some(dir) = &args.memory_load {
+        return memory::load(dir);
+    }
+    if let Some(jobs) = args.memory {
+        return memory_only(&args, jobs);
+    }
     let total = Instant::now();
     let sizes = Sizes::of(args.smoke);
     let run = format!("bench-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
@@ -517,4 +533,30 @@ fn print_table(r: &Report) {
                 - 1.0)
     );
     println!("| total bench time | {:.0} s |", r.total_seconds);
+}
+
+/// `ksched bench --memory N`: resident memory per pending job, live and after a restart.
+fn memory_only(args: &BenchArgs, jobs: u64) -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let config = bench_config(&args.bootstrap_servers, "bench.memory.", dir.path(), None);
+    phase(&format!(
+        "memory: {jobs} pending jobs with {} byte payloads",
+        args.memory_payload
+    ));
+    let m = memory::run(
+        &config,
+        jobs,
+        args.memory_payload,
+        &dir.path().join("store"),
+    )?;
+    eprintln!(
+        "        live: RSS {:.0} MiB -> {:.0} MiB, {:.0} bytes per pending job (built in {:.1} s)",
+        m.rss_before_mib, m.rss_live_mib, m.live_bytes_per_job, m.build_seconds
+    );
+    eprintln!(
+        "        after a restart: RSS {:.0} MiB, {:.0} bytes per pending job (loaded in {:.1} s)",
+        m.rss_reloaded_mib, m.reloaded_bytes_per_job, m.reload_seconds
+    );
+    std::fs::write(&args.out, serde_json::to_string_pretty(&m)?)?;
+    Ok(())
 }

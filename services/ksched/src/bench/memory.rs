@@ -1,0 +1,166 @@
+//! Memory held per pending job: a backlog of jobs that cannot be placed (no workers) built
+//! through the real core and store, as the processor builds it (decide, persist the dirty
+//! keys, evict what is cold), then the same backlog loaded back from RocksDB as a restart
+//! loads it. Reported as resident memory (VmRSS) before and after, per pending job.
+
+use std::path::Path;
+use std::time::Instant;
+
+use anyhow::Result;
+use ksched_core::decide::{Ctx, process};
+use ksched_core::events::{Cause, Input};
+use ksched_core::policy::AllowAll;
+use ksched_core::records::JobRequest;
+use ksched_core::state::State;
+use ksched_runtime::Config;
+use ksched_store::Store;
+use serde::Serialize;
+
+#[derive(Debug, Serialize)]
+pub struct Memory {
+    pub pending_jobs: u64,
+    pub payload_bytes: usize,
+    pub rss_before_mib: f64,
+    pub rss_live_mib: f64,
+    pub live_bytes_per_job: f64,
+    pub rss_reloaded_mib: f64,
+    pub reloaded_bytes_per_job: f64,
+    pub build_seconds: f64,
+    pub reload_seconds: f64,
+}
+
+/// Resident memory of this process, in bytes (Linux).
+pub fn rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
+const MIB: f64 = 1024.0 * 1024.0;
+
+pub fn run(config: &Config, jobs: u64, payload_bytes: usize, dir: &Path) -> Result<Memory> {
+    let before = rss_bytes();
+    let started = Instant::now();
+    let topic = config
+        .rules
+        .topics
+        .keys()
+        .next()
+        .cloned()
+        .unwrap_or_default();
+    let mut rules = config.rules.clone();
+    rules.limits.max_pending_per_pool = i64::MAX;
+    let reconfigure = Config {
+        rules,
+        ..config.clone()
+    }
+    .reconfigure();
+    {
+        let store = Store::open(dir, 0)?;
+        let mut state = State::tracking_changes();
+        let ctx = Ctx { policy: &AllowAll };
+        let cause = |offset: i64| Cause {
+            topic: topic.clone(),
+            partition: 0,
+            offset,
+        };
+        process(
+            &mut state,
+            &ctx,
+            cause(-1),
+            1,
+            Input::Reconfigure(reconfigure),
+        );
+        let payload = vec![7u8; payload_bytes];
+        for n in 0..jobs {
+            let request = JobRequest {
+                job_id: format!("pending-{n:09}"),
+                topic: topic.clone(),
+                tenant_id: format!("tenant-{}", n % 100),
+                principal_id: Some("bench".into()),
+                payload: payload.clone(),
+                ..Default::default()
+            };
+            let i = i64::try_from(n).unwrap_or(i64::MAX);
+            process(
+                &mut state,
+                &ctx,
+                cause(i),
+                1_000 + i,
+                Input::Submit(request),
+            );
+            if n % 5_000 == 4_999 {
+                let dirty = state.take_dirty();
+                store.persist(&state, dirty, Some(i))?;
+                state.evict_cold();
+            }
+        }
+        let dirty = state.take_dirty();
+        store.persist(&state, dirty, Some(i64::try_from(jobs).unwrap_or(0)))?;
+        state.evict_cold();
+        anyhow::ensure!(
+            state.queues.values().map(|q| q.len() as u64).sum::<u64>() == jobs,
+            "every bench job is pending"
+        );
+        let live = rss_bytes();
+        let build_seconds = started.elapsed().as_secs_f64();
+        drop(state);
+        drop(store);
+        // A restart loads the backlog in a fresh process (this one's allocator still holds
+        // what the live state freed).
+        let out = std::process::Command::new(std::env::current_exe()?)
+            .args(["bench", "--memory-load"])
+            .arg(dir)
+            .output()?;
+        anyhow::ensure!(
+            out.status.success(),
+            "loading the backlog in a fresh process failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let loaded: Loaded = serde_json::from_slice(&out.stdout)?;
+        anyhow::ensure!(loaded.pending == jobs, "every pending job is loaded back");
+        let per = |rss: u64, base: u64| rss.saturating_sub(base) as f64 / jobs.max(1) as f64;
+        Ok(Memory {
+            pending_jobs: jobs,
+            payload_bytes,
+            rss_before_mib: before as f64 / MIB,
+            rss_live_mib: live as f64 / MIB,
+            live_bytes_per_job: per(live, before),
+            rss_reloaded_mib: loaded.rss_after as f64 / MIB,
+            reloaded_bytes_per_job: per(loaded.rss_after, loaded.rss_before),
+            build_seconds,
+            reload_seconds: loaded.seconds,
+        })
+    }
+}
+
+/// What a fresh process measured loading a backlog.
+#[derive(Debug, Serialize, serde::Deserialize)]
+pub struct Loaded {
+    pub pending: u64,
+    pub rss_before: u64,
+    pub rss_after: u64,
+    pub seconds: f64,
+}
+
+/// Loads the store at `dir` as a restarting processor does and prints what it cost (JSON).
+pub fn load(dir: &Path) -> Result<()> {
+    let rss_before = rss_bytes();
+    let started = Instant::now();
+    let store = Store::open(dir, 0)?;
+    let state = store.load_state()?;
+    let loaded = Loaded {
+        pending: state.queues.values().map(|q| q.len() as u64).sum(),
+        rss_before,
+        rss_after: rss_bytes(),
+        seconds: started.elapsed().as_secs_f64(),
+    };
+    println!("{}", serde_json::to_string(&loaded)?);
+    Ok(())
+}
