@@ -63,6 +63,11 @@ pub enum Error {
     #[error("store: {0}")]
     Store(#[from] ksched_store::Error),
 
+    #[error(
+        "the disk holding the store {path} is full ({detail}). The processor stopped cleanly: what it committed is in the journal. Free space and start ksched again; it catches the store up from the journal"
+    )]
+    DiskFull { path: String, detail: String },
+
     /// Writing what a batch of inputs caused failed in a way that retrying the same batch
     /// cannot fix (the broker refused a record, a topic or partition does not exist, a
     /// decision panicked). Which input caused it is not known yet: the inputs are retried one
@@ -116,17 +121,19 @@ pub(crate) fn refused_for_what_it_is(code: RDKafkaErrorCode) -> bool {
 
 impl Error {
     /// The process cannot go on: another instance owns the journal partition, the journal
-    /// or the store is not what it must be, or the configuration is wrong.
+    /// or the store is not what it must be (or its disk is full), or the configuration is
+    /// wrong.
     pub fn is_fatal(&self) -> bool {
-        match self {
+        matches!(
+            self,
             Error::Fenced { .. }
-            | Error::Replaced { .. }
-            | Error::Journal { .. }
-            | Error::StoreAheadOfJournal { .. }
-            | Error::JournalTruncated { .. }
-            | Error::Config { .. } => true,
-            Error::Store(e) => !e.is_out_of_space(),
-            _ => false,
-        }
+                | Error::Replaced { .. }
+                | Error::Journal { .. }
+                | Error::StoreAheadOfJournal { .. }
+                | Error::JournalTruncated { .. }
+                | Error::Config { .. }
+                | Error::DiskFull { .. }
+                | Error::Store(_)
+        )
     }
 }

@@ -746,7 +746,13 @@ impl Processor {
         });
         if let Err(e) = outcome {
             let fatal = matches!(&e, Error::Kafka { source, .. } if is_fenced(source));
-            if !fatal && let Err(abort) = self.producer.abort_transaction(timeout) {
+            // The next incarnation's init_transactions aborts whatever this one left open,
+            // so a broker that cannot be reached is not waited for twice.
+            if !fatal
+                && let Err(abort) = self
+                    .producer
+                    .abort_transaction(timeout.min(Duration::from_secs(5)))
+            {
                 warn!(error = %abort, "abort_transaction failed");
             }
             // Reports of the aborted records are moot now.
@@ -807,7 +813,18 @@ impl Processor {
 
     fn persist(&mut self, watermark: Option<i64>) -> Result<()> {
         let dirty = self.state.take_dirty();
-        self.store.persist(&self.state, dirty, watermark)?;
+        self.store
+            .persist(&self.state, dirty, watermark)
+            .map_err(|e| {
+                if e.is_out_of_space() {
+                    Error::DiskFull {
+                        path: self.store.path().display().to_string(),
+                        detail: e.to_string(),
+                    }
+                } else {
+                    Error::Store(e)
+                }
+            })?;
         self.state.evict_cold();
         if let Some(w) = watermark {
             self.status.watermark.store(w, Ordering::Relaxed);

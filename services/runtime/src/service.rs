@@ -129,10 +129,14 @@ impl Scheduler {
         self.processor.as_ref().is_none_or(JoinHandle::is_finished)
     }
 
-    /// Waits for the processor to end by itself (a fatal error), then stops the rest.
+    /// Waits for the processor to end (on shutdown, or by itself on a fatal error) and for
+    /// the ticker (which stops once the processor stopped for good). The shutdown token is
+    /// left as it is: an instance another one replaced may keep answering its API.
     pub fn wait(mut self) -> Result<()> {
         let result = self.join_processor(None);
-        self.shutdown.cancel();
+        if result.is_ok() {
+            self.shutdown.cancel();
+        }
         self.join_ticker();
         result
     }
@@ -177,7 +181,11 @@ impl Scheduler {
 }
 
 impl Drop for Scheduler {
+    /// A scheduler dropped while its threads run stops them.
     fn drop(&mut self) {
+        if self.processor.is_none() && self.ticker.is_none() {
+            return;
+        }
         self.shutdown.cancel();
         if let Some(p) = self.processor.take() {
             let _ = p.join();

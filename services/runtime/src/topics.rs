@@ -178,7 +178,8 @@ pub fn client_message_max_bytes(settings: &Settings) -> i64 {
         .unwrap_or(CLIENT_MESSAGE_MAX_BYTES)
 }
 
-/// Partitions of `topic`, from the broker's metadata.
+/// Partitions of `topic`, from the broker's metadata. A topic created a moment ago may take a
+/// few seconds to reach every broker's metadata; it is asked for again meanwhile.
 pub fn partition_count(settings: &Settings, topic: &str) -> Result<i32> {
     let consumer: BaseConsumer = client_config(settings)
         .set(
@@ -187,24 +188,33 @@ pub fn partition_count(settings: &Settings, topic: &str) -> Result<i32> {
         )
         .create()
         .map_err(kafka("creating a metadata client"))?;
-    let md = consumer
-        .fetch_metadata(Some(topic), Duration::from_secs(30))
-        .map_err(kafka(format!("reading the metadata of {topic}")))?;
-    let t = md
-        .topics()
-        .iter()
-        .find(|t| t.name() == topic)
-        .ok_or_else(|| Error::Other(format!("topic {topic} is not in the metadata")))?;
-    if let Some(e) = t.error() {
-        return Err(Error::Config {
-            source_name: format!("topic {topic}"),
-            detail: format!(
-                "{}: create it, or let ksched create it (topics.create)",
-                RDKafkaErrorCode::from(e)
-            ),
-        });
+    let until = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let md = consumer
+            .fetch_metadata(Some(topic), Duration::from_secs(30))
+            .map_err(kafka(format!("reading the metadata of {topic}")))?;
+        let t = md
+            .topics()
+            .iter()
+            .find(|t| t.name() == topic)
+            .ok_or_else(|| Error::Other(format!("topic {topic} is not in the metadata")))?;
+        match t.error() {
+            None if !t.partitions().is_empty() => {
+                return Ok(i32::try_from(t.partitions().len()).unwrap_or(i32::MAX));
+            }
+            e if std::time::Instant::now() > until => {
+                return Err(Error::Config {
+                    source_name: format!("topic {topic}"),
+                    detail: format!(
+                        "{}: create it, or let ksched create it (topics.create)",
+                        e.map_or("no partitions".to_owned(), |e| RDKafkaErrorCode::from(e)
+                            .to_string())
+                    ),
+                });
+            }
+            _ => std::thread::sleep(Duration::from_millis(200)),
+        }
     }
-    Ok(i32::try_from(t.partitions().len()).unwrap_or(i32::MAX))
 }
 
 /// Pool -> partitions of its dispatch topic (journaled with the rules, so a heartbeat that
