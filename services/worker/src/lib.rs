@@ -236,6 +236,29 @@ struct Running {
     jobs: HashMap<(String, i32), CancellationToken>,
     /// Attempts cancelled by the scheduler (their handler's outcome is reported as CANCELLED).
     cancelled: BTreeSet<(String, i32)>,
+    /// Attempts this worker started recently, oldest first: a dispatch read again (its
+    /// offset commit was lost to a broker outage or a rebalance) is not run twice.
+    seen: std::collections::VecDeque<(String, i32)>,
+    seen_set: std::collections::HashSet<(String, i32)>,
+}
+
+/// How many started attempts a worker remembers to skip dispatches it reads twice.
+const SEEN_ATTEMPTS: usize = 10_000;
+
+impl Running {
+    /// Records that `key` starts here; false if it already did.
+    fn first_time(&mut self, key: &(String, i32)) -> bool {
+        if !self.seen_set.insert(key.clone()) {
+            return false;
+        }
+        self.seen.push_back(key.clone());
+        if self.seen.len() > SEEN_ATTEMPTS
+            && let Some(old) = self.seen.pop_front()
+        {
+            self.seen_set.remove(&old);
+        }
+        true
+    }
 }
 
 /// A worker of one pool.
@@ -424,6 +447,17 @@ impl Worker {
             drop(msg);
             match decoded {
                 Some(Ok(AnyRecord::Dispatch(d))) => {
+                    let key = (d.job.job_id.clone(), d.attempt);
+                    let first = this
+                        .running
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .first_time(&key);
+                    if !first {
+                        drop(permit);
+                        debug!(job_id = %key.0, attempt = key.1, "dispatch read again; this attempt already started here");
+                        continue;
+                    }
                     let ctx = this.admit(d);
                     let (this, handler) = (this.clone(), handler.clone());
                     tasks.spawn(async move {
@@ -433,17 +467,14 @@ impl Worker {
                 }
                 Some(Ok(AnyRecord::CancelDispatch(c))) => {
                     drop(permit);
-                    let r = this.running.lock().unwrap_or_else(|p| p.into_inner());
+                    let mut r = this.running.lock().unwrap_or_else(|p| p.into_inner());
                     let key = (c.job_id.clone(), c.attempt);
-                    if let Some(token) = r.jobs.get(&key) {
+                    if let Some(token) = r.jobs.get(&key).cloned() {
                         info!(job_id = %c.job_id, attempt = c.attempt, reason = %c.reason, "cancel requested");
+                        // Marked before the token fires, under the same lock: a handler that
+                        // returns at once is still reported CANCELLED, not handed back.
+                        r.cancelled.insert(key);
                         token.cancel();
-                        drop(r);
-                        this.running
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .cancelled
-                            .insert(key);
                     }
                 }
                 Some(Ok(other)) => {
@@ -561,7 +592,9 @@ impl Worker {
                 Some(if cancelled_by_scheduler {
                     "cancelled".to_owned()
                 } else {
-                    "handed_back".to_owned()
+                    ksched_core::reason::AttemptError::HandedBack
+                        .as_str()
+                        .to_owned()
                 }),
                 None,
                 None,
@@ -627,4 +660,35 @@ fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(job: &str, attempt: i32) -> (String, i32) {
+        (job.to_owned(), attempt)
+    }
+
+    #[test]
+    fn a_dispatch_read_again_does_not_start_twice() {
+        let mut r = Running::default();
+        assert!(r.first_time(&key("a", 1)));
+        assert!(!r.first_time(&key("a", 1)));
+        // Another attempt of the same job is a new run.
+        assert!(r.first_time(&key("a", 2)));
+    }
+
+    #[test]
+    fn the_memory_of_started_attempts_is_bounded_oldest_first() {
+        let mut r = Running::default();
+        for i in 0..SEEN_ATTEMPTS + 5 {
+            assert!(r.first_time(&key(&format!("j{i}"), 1)));
+        }
+        assert_eq!(r.seen.len(), SEEN_ATTEMPTS);
+        assert_eq!(r.seen_set.len(), SEEN_ATTEMPTS);
+        // The five oldest are forgotten; the newest are remembered.
+        assert!(r.first_time(&key("j0", 1)));
+        assert!(!r.first_time(&key(&format!("j{}", SEEN_ATTEMPTS + 4), 1)));
+    }
 }
