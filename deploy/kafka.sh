@@ -1,37 +1,96 @@
 #!/usr/bin/env bash
-# A real Apache Kafka 4.x broker for development and tests, from Maven Central jars.
+# A real Apache Kafka 4.x broker (or a cluster of them) for development and tests, from Maven
+# Central jars.
 #
-#   deploy/kafka.sh start      provision (first time), format KRaft storage, start, wait until ready
-#   deploy/kafka.sh stop       stop the broker cleanly (SIGTERM, then SIGKILL after 30 s)
-#   deploy/kafka.sh status     print whether it runs and where
-#   deploy/kafka.sh provision  only download the jars (cached in $KSCHED_KAFKA_HOME/jars)
-#   deploy/kafka.sh reset      stop and delete the broker's data (jars stay)
-#   deploy/kafka.sh logs       follow the broker log
+#   deploy/kafka.sh start [--brokers N]   provision (first time), format KRaft storage, start,
+#                                         wait until every node answers
+#   deploy/kafka.sh stop                  stop cleanly (SIGTERM, then SIGKILL after 30 s)
+#   deploy/kafka.sh status                print whether it runs and where
+#   deploy/kafka.sh provision             only download the jars ($KSCHED_KAFKA_HOME/jars)
+#   deploy/kafka.sh reset                 stop and delete the data (jars stay)
+#   deploy/kafka.sh logs [NODE]           follow a node's log
+#   deploy/kafka.sh kill-node NODE        SIGKILL one node (fault tests)
+#   deploy/kafka.sh stop-node NODE        stop one node cleanly
+#   deploy/kafka.sh start-node NODE       start one node again and wait until it answers
 #
-# One node is both broker and controller (KRaft), listening on 127.0.0.1 only. Internal
-# topics (offsets, transactions) have replication factor 1. Every command is idempotent:
-# `start` on a running broker only checks that it answers.
+# Every node is both broker and controller (KRaft), listening on 127.0.0.1 only. One node
+# (the default) has replication factor 1 for internal topics; with --brokers 3 the nodes form
+# one controller quorum, internal topics have replication factor 3 and min.insync.replicas 2,
+# so losing any one node loses nothing. Node i (1-based) listens on port + 10*(i-1), its
+# controller on that + 1. Every command is idempotent: `start` on a running cluster only
+# checks that it answers.
 #
 # Environment (defaults in brackets):
-#   KSCHED_KAFKA_HOME   where jars, data and logs live [~/.cache/ksched/kafka]
-#   KSCHED_KAFKA_PORT   client port [9092]; the controller uses port + 1
-#   KAFKA_VERSION       Apache Kafka version from Maven Central [4.1.1]
-#   KAFKA_HEAP_OPTS     JVM heap [-Xms256m -Xmx1g]
+#   KSCHED_KAFKA_HOME        where jars, data and logs live [~/.cache/ksched/kafka]
+#   KSCHED_KAFKA_PORT        first node's client port [9092]
+#   KSCHED_KAFKA_BROKERS     nodes, as --brokers [1]
+#   KSCHED_KAFKA_PROXY_PORT  single node only: also listen on port + 2 and advertise that
+#                            listener as 127.0.0.1:<this port>, where a fault proxy
+#                            (toxiproxy) forwards to port + 2. Clients that bootstrap there
+#                            talk to the broker through the proxy; clients on the plain port
+#                            do not. [none]
+#   KAFKA_VERSION            Apache Kafka version from Maven Central [4.1.1]
+#   KAFKA_HEAP_OPTS          JVM heap per node [-Xms256m -Xmx1g]
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 home=${KSCHED_KAFKA_HOME:-$HOME/.cache/ksched/kafka}
-port=${KSCHED_KAFKA_PORT:-9092}
-controller_port=$((port + 1))
+base_port=${KSCHED_KAFKA_PORT:-9092}
+brokers=${KSCHED_KAFKA_BROKERS:-1}
+proxy_port=${KSCHED_KAFKA_PROXY_PORT:-}
 version=${KAFKA_VERSION:-4.1.1}
 jars="$home/jars/$version"
-data="$home/data-$port"
-logs="$home/logs-$port"
-pidfile="$home/broker-$port.pid"
-props="$home/server-$port.properties"
+cluster_file="$home/cluster-$base_port.id"
+nodes_file="$home/nodes-$base_port"
 
 say() { printf 'kafka.sh: %s\n' "$*" >&2; }
 die() { say "$*"; exit 1; }
+
+cmd=${1:-}
+[ $# -gt 0 ] && shift
+node_arg=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --brokers) brokers=${2:?--brokers needs a number}; shift 2 ;;
+    --brokers=*) brokers=${1#--brokers=}; shift ;;
+    *) node_arg=$1; shift ;;
+  esac
+done
+case "$brokers" in 1 | 3) ;; *) die "--brokers must be 1 or 3 (a controller quorum), got $brokers" ;; esac
+if [ "$cmd" != start ] && [ -f "$nodes_file" ]; then
+  # Other commands act on the cluster that was started on this port.
+  brokers=$(cat "$nodes_file")
+fi
+[ -z "$proxy_port" ] || [ "$brokers" = 1 ] || die "KSCHED_KAFKA_PROXY_PORT works with one node only"
+
+# Per-node names; `node N` sets them for node N.
+node() {
+  local i=$1
+  port=$((base_port + 10 * (i - 1)))
+  controller_port=$((port + 1))
+  if [ "$brokers" = 1 ]; then
+    data="$home/data-$port"
+    logs="$home/logs-$port"
+    pidfile="$home/broker-$port.pid"
+    props="$home/server-$port.properties"
+  else
+    data="$home/data-$base_port-node$i"
+    logs="$home/logs-$base_port-node$i"
+    pidfile="$home/broker-$base_port-node$i.pid"
+    props="$home/server-$base_port-node$i.properties"
+  fi
+  node_id=$i
+}
+
+all_nodes() { seq 1 "$brokers"; }
+
+bootstrap() {
+  local out="" i
+  for i in $(all_nodes); do
+    out="${out:+$out,}127.0.0.1:$((base_port + 10 * (i - 1)))"
+  done
+  printf '%s' "$out"
+}
 
 need_java() {
   command -v java >/dev/null 2>&1 ||
@@ -69,44 +128,70 @@ port_open() {
 
 write_properties() {
   mkdir -p "$data" "$logs"
+  local voters="" i rf=1 min_isr=1
+  for i in $(all_nodes); do
+    voters="${voters:+$voters,}$i@127.0.0.1:$((base_port + 10 * (i - 1) + 1))"
+  done
+  if [ "$brokers" -ge 3 ]; then
+    rf=3
+    min_isr=2
+  fi
+  local listeners="PLAINTEXT://127.0.0.1:${port},CONTROLLER://127.0.0.1:${controller_port}"
+  local advertised="PLAINTEXT://127.0.0.1:${port}"
+  local protocols="PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT"
+  if [ -n "$proxy_port" ]; then
+    listeners="$listeners,PROXIED://127.0.0.1:$((port + 2))"
+    advertised="$advertised,PROXIED://127.0.0.1:${proxy_port}"
+    protocols="$protocols,PROXIED:PLAINTEXT"
+  fi
   cat >"$props" <<EOF
 # Generated by deploy/kafka.sh; edits are overwritten on the next start.
 process.roles=broker,controller
-node.id=1
-controller.quorum.voters=1@127.0.0.1:${controller_port}
-listeners=PLAINTEXT://127.0.0.1:${port},CONTROLLER://127.0.0.1:${controller_port}
-advertised.listeners=PLAINTEXT://127.0.0.1:${port}
+node.id=${node_id}
+controller.quorum.voters=${voters}
+listeners=${listeners}
+advertised.listeners=${advertised}
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+listener.security.protocol.map=${protocols}
 log.dirs=${data}
 num.partitions=1
 default.replication.factor=1
 auto.create.topics.enable=false
-offsets.topic.replication.factor=1
+offsets.topic.replication.factor=${rf}
 offsets.topic.num.partitions=8
-transaction.state.log.replication.factor=1
-transaction.state.log.min.isr=1
+transaction.state.log.replication.factor=${rf}
+transaction.state.log.min.isr=${min_isr}
 transaction.state.log.num.partitions=8
-share.coordinator.state.topic.replication.factor=1
-share.coordinator.state.topic.min.isr=1
+share.coordinator.state.topic.replication.factor=${rf}
+share.coordinator.state.topic.min.isr=${min_isr}
 group.initial.rebalance.delay.ms=0
+# A dead node is noticed within seconds (fault tests kill them).
+broker.session.timeout.ms=6000
+broker.heartbeat.interval.ms=1000
 # Tests create and drop many small topics; keep segments small so disk use stays bounded.
 log.segment.bytes=67108864
 log.retention.check.interval.ms=60000
 EOF
 }
 
+cluster_id() {
+  if [ ! -f "$cluster_file" ]; then
+    java -cp "$jars/*" kafka.tools.StorageTool random-uuid >"$cluster_file"
+  fi
+  cat "$cluster_file"
+}
+
 format_storage() {
   if [ -f "$data/meta.properties" ]; then
     return 0
   fi
-  local cluster_id
-  cluster_id=$(java -cp "$jars/*" kafka.tools.StorageTool random-uuid)
-  say "formatting KRaft storage in $data (cluster id $cluster_id)"
+  local id
+  id=$(cluster_id)
+  say "formatting KRaft storage in $data (cluster id $id)"
   java -cp "$jars/*" -Dlog4j2.configurationFile="$here/kafka/log4j2.properties" \
     -Dkafka.logs.dir="$logs" \
-    kafka.tools.StorageTool format -t "$cluster_id" -c "$props" >"$logs/format.log" 2>&1 ||
+    kafka.tools.StorageTool format -t "$id" -c "$props" >"$logs/format.log" 2>&1 ||
     { cat "$logs/format.log" >&2; die "formatting KRaft storage failed"; }
 }
 
@@ -115,37 +200,30 @@ wait_ready() {
   while [ $SECONDS -lt $deadline ]; do
     if ! pid_alive; then
       tail -n 40 "$logs/server.log" "$logs/console.log" 2>/dev/null >&2 || true
-      die "the broker exited during start-up; logs are in $logs"
+      die "node ${node_id} exited during start-up; logs are in $logs"
     fi
     if port_open "$port" && grep -q 'Kafka Server started' "$logs/server.log" 2>/dev/null; then
-      say "broker ready on 127.0.0.1:${port} (Apache Kafka ${version}, pid $(cat "$pidfile"))"
-      say "export KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:${port}"
+      say "node ${node_id} ready on 127.0.0.1:${port} (Apache Kafka ${version}, pid $(cat "$pidfile"))"
       return 0
     fi
     sleep 0.5
   done
-  die "the broker did not become ready within ${KSCHED_KAFKA_START_TIMEOUT:-90} s; logs are in $logs"
+  die "node ${node_id} did not become ready within ${KSCHED_KAFKA_START_TIMEOUT:-90} s; logs are in $logs"
 }
 
-start() {
-  need_java
+# Launches node $node_id (its variables set by `node`) without waiting.
+launch() {
   if pid_alive; then
-    if port_open "$port"; then
-      say "already running on 127.0.0.1:${port} (pid $(cat "$pidfile"))"
-      return 0
-    fi
-    wait_ready
     return 0
   fi
   if port_open "$port"; then
     die "127.0.0.1:${port} is taken by another process; stop it or set KSCHED_KAFKA_PORT"
   fi
-  provision
   write_properties
   format_storage
   # A fresh server.log per start, so readiness is not read from an earlier run.
   rm -f "$logs/server.log"
-  say "starting Apache Kafka ${version} on 127.0.0.1:${port}"
+  say "starting node ${node_id} (Apache Kafka ${version}) on 127.0.0.1:${port}"
   # shellcheck disable=SC2086
   nohup java ${KAFKA_HEAP_OPTS:--Xms256m -Xmx1g} -XX:+UseG1GC -XX:MaxGCPauseMillis=20 \
     -Djava.awt.headless=true \
@@ -153,59 +231,111 @@ start() {
     -Dkafka.logs.dir="$logs" \
     -cp "$jars/*" kafka.Kafka "$props" >"$logs/console.log" 2>&1 &
   echo $! >"$pidfile"
-  wait_ready
 }
 
-stop() {
+start() {
+  need_java
+  provision
+  mkdir -p "$home"
+  echo "$brokers" >"$nodes_file"
+  local i
+  # Every node first: a quorum of controllers forms only when they can reach each other.
+  for i in $(all_nodes); do
+    node "$i"
+    launch
+  done
+  for i in $(all_nodes); do
+    node "$i"
+    wait_ready
+  done
+  say "export KAFKA_BOOTSTRAP_SERVERS=$(bootstrap)"
+}
+
+stop_one() {
   if ! pid_alive; then
     rm -f "$pidfile"
-    say "not running"
     return 0
   fi
   local pid
   pid=$(cat "$pidfile")
-  say "stopping broker (pid $pid)"
+  say "stopping node ${node_id} (pid $pid)"
   kill -TERM "$pid" 2>/dev/null || true
   local deadline=$((SECONDS + 30))
   while kill -0 "$pid" 2>/dev/null; do
     if [ $SECONDS -ge $deadline ]; then
-      say "broker did not stop within 30 s; killing it"
+      say "node ${node_id} did not stop within 30 s; killing it"
       kill -KILL "$pid" 2>/dev/null || true
       break
     fi
     sleep 0.2
   done
   rm -f "$pidfile"
-  say "stopped"
+}
+
+stop() {
+  local i any=""
+  # In reverse: the last controllers standing let the others leave cleanly.
+  for i in $(all_nodes | sort -rn); do
+    node "$i"
+    if pid_alive; then any=yes; fi
+    stop_one
+  done
+  if [ -n "$any" ]; then say "stopped"; else say "not running"; fi
 }
 
 status() {
-  if pid_alive && port_open "$port"; then
-    say "running on 127.0.0.1:${port} (pid $(cat "$pidfile")), data in $data"
-  elif pid_alive; then
-    say "starting (pid $(cat "$pidfile")), not answering yet on 127.0.0.1:${port}"
-    return 1
-  else
-    say "not running"
-    return 1
-  fi
+  local i rc=0
+  for i in $(all_nodes); do
+    node "$i"
+    if pid_alive && port_open "$port"; then
+      say "node ${node_id} running on 127.0.0.1:${port} (pid $(cat "$pidfile")), data in $data"
+    elif pid_alive; then
+      say "node ${node_id} starting (pid $(cat "$pidfile")), not answering yet on 127.0.0.1:${port}"
+      rc=1
+    else
+      say "node ${node_id} not running"
+      rc=1
+    fi
+  done
+  return $rc
 }
 
 reset() {
   stop
-  rm -rf "$data" "$logs"
-  say "deleted broker data in $data"
+  local i
+  for i in $(all_nodes); do
+    node "$i"
+    rm -rf "$data" "$logs"
+  done
+  rm -f "$cluster_file" "$nodes_file"
+  say "deleted broker data"
 }
 
-case "${1:-}" in
+one_node() {
+  [ -n "$node_arg" ] || die "$cmd needs a node number (1..$brokers)"
+  [ "$node_arg" -ge 1 ] && [ "$node_arg" -le "$brokers" ] || die "no node $node_arg (1..$brokers)"
+  node "$node_arg"
+}
+
+case "$cmd" in
   start) start ;;
   stop) stop ;;
   status) status ;;
   provision) need_java; provision ;;
   reset) reset ;;
-  logs) exec tail -F "$logs/server.log" ;;
+  logs) node "${node_arg:-1}"; exec tail -F "$logs/server.log" ;;
+  kill-node)
+    one_node
+    if pid_alive; then
+      say "killing node ${node_id} (pid $(cat "$pidfile")) with SIGKILL"
+      kill -KILL "$(cat "$pidfile")"
+      rm -f "$pidfile"
+    fi
+    ;;
+  stop-node) one_node; stop_one ;;
+  start-node) one_node; need_java; launch; wait_ready ;;
   *)
-    sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
     ;;
 esac
