@@ -10,6 +10,7 @@
 #   cmake, g++            librdkafka and rocksdb are built from source
 #   java 17 + maven       the real Apache Kafka broker for tests (deploy/kafka.sh)
 #   python3 venv          confluent-kafka + fastavro for the Python example worker
+#   toxiproxy (go install) the fault suite's network faults (ksched chaos)
 set -euo pipefail
 
 ksched_setup() {
@@ -42,6 +43,20 @@ ksched_setup() {
     "$venv/bin/pip" install -q -r "$here/examples/python-worker/requirements.txt"
   fi
   export KSCHED_PYTHON="$venv/bin/python"
+  # The fault suite's network faults go through toxiproxy (a Go program): built once with
+  # `go install` into ~/.cache/ksched/bin. Without Go the suite skips those faults (and fails
+  # under CI=true).
+  local bin="$HOME/.cache/ksched/bin" tool
+  if command -v go >/dev/null 2>&1; then
+    # The server, and its CLI to look at or drive the proxies by hand (`ksched chaos --keep`).
+    for tool in server cli; do
+      [ -x "$bin/toxiproxy-$tool" ] && continue
+      echo "setup: installing toxiproxy-$tool into $bin" >&2
+      mkdir -p "$bin"
+      GOBIN="$bin" go install "github.com/Shopify/toxiproxy/v2/cmd/$tool@v2.5.0" >&2
+      mv "$bin/$tool" "$bin/toxiproxy-$tool"
+    done
+  fi
   # Builds of rocksdb and librdkafka take ~15 minutes cold; keep them outside the clone so
   # fresh clones and CI reruns reuse them.
   export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/ksched/target}"

@@ -9,6 +9,7 @@ use ksched_codec::{AnyRecord, decode_any};
 use ksched_core::events::{Input, MalformedRecord};
 use ksched_core::reason::DlqReason;
 use ksched_core::records::{Millis, truncate_for_display};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{BorrowedMessage, Message, Timestamp};
 
 use crate::topics::{InputKind, Topics};
@@ -234,6 +235,25 @@ impl Unreadable {
     }
 }
 
+/// Whether a consumer error means records were skipped (a batch that cannot be decompressed
+/// or parsed, a record too large to fetch), as opposed to the connection troubles librdkafka
+/// also reports through the consumer (broker down, timeouts), which lose nothing and are
+/// retried by the client.
+pub fn skips_records(e: &KafkaError) -> bool {
+    matches!(
+        e.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::BadMessage
+                | RDKafkaErrorCode::BadCompression
+                | RDKafkaErrorCode::InvalidMessage
+                | RDKafkaErrorCode::InvalidMessageSize
+                | RDKafkaErrorCode::MessageSizeTooLarge
+                | RDKafkaErrorCode::UnsupportedCompressionType
+                | RDKafkaErrorCode::InvalidRecord
+        )
+    )
+}
+
 /// The input for records the consumer skipped (see [`Unreadable`]).
 pub fn unreadable_input(gap: &InputRecord) -> Input {
     let error = gap
@@ -274,6 +294,30 @@ pub fn set_aside(rec: &InputRecord, input: Option<&Input>, detail: &str) -> Inpu
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_errors_that_skip_records_count_as_unreadable() {
+        let consumption = |c| KafkaError::MessageConsumption(c);
+        assert!(skips_records(&consumption(
+            RDKafkaErrorCode::BadCompression
+        )));
+        assert!(skips_records(&consumption(RDKafkaErrorCode::BadMessage)));
+        assert!(skips_records(&consumption(
+            RDKafkaErrorCode::MessageSizeTooLarge
+        )));
+        // A broker going away mid-fetch loses nothing: the client fetches again.
+        for transient in [
+            RDKafkaErrorCode::BrokerTransportFailure,
+            RDKafkaErrorCode::AllBrokersDown,
+            RDKafkaErrorCode::OperationTimedOut,
+            RDKafkaErrorCode::NotLeaderForPartition,
+        ] {
+            assert!(!skips_records(&consumption(transient)), "{transient:?}");
+        }
+        assert!(!skips_records(&KafkaError::Global(
+            RDKafkaErrorCode::BrokerTransportFailure
+        )));
+    }
 
     fn rec(topic: &str, partition: i32, offset: i64, t: Option<i64>) -> InputRecord {
         InputRecord {

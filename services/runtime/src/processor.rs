@@ -33,7 +33,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::error::{Coords, Error, Result, kafka, refused_for_what_it_is};
 use crate::inputs::{
-    InputRecord, ReadThrough, Taken, Unreadable, set_aside, take, unreadable_input,
+    InputRecord, ReadThrough, Taken, Unreadable, set_aside, skips_records, take, unreadable_input,
 };
 use crate::replay::{Flow, Replayer, journal_watermarks, read_journal};
 use crate::settings::Config;
@@ -497,11 +497,15 @@ impl Processor {
                             detail: e.to_string(),
                         });
                     }
-                    // The consumer skipped what it could not read; the next record of the
-                    // same partition shows where (inputs.rs, `Unreadable`).
-                    error!(error = %e, "the input consumer could not read a record");
-                    self.status.metrics.unreadable.inc();
-                    self.unreadable.error(e.to_string());
+                    if skips_records(&e) {
+                        // The consumer skipped what it could not read; the next record of
+                        // the same partition shows where (inputs.rs, `Unreadable`).
+                        error!(error = %e, "the input consumer could not read a record");
+                        self.status.metrics.unreadable.inc();
+                        self.unreadable.error(e.to_string());
+                    } else {
+                        warn!(error = %e, "input consumer error; the client retries");
+                    }
                     if deadline.is_none() {
                         break;
                     }

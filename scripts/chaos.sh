@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The fault suite (docs/reliability.md): installs what it needs (toxiproxy, the Python worker's
+# venv), builds, and runs `ksched chaos` against brokers it starts on ports 29092 and up.
+# Arguments go to `ksched chaos`: `--short` (what CI runs), `--faults kill,poison`,
+# `--update-docs` (writes the results table into docs/reliability.md), `--keep`.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+source scripts/setup.sh
+exec cargo run --locked -p ksched -- chaos --repo . "$@"

@@ -1,0 +1,58 @@
+//! The fault suite's short run (docs/reliability.md): `ksched chaos --short` injects every
+//! fault against brokers it starts itself and judges the run (no job lost, stuck, dispatched
+//! twice or ended twice, no live worker declared lost, the expected dead letters written).
+//! This test only requires that it judged every fault and that each passed; under `CI=true`
+//! a fault skipped for want of a tool (toxiproxy, root for the tmpfs) fails it too.
+
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::Value;
+
+#[test]
+fn every_fault_of_the_short_suite_passes() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("chaos.json");
+    let run = Command::new(env!("CARGO_BIN_EXE_ksched"))
+        .args(["chaos", "--short", "--repo"])
+        .arg(&repo)
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{stdout}\n{stderr}");
+    let r: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let verdicts = r["verdicts"].as_array().unwrap();
+    let names: Vec<&str> = verdicts
+        .iter()
+        .map(|v| v["fault"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "kill",
+            "broker-restart",
+            "broker-kill",
+            "network",
+            "two-instances",
+            "disk-full",
+            "poison"
+        ]
+    );
+    let ci = std::env::var("CI").is_ok_and(|v| v == "true");
+    for v in verdicts {
+        let skipped = v["skipped"].as_bool().unwrap();
+        assert!(
+            v["passed"].as_bool().unwrap() || (skipped && !ci),
+            "{v}\n{stdout}"
+        );
+        if !skipped {
+            assert!(v["jobs"].as_u64().unwrap() > 0, "{v}");
+            assert_eq!(v["lost"], 0, "{v}");
+            assert_eq!(v["dispatched_twice"], 0, "{v}");
+        }
+    }
+}
