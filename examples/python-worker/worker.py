@@ -6,6 +6,10 @@ It joins its pool's consumer group on <prefix>dispatch.<pool>, runs each dispatc
 number, honours CancelDispatch for jobs not yet started, and heartbeats its owned partitions.
 
     python3 worker.py --bootstrap 127.0.0.1:9092 --pool default --worker-id py-1
+
+Client properties (TLS, SASL) as Kafka's own tools take them: `-X key=value` (repeatable) and
+`--command-config client.properties` (`key=value` lines), e.g.
+`-X security.protocol=SASL_SSL -X sasl.mechanism=SCRAM-SHA-512 -X sasl.username=...`.
 """
 
 import argparse
@@ -41,6 +45,7 @@ class PyWorker:
             "enable.idempotence": True,
             "linger.ms": 1,
             "client.id": f"ksched-py-{args.worker_id}",
+            **args.properties,
         })
         self.consumer = Consumer({
             "bootstrap.servers": args.bootstrap,
@@ -49,6 +54,7 @@ class PyWorker:
             "isolation.level": "read_committed",
             "auto.offset.reset": "earliest",
             "enable.auto.commit": True,
+            **args.properties,
         })
 
     def send(self, topic, key, name, record):
@@ -147,6 +153,33 @@ class PyWorker:
         print(f"{self.args.worker_id}: stopped after {self.done} jobs", flush=True)
 
 
+def read_properties(path):
+    """A Kafka client properties file: key=value or key: value lines, # and ! comments."""
+    props = {}
+    pending = ""
+    with open(path, encoding="utf-8") as f:
+        for n, raw in enumerate(f, 1):
+            line = raw.strip()
+            if not pending and (not line or line[0] in "#!"):
+                continue
+            if line.endswith("\\"):
+                pending += line[:-1]
+                continue
+            line, pending = pending + line, ""
+            at = min((i for i in (line.find("="), line.find(":")) if i >= 0), default=-1)
+            if at <= 0:
+                raise SystemExit(f"{path}: line {n}: {line!r} is not key=value")
+            props[line[:at].strip()] = line[at + 1:].strip()
+    return props
+
+
+def property_flag(text):
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is not key=value")
+    return key.strip(), value
+
+
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -158,7 +191,12 @@ def main():
     p.add_argument("--heartbeat-interval", type=float, default=1.0)
     p.add_argument("--max-jobs", type=int, default=0, help="exit after this many jobs (0: run until SIGTERM)")
     p.add_argument("--print-fingerprints", action="store_true", help="print each top-level schema's fingerprint and exit")
+    p.add_argument("-X", "--property", dest="props", action="append", type=property_flag, default=[],
+                   metavar="KEY=VALUE", help="a librdkafka property (repeatable; over --command-config)")
+    p.add_argument("--command-config", metavar="FILE", help="a Kafka client properties file")
     args = p.parse_args()
+    args.properties = read_properties(args.command_config) if args.command_config else {}
+    args.properties.update(dict(args.props))
     if args.print_fingerprints:
         codec = Codec(args.schemas)
         for name in sorted(codec.current):

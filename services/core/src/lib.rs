@@ -12,6 +12,7 @@ pub mod events;
 pub mod hash;
 pub mod outputs;
 pub mod policy;
+pub mod properties;
 pub mod reason;
 pub mod records;
 pub mod rules;

@@ -66,6 +66,9 @@ pub struct DevArgs {
     /// Print each journal entry's events (otherwise only the notable ones).
     #[arg(long)]
     pub verbose: bool,
+    /// Client properties for `--bootstrap-servers` (TLS, SASL).
+    #[command(flatten)]
+    pub kafka: crate::kafka_args::KafkaArgs,
 }
 
 fn dev_rules() -> Rules {
@@ -86,9 +89,15 @@ fn dev_rules() -> Rules {
     r
 }
 
-fn dev_config(args: &DevArgs, bootstrap: &str, in_memory: bool) -> Config {
+fn dev_config(
+    args: &DevArgs,
+    bootstrap: &str,
+    properties: Vec<(String, String)>,
+    in_memory: bool,
+) -> Config {
     let mut settings = Settings::default();
     settings.kafka.bootstrap_servers = bootstrap.to_owned();
+    settings.kafka.properties = properties.into_iter().collect();
     settings.kafka.client_id = "ksched-dev".into();
     settings.topics.create = !in_memory;
     // The embedded mock cluster has no DescribeConfigs and cannot stamp LogAppendTime.
@@ -224,7 +233,13 @@ fn dev(args: DevArgs) -> anyhow::Result<()> {
         std::fs::remove_dir_all(&args.data_dir)
             .with_context(|| format!("clearing {}", args.data_dir.display()))?;
     }
-    let config = dev_config(&args, &bootstrap, in_memory);
+    let properties = args.kafka.properties()?;
+    anyhow::ensure!(
+        !in_memory || properties.is_empty(),
+        "-X and --command-config are for a real Kafka (--bootstrap-servers); the embedded one takes none"
+    );
+    let config = dev_config(&args, &bootstrap, properties, in_memory);
+    let client = ksched_runtime::topics::client_config(&config.settings);
     let _tracing = init_tracing(&config.settings.log)?;
     let topics = topics_of(&config);
     if let Some(m) = &mock {
@@ -253,13 +268,13 @@ fn dev(args: DevArgs) -> anyhow::Result<()> {
 
     // Print the journal as it grows.
     let printer = {
-        let (bootstrap, journal, shutdown, verbose) = (
-            bootstrap.clone(),
+        let (client, journal, shutdown, verbose) = (
+            client.clone(),
             topics.journal.clone(),
             service.shutdown(),
             args.verbose,
         );
-        std::thread::spawn(move || print_journal(&bootstrap, &journal, &shutdown, verbose))
+        std::thread::spawn(move || print_journal(&client, &journal, &shutdown, verbose))
     };
 
     // Demo workers: two on cpu, one on gpu.
@@ -270,7 +285,8 @@ fn dev(args: DevArgs) -> anyhow::Result<()> {
         ("cpu-worker-2", "cpu", false),
         ("gpu-worker-1", "gpu", true),
     ] {
-        let mut cfg = WorkerConfig::new(&bootstrap, id, pool);
+        let mut cfg = WorkerConfig::new(&bootstrap, id, pool)
+            .with_properties(config.settings.kafka.properties.clone());
         cfg.heartbeat_interval = Duration::from_secs(1);
         cfg.max_parallel_jobs = 2;
         cfg.report_host_load = false;
@@ -291,12 +307,9 @@ fn dev(args: DevArgs) -> anyhow::Result<()> {
     // The demo jobs, then a trickle.
     let (submitter, shutdown) = (stop.clone(), service.shutdown());
     let trickle = args.trickle;
-    let bootstrap_for_jobs = bootstrap.clone();
+    let client_for_jobs = client.clone();
     service.rt.spawn(async move {
-        let producer: FutureProducer = match ClientConfig::new()
-            .set("bootstrap.servers", &bootstrap_for_jobs)
-            .create()
-        {
+        let producer: FutureProducer = match client_for_jobs.create() {
             Ok(p) => p,
             Err(e) => {
                 eprintln!("ksched dev: cannot submit demo jobs: {e}");
@@ -387,9 +400,9 @@ fn banner(args: &DevArgs, bootstrap: &str, in_memory: bool) {
 }
 
 /// Prints journal entries as they are committed, until `shutdown`.
-fn print_journal(bootstrap: &str, topic: &str, shutdown: &CancellationToken, verbose: bool) {
-    let consumer: BaseConsumer = match ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
+fn print_journal(client: &ClientConfig, topic: &str, shutdown: &CancellationToken, verbose: bool) {
+    let consumer: BaseConsumer = match client
+        .clone()
         .set("group.id", "ksched-dev-printer")
         .set("enable.auto.commit", "false")
         .set("isolation.level", "read_committed")

@@ -4,6 +4,7 @@ mod bench;
 mod chaos;
 mod cli;
 mod dev;
+mod kafka_args;
 mod run;
 
 use std::process::ExitCode;
@@ -135,51 +136,65 @@ fn main() -> ExitCode {
         Command::Dev(args) => dev::main(args),
         Command::Bench(args) => bench::main(args),
         Command::Chaos(args) => chaos::main(args),
-        Command::Submit { args, conn } => finish(cli::submit::submit(&conn.resolve(), args)),
-        Command::Jobs { command, conn } => finish(cli::jobs(&conn.resolve(), command)),
+        Command::Submit { args, conn } => {
+            finish(conn.resolve().and_then(|t| cli::submit::submit(&t, args)))
+        }
+        Command::Jobs { command, conn } => {
+            finish(conn.resolve().and_then(|t| cli::jobs(&t, command)))
+        }
         Command::Workers {
             command: WorkersCommand::List,
             conn,
-        } => finish(cli::workers_list(&conn.resolve())),
+        } => finish(conn.resolve().and_then(|t| cli::workers_list(&t))),
         Command::Cancel {
             job_id,
             principal,
             tenant,
             reason,
             conn,
-        } => finish(cli::control(
-            &conn.resolve(),
-            "cancel",
-            &job_id,
-            json!({ "principal": principal, "tenant": tenant, "reason": reason }),
-        )),
+        } => finish(conn.resolve().and_then(|t| {
+            cli::control(
+                &t,
+                "cancel",
+                &job_id,
+                json!({ "principal": principal, "tenant": tenant, "reason": reason }),
+            )
+        })),
         Command::Approve {
             job_id,
             approver,
             comment,
             conn,
-        } => finish(cli::control(
-            &conn.resolve(),
-            "approve",
-            &job_id,
-            json!({ "approver": approver, "comment": comment }),
-        )),
+        } => finish(conn.resolve().and_then(|t| {
+            cli::control(
+                &t,
+                "approve",
+                &job_id,
+                json!({ "approver": approver, "comment": comment }),
+            )
+        })),
         Command::Reject {
             job_id,
             approver,
             reason,
             conn,
-        } => finish(cli::control(
-            &conn.resolve(),
-            "reject",
-            &job_id,
-            json!({ "approver": approver, "reason": reason }),
-        )),
-        Command::Dlq { command, conn } => finish(cli::dlq(&conn.resolve(), command)),
-        Command::Audit { args, conn } => finish(cli::audit::audit(&conn.resolve(), args)),
+        } => finish(conn.resolve().and_then(|t| {
+            cli::control(
+                &t,
+                "reject",
+                &job_id,
+                json!({ "approver": approver, "reason": reason }),
+            )
+        })),
+        Command::Dlq { command, conn } => {
+            finish(conn.resolve().and_then(|t| cli::dlq(&t, command)))
+        }
+        Command::Audit { args, conn } => {
+            finish(conn.resolve().and_then(|t| cli::audit::audit(&t, args)))
+        }
         Command::Journal {
             command: JournalCommand::Tail(args),
             conn,
-        } => finish(cli::journal::tail(&conn.resolve(), args)),
+        } => finish(conn.resolve().and_then(|t| cli::journal::tail(&t, args))),
     }
 }

@@ -45,9 +45,11 @@ pub struct RunArgs {
     /// Policy directory (overrides policy_dir).
     #[arg(long)]
     pub policy_dir: Option<PathBuf>,
-    /// Print the effective configuration and exit.
+    /// Print the effective configuration and exit (secrets masked).
     #[arg(long)]
     pub print_config: bool,
+    #[command(flatten)]
+    pub kafka: crate::kafka_args::KafkaArgs,
 }
 
 impl RunArgs {
@@ -58,6 +60,7 @@ impl RunArgs {
             http_listen: self.http_listen.clone(),
             pools_file: self.pools.clone(),
             policy_dir: self.policy_dir.clone(),
+            kafka_properties: self.kafka.properties()?,
         };
         let path = self.config.exists().then_some(self.config.as_path());
         if path.is_none() && self.config.as_path() != std::path::Path::new(DEFAULT_CONFIG) {

@@ -18,6 +18,14 @@ pub enum Error {
     #[error("kafka: {context}: {source}")]
     Kafka { context: String, source: KafkaError },
 
+    /// The brokers refused this client's identity: retrying cannot help.
+    #[error("cannot connect to Kafka at {bootstrap}: {detail}. {hint}")]
+    Refused {
+        bootstrap: String,
+        detail: String,
+        hint: &'static str,
+    },
+
     #[error(
         "another processor took over journal partition {partition} (transactional id {transactional_id} was fenced); this one stops"
     )]
@@ -127,6 +135,7 @@ impl Error {
         matches!(
             self,
             Error::Fenced { .. }
+                | Error::Refused { .. }
                 | Error::Replaced { .. }
                 | Error::Journal { .. }
                 | Error::StoreAheadOfJournal { .. }

@@ -66,6 +66,7 @@ impl Scheduler {
     pub async fn start_on(mut config: Config, store: Store) -> Result<Scheduler> {
         let settings = config.settings.clone();
         let topics = topics_of(&config);
+        crate::topics::check_credentials(&settings)?;
         if settings.topics.create {
             ensure_topics(&settings, &topics).await?;
         }

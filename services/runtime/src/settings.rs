@@ -10,6 +10,8 @@ use std::path::{Path, PathBuf};
 
 use ksched_core::events::Reconfigure;
 use ksched_core::hash::sha256_parts;
+use ksched_core::properties::{is_secret_property, parse_properties};
+use ksched_core::records::HIDDEN;
 use ksched_core::rules::{
     BreakerRules, Limits, Overload, PoolRules, RetryRules, Rules, TenantRules, Timing,
 };
@@ -23,7 +25,7 @@ use crate::error::{Error, Result};
 pub const ENV_PREFIX: &str = "KSCHED__";
 
 /// Connection to Kafka.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct KafkaSettings {
     /// Comma-separated host:port list. Default `127.0.0.1:9092`.
@@ -32,6 +34,46 @@ pub struct KafkaSettings {
     pub client_id: String,
     /// Extra librdkafka properties for every client (e.g. `security.protocol`). Default none.
     pub properties: BTreeMap<String, String>,
+}
+
+impl KafkaSettings {
+    /// The properties with secret values replaced by [`HIDDEN`].
+    pub fn masked_properties(&self) -> BTreeMap<String, String> {
+        self.properties
+            .iter()
+            .map(|(k, v)| {
+                let v = if is_secret_property(k) {
+                    HIDDEN.to_owned()
+                } else {
+                    v.clone()
+                };
+                (k.clone(), v)
+            })
+            .collect()
+    }
+}
+
+impl std::fmt::Debug for KafkaSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaSettings")
+            .field("bootstrap_servers", &self.bootstrap_servers)
+            .field("client_id", &self.client_id)
+            .field("properties", &self.masked_properties())
+            .finish()
+    }
+}
+
+/// Reads a Kafka client properties file (`--command-config`, as Kafka's own tools take it):
+/// see [`parse_properties`].
+pub fn read_properties_file(path: &Path) -> Result<Vec<(String, String)>> {
+    let text = std::fs::read_to_string(path).map_err(|e| Error::Config {
+        source_name: path.display().to_string(),
+        detail: format!("cannot read it: {e}"),
+    })?;
+    parse_properties(&text).map_err(|detail| Error::Config {
+        source_name: path.display().to_string(),
+        detail,
+    })
 }
 
 impl Default for KafkaSettings {
@@ -284,68 +326,85 @@ pub struct Overrides {
     pub http_listen: Option<String>,
     pub pools_file: Option<PathBuf>,
     pub policy_dir: Option<PathBuf>,
+    /// librdkafka properties from `--command-config` then `-X key=value`, applied over
+    /// `kafka.properties` in that order.
+    pub kafka_properties: Vec<(String, String)>,
+}
+
+/// Loads the settings alone: `path` (or defaults), then `KSCHED__*` variables from `env`,
+/// then `flags`; relative paths resolved, validated. What every tool that talks to Kafka
+/// shares with `ksched run`.
+pub fn load_settings(
+    path: Option<&Path>,
+    env: impl IntoIterator<Item = (String, String)>,
+    flags: &Overrides,
+) -> Result<Settings> {
+    let (mut tree, base_dir) = match path {
+        Some(p) => {
+            let text = std::fs::read_to_string(p).map_err(|e| Error::Config {
+                source_name: p.display().to_string(),
+                detail: format!("cannot read it: {e}"),
+            })?;
+            let tree: Yaml = if text.trim().is_empty() {
+                Yaml::Mapping(Default::default())
+            } else {
+                serde_norway::from_str(&text).map_err(|e| Error::Config {
+                    source_name: p.display().to_string(),
+                    detail: e.to_string(),
+                })?
+            };
+            let dir = p.parent().map(Path::to_path_buf).unwrap_or_default();
+            (tree, dir)
+        }
+        None => (Yaml::Mapping(Default::default()), PathBuf::from(".")),
+    };
+    apply_env(&mut tree, env)?;
+    let source_name = path.map_or_else(|| "defaults".to_owned(), |p| p.display().to_string());
+    let mut settings: Settings = serde_norway::from_value(tree).map_err(|e| Error::Config {
+        source_name: source_name.clone(),
+        detail: e.to_string(),
+    })?;
+    if let Some(v) = &flags.bootstrap_servers {
+        settings.kafka.bootstrap_servers = v.clone();
+    }
+    if let Some(v) = &flags.data_dir {
+        settings.storage.data_dir = v.clone();
+    }
+    if let Some(v) = &flags.http_listen {
+        settings.http.listen = v.clone();
+    }
+    if let Some(v) = &flags.pools_file {
+        settings.pools_file = v.clone();
+    }
+    if let Some(v) = &flags.policy_dir {
+        settings.policy_dir = v.clone();
+    }
+    for (k, v) in &flags.kafka_properties {
+        settings.kafka.properties.insert(k.clone(), v.clone());
+    }
+    // Relative paths in the file are relative to the file; flags are relative to the cwd.
+    let resolve = |p: &Path, from_flag: bool| {
+        if p.is_absolute() || from_flag {
+            p.to_path_buf()
+        } else {
+            base_dir.join(p)
+        }
+    };
+    settings.pools_file = resolve(&settings.pools_file, flags.pools_file.is_some());
+    settings.policy_dir = resolve(&settings.policy_dir, flags.policy_dir.is_some());
+    settings.validate()?;
+    Ok(settings)
 }
 
 impl Config {
-    /// Loads `path` (or defaults), applies `KSCHED__*` environment variables from `env`, then
-    /// `flags`, then loads the pools file and the policy bundle and validates everything.
+    /// Loads the settings ([`load_settings`]), then the pools file and the policy bundle, and
+    /// validates everything.
     pub fn load(
         path: Option<&Path>,
         env: impl IntoIterator<Item = (String, String)>,
         flags: &Overrides,
     ) -> Result<Config> {
-        let (mut tree, base_dir) = match path {
-            Some(p) => {
-                let text = std::fs::read_to_string(p).map_err(|e| Error::Config {
-                    source_name: p.display().to_string(),
-                    detail: format!("cannot read it: {e}"),
-                })?;
-                let tree: Yaml = if text.trim().is_empty() {
-                    Yaml::Mapping(Default::default())
-                } else {
-                    serde_norway::from_str(&text).map_err(|e| Error::Config {
-                        source_name: p.display().to_string(),
-                        detail: e.to_string(),
-                    })?
-                };
-                let dir = p.parent().map(Path::to_path_buf).unwrap_or_default();
-                (tree, dir)
-            }
-            None => (Yaml::Mapping(Default::default()), PathBuf::from(".")),
-        };
-        apply_env(&mut tree, env)?;
-        let source_name = path.map_or_else(|| "defaults".to_owned(), |p| p.display().to_string());
-        let mut settings: Settings = serde_norway::from_value(tree).map_err(|e| Error::Config {
-            source_name: source_name.clone(),
-            detail: e.to_string(),
-        })?;
-        if let Some(v) = &flags.bootstrap_servers {
-            settings.kafka.bootstrap_servers = v.clone();
-        }
-        if let Some(v) = &flags.data_dir {
-            settings.storage.data_dir = v.clone();
-        }
-        if let Some(v) = &flags.http_listen {
-            settings.http.listen = v.clone();
-        }
-        if let Some(v) = &flags.pools_file {
-            settings.pools_file = v.clone();
-        }
-        if let Some(v) = &flags.policy_dir {
-            settings.policy_dir = v.clone();
-        }
-        // Relative paths in the file are relative to the file; flags are relative to the cwd.
-        let resolve = |p: &Path, from_flag: bool| {
-            if p.is_absolute() || from_flag {
-                p.to_path_buf()
-            } else {
-                base_dir.join(p)
-            }
-        };
-        settings.pools_file = resolve(&settings.pools_file, flags.pools_file.is_some());
-        settings.policy_dir = resolve(&settings.policy_dir, flags.policy_dir.is_some());
-        settings.validate()?;
-
+        let settings = load_settings(path, env, flags)?;
         let pools = load_pools(&settings.pools_file)?;
         let rules = Rules {
             topics: pools
@@ -408,8 +467,10 @@ impl Config {
             policy_snapshot: String,
             policy_modules: Vec<&'a String>,
         }
+        let mut settings = self.settings.clone();
+        settings.kafka.properties = settings.kafka.masked_properties();
         let printed = Printed {
-            settings: &self.settings,
+            settings: &settings,
             effective_rules: &self.rules,
             policy_snapshot: self.policy.snapshot_id(),
             policy_modules: self.policy.modules.keys().collect(),

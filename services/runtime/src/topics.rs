@@ -150,6 +150,77 @@ pub async fn ensure_topics(settings: &Settings, topics: &Topics) -> Result<()> {
     Ok(())
 }
 
+/// Errors librdkafka reports beside a request, kept to explain why the request failed.
+#[derive(Default)]
+struct Capture {
+    errors: std::sync::Mutex<Vec<(RDKafkaErrorCode, String)>>,
+}
+
+impl rdkafka::ClientContext for Capture {
+    fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
+        if let Some(code) = error.rdkafka_error_code()
+            && let Ok(mut e) = self.errors.lock()
+        {
+            e.push((code, reason.to_owned()));
+        }
+    }
+}
+
+impl rdkafka::consumer::ConsumerContext for Capture {}
+
+/// Connects once and asks for the cluster's metadata: a failed authentication or TLS
+/// handshake (wrong password or mechanism, a broker certificate from a CA the client does not
+/// trust) is an error that says so, where the client itself would only retry until a
+/// timeout. Brokers that do not answer are not an error here: the caller's own requests wait
+/// for them.
+pub fn check_credentials(settings: &Settings) -> Result<()> {
+    let consumer: BaseConsumer<Capture> = client_config(settings)
+        .create_with_context(Capture::default())
+        .map_err(kafka("creating a Kafka client"))?;
+    if consumer
+        .fetch_metadata(None, Duration::from_secs(10))
+        .is_ok()
+    {
+        return Ok(());
+    }
+    // Client errors are events on the client's queue: serve them.
+    for _ in 0..5 {
+        let _ = consumer.poll(Duration::from_millis(20));
+    }
+    let errors = consumer
+        .context()
+        .errors
+        .lock()
+        .map(|e| e.clone())
+        .unwrap_or_default();
+    match errors
+        .into_iter()
+        .find_map(|(code, reason)| refusal_hint(code, &reason).map(|hint| (reason, hint)))
+    {
+        Some((detail, hint)) => Err(Error::Refused {
+            bootstrap: settings.kafka.bootstrap_servers.clone(),
+            detail,
+            hint,
+        }),
+        None => Ok(()),
+    }
+}
+
+/// What to check when the brokers refused the client's credentials or the client their
+/// certificate; None for other errors.
+fn refusal_hint(code: RDKafkaErrorCode, reason: &str) -> Option<&'static str> {
+    const SASL: &str = "Check sasl.mechanism, sasl.username and sasl.password (-X, --command-config or kafka.properties).";
+    const TLS: &str =
+        "Check ssl.ca.location: it must name the CA that signed the brokers' certificates.";
+    if code == RDKafkaErrorCode::Authentication || reason.contains("SASL authentication error") {
+        Some(SASL)
+    } else if code == RDKafkaErrorCode::SSL || reason.contains("SSL handshake failed") {
+        Some(TLS)
+    } else {
+        None
+    }
+}
+
 /// A client config with the bootstrap servers and extra properties.
 pub fn client_config(settings: &Settings) -> ClientConfig {
     let mut cfg = ClientConfig::new();
@@ -348,5 +419,36 @@ pub async fn verify_topics(settings: &Settings, topics: &Topics) -> Result<Vec<S
             source_name: "topics".into(),
             detail: refusals.join("\n  "),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refused_credentials_and_untrusted_certificates_are_told_apart_from_outages() {
+        let sasl = "sasl_ssl://127.0.0.1:9093/bootstrap: SASL authentication error: Authentication failed during authentication due to invalid credentials with SASL mechanism SCRAM-SHA-512";
+        assert!(
+            refusal_hint(RDKafkaErrorCode::BrokerTransportFailure, sasl)
+                .unwrap()
+                .contains("sasl.password")
+        );
+        let tls = "ssl://127.0.0.1:9093/bootstrap: SSL handshake failed: error:0A000086:SSL routines::certificate verify failed";
+        assert!(
+            refusal_hint(RDKafkaErrorCode::BrokerTransportFailure, tls)
+                .unwrap()
+                .contains("ssl.ca.location")
+        );
+        assert!(refusal_hint(RDKafkaErrorCode::Authentication, "").is_some());
+        // A broker that is down is waited for, not refused.
+        assert!(
+            refusal_hint(
+                RDKafkaErrorCode::BrokerTransportFailure,
+                "127.0.0.1:9092/bootstrap: Connect to ipv4#127.0.0.1:9092 failed: Connection refused"
+            )
+            .is_none()
+        );
+        assert!(refusal_hint(RDKafkaErrorCode::AllBrokersDown, "1/1 brokers are down").is_none());
     }
 }

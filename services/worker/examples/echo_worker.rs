@@ -3,20 +3,31 @@
 //! result pointer. A label `fail=retryable` or `fail=fatal` makes it fail instead.
 //!
 //! cargo run -p ksched-worker --example echo_worker -- <bootstrap> <pool> <worker-id> [prefix]
+//!     [-X key=value]... [--command-config client.properties]
+//!
+//! `-X` and `--command-config` set librdkafka properties as Kafka's own tools take them, e.g.
+//! `-X security.protocol=SASL_SSL -X sasl.mechanism=SCRAM-SHA-512 ...` (docs/security.md).
 
 use std::time::Duration;
 
+use ksched_core::properties::{parse_properties, parse_property};
 use ksched_worker::{Outcome, Worker, WorkerConfig};
 use tokio_util::sync::CancellationToken;
 
 #[tokio::main]
 async fn main() -> Result<(), ksched_worker::Error> {
-    let args: Vec<String> = std::env::args().collect();
-    let bootstrap = args.get(1).map_or("127.0.0.1:9092", String::as_str);
-    let pool = args.get(2).map_or("default", String::as_str);
-    let id = args.get(3).map_or("echo-1", String::as_str);
-    let mut config = WorkerConfig::new(bootstrap, id, pool);
-    if let Some(prefix) = args.get(4) {
+    let (args, properties) = match split_args(std::env::args().skip(1)) {
+        Ok(parsed) => parsed,
+        Err(e) => {
+            eprintln!("echo_worker: {e}");
+            std::process::exit(2);
+        }
+    };
+    let bootstrap = args.first().map_or("127.0.0.1:9092", String::as_str);
+    let pool = args.get(1).map_or("default", String::as_str);
+    let id = args.get(2).map_or("echo-1", String::as_str);
+    let mut config = WorkerConfig::new(bootstrap, id, pool).with_properties(properties);
+    if let Some(prefix) = args.get(3) {
         config.topic_prefix = prefix.clone();
     }
     let shutdown = CancellationToken::new();
@@ -57,4 +68,30 @@ async fn main() -> Result<(), ksched_worker::Error> {
             shutdown,
         )
         .await
+}
+
+/// Librdkafka properties, in the order they apply.
+type Properties = Vec<(String, String)>;
+
+/// Positional arguments, and the properties of `--command-config FILE` then `-X key=value`.
+fn split_args(args: impl Iterator<Item = String>) -> Result<(Vec<String>, Properties), String> {
+    let mut positional = Vec::new();
+    let (mut file, mut flags) = (Vec::new(), Vec::new());
+    let mut args = args.peekable();
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "-X" | "--property" => {
+                let kv = args.next().ok_or("-X needs key=value")?;
+                flags.push(parse_property(&kv)?);
+            }
+            "--command-config" => {
+                let path = args.next().ok_or("--command-config needs a file")?;
+                let text = std::fs::read_to_string(&path).map_err(|e| format!("{path}: {e}"))?;
+                file = parse_properties(&text).map_err(|e| format!("{path}: {e}"))?;
+            }
+            _ => positional.push(a),
+        }
+    }
+    file.extend(flags);
+    Ok((positional, file))
 }

@@ -64,7 +64,7 @@ fn kafka(context: &str) -> impl FnOnce(rdkafka::error::KafkaError) -> Error + '_
 }
 
 /// How a worker connects and what it reports about itself.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct WorkerConfig {
     pub bootstrap_servers: String,
     pub worker_id: String,
@@ -79,7 +79,8 @@ pub struct WorkerConfig {
     pub shutdown_grace: Duration,
     pub labels: BTreeMap<String, String>,
     pub capabilities: Vec<String>,
-    /// Extra librdkafka properties.
+    /// Extra librdkafka properties (TLS, SASL, ...), as `-X key=value` and
+    /// `--command-config` give them to Kafka's tools: see [`WorkerConfig::with_properties`].
     pub properties: BTreeMap<String, String>,
     /// Consumer group; default `<prefix>workers.<pool>`.
     pub group_id: Option<String>,
@@ -108,6 +109,13 @@ impl WorkerConfig {
             memory_free_bytes: None,
             report_host_load: true,
         }
+    }
+
+    /// Adds librdkafka properties, e.g. from a Kafka client properties file parsed with
+    /// [`ksched_core::properties::parse_properties`].
+    pub fn with_properties(mut self, props: impl IntoIterator<Item = (String, String)>) -> Self {
+        self.properties.extend(props);
+        self
     }
 
     fn client(&self) -> ClientConfig {
@@ -258,6 +266,39 @@ impl Running {
             self.seen_set.remove(&old);
         }
         true
+    }
+}
+
+/// Secret properties (passwords, JAAS configs, keys) are masked.
+impl std::fmt::Debug for WorkerConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let properties: BTreeMap<&str, &str> = self
+            .properties
+            .iter()
+            .map(|(k, v)| {
+                let v = if ksched_core::properties::is_secret_property(k) {
+                    ksched_core::records::HIDDEN
+                } else {
+                    v.as_str()
+                };
+                (k.as_str(), v)
+            })
+            .collect();
+        f.debug_struct("WorkerConfig")
+            .field("bootstrap_servers", &self.bootstrap_servers)
+            .field("worker_id", &self.worker_id)
+            .field("pool", &self.pool)
+            .field("topic_prefix", &self.topic_prefix)
+            .field("max_parallel_jobs", &self.max_parallel_jobs)
+            .field("heartbeat_interval", &self.heartbeat_interval)
+            .field("shutdown_grace", &self.shutdown_grace)
+            .field("labels", &self.labels)
+            .field("capabilities", &self.capabilities)
+            .field("properties", &properties)
+            .field("group_id", &self.group_id)
+            .field("memory_free_bytes", &self.memory_free_bytes)
+            .field("report_host_load", &self.report_host_load)
+            .finish()
     }
 }
 
@@ -668,6 +709,21 @@ mod tests {
 
     fn key(job: &str, attempt: i32) -> (String, i32) {
         (job.to_owned(), attempt)
+    }
+
+    #[test]
+    fn debug_output_masks_secret_properties() {
+        let c = WorkerConfig::new("b:9093", "w1", "p").with_properties([
+            ("sasl.username".to_owned(), "w1".to_owned()),
+            ("sasl.password".to_owned(), "hunter2".to_owned()),
+        ]);
+        let shown = format!("{c:?}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(
+            shown.contains("w1") && shown.contains("*hidden*"),
+            "{shown}"
+        );
+        assert_eq!(c.client().get("sasl.password"), Some("hunter2"));
     }
 
     #[test]

@@ -131,7 +131,8 @@ impl Rig {
             let _guard = rt.enter();
             for i in 0..workers {
                 let mut cfg =
-                    WorkerConfig::new(&bootstrap, &format!("{label}-worker-{i}"), "default");
+                    WorkerConfig::new(&bootstrap, &format!("{label}-worker-{i}"), "default")
+                        .with_properties(settings.kafka.properties.clone());
                 cfg.topic_prefix = settings.topics.prefix.clone();
                 cfg.max_parallel_jobs = 64;
                 cfg.heartbeat_interval = Duration::from_secs(1);

@@ -17,6 +17,7 @@ use clap::Args;
 use ksched_core::records::JobRequest;
 use ksched_core::rules::{PoolRules, Rules};
 use ksched_policy::PolicyBundle;
+use ksched_runtime::settings::KafkaSettings;
 use ksched_runtime::{Config, Settings};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -55,6 +56,8 @@ pub struct BenchArgs {
     /// (Internal) load the store in this directory and print what it cost.
     #[arg(long, hide = true, value_name = "DIR")]
     pub memory_load: Option<PathBuf>,
+    #[command(flatten)]
+    pub kafka: crate::kafka_args::KafkaArgs,
 }
 
 struct Sizes {
@@ -110,10 +113,16 @@ struct Report {
 }
 
 /// Settings and rules of a bench scheduler under topic prefix `prefix`.
-fn bench_config(bootstrap: &str, prefix: &str, data_dir: &Path, http: Option<String>) -> Config {
-    let mut s = Settings::default();
-    s.kafka.bootstrap_servers = bootstrap.to_owned();
-    s.kafka.client_id = "ksched-bench".into();
+fn bench_config(
+    kafka: &KafkaSettings,
+    prefix: &str,
+    data_dir: &Path,
+    http: Option<String>,
+) -> Config {
+    let mut s = Settings {
+        kafka: kafka.clone(),
+        ..Settings::default()
+    };
     s.topics.prefix = prefix.to_owned();
     s.topics.dispatch_partitions = 8;
     s.topics.job_partitions = 4;
@@ -270,8 +279,15 @@ fn bench(args: BenchArgs) -> Result<()> {
     } else {
         None
     });
-    let mut client = ClientConfig::new();
-    client.set("bootstrap.servers", &args.bootstrap_servers);
+    let kafka = KafkaSettings {
+        bootstrap_servers: args.bootstrap_servers.clone(),
+        client_id: "ksched-bench".into(),
+        properties: args.kafka.properties()?.into_iter().collect(),
+    };
+    let client = ksched_runtime::topics::client_config(&Settings {
+        kafka: kafka.clone(),
+        ..Settings::default()
+    });
 
     // 1. Raw Kafka baseline, records the size of a bench job request.
     phase("baseline: transactional consume -> produce pipe");
@@ -288,10 +304,7 @@ fn bench(args: BenchArgs) -> Result<()> {
     for i in 0..sizes.baseline_runs {
         let pipe_in = format!("{run}.baseline-{i}.in");
         let pipe_out = format!("{run}.baseline-{i}.out");
-        rt.block_on(create_topics(
-            &args.bootstrap_servers,
-            &[(&pipe_in, 4), (&pipe_out, 1)],
-        ))?;
+        rt.block_on(create_topics(&client, &[(&pipe_in, 4), (&pipe_out, 1)]))?;
         let b = baseline::run(
             &client,
             &pipe_in,
@@ -314,7 +327,7 @@ fn bench(args: BenchArgs) -> Result<()> {
     ));
     let small_prefix = format!("{run}.small.");
     let small_dir = work.join("small");
-    let small_cfg = bench_config(&args.bootstrap_servers, &small_prefix, &small_dir, None);
+    let small_cfg = bench_config(&kafka, &small_prefix, &small_dir, None);
     rt.block_on(ksched_runtime::topics::ensure_topics(
         &small_cfg.settings,
         &ksched_runtime::topics_of(&small_cfg),
@@ -359,7 +372,7 @@ fn bench(args: BenchArgs) -> Result<()> {
     let large_dir = work.join("large");
     let port = free_port()?;
     let large_cfg = bench_config(
-        &args.bootstrap_servers,
+        &kafka,
         &large_prefix,
         &large_dir,
         Some(format!("127.0.0.1:{port}")),
@@ -441,12 +454,10 @@ impl Drop for Cleanup {
     }
 }
 
-async fn create_topics(bootstrap: &str, topics: &[(&str, i32)]) -> Result<()> {
+async fn create_topics(client: &ClientConfig, topics: &[(&str, i32)]) -> Result<()> {
     use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
     use rdkafka::client::DefaultClientContext;
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .create()?;
+    let admin: AdminClient<DefaultClientContext> = client.create()?;
     let new: Vec<NewTopic<'_>> = topics
         .iter()
         .map(|(n, p)| NewTopic::new(n, *p, TopicReplication::Fixed(1)))
@@ -538,7 +549,11 @@ fn print_table(r: &Report) {
 /// `ksched bench --memory N`: resident memory per pending job, live and after a restart.
 fn memory_only(args: &BenchArgs, jobs: u64) -> Result<()> {
     let dir = tempfile::tempdir()?;
-    let config = bench_config(&args.bootstrap_servers, "bench.memory.", dir.path(), None);
+    let kafka = KafkaSettings {
+        bootstrap_servers: args.bootstrap_servers.clone(),
+        ..KafkaSettings::default()
+    };
+    let config = bench_config(&kafka, "bench.memory.", dir.path(), None);
     phase(&format!(
         "memory: {jobs} pending jobs with {} byte payloads",
         args.memory_payload

@@ -11,7 +11,6 @@ use ksched_policy::{PolicyBundle, RegoEngine};
 use ksched_runtime::audit::{self, Alternative, Progress, Source, Until, cause_text, entry_json};
 use ksched_runtime::settings::PoolsFile;
 use ksched_store::Store;
-use rdkafka::ClientConfig;
 use serde_json::json;
 
 use super::output::{Format, table, time};
@@ -192,8 +191,8 @@ pub fn parse_time(s: &str) -> Option<i64> {
 }
 
 pub fn audit(t: &Target, args: AuditArgs) -> CliResult {
-    let mut client = ClientConfig::new();
-    client.set("bootstrap.servers", &t.bootstrap);
+    t.check_credentials()?;
+    let client = t.client_config();
     let src = Source {
         client,
         topic: args

@@ -6,7 +6,7 @@ use clap::Args;
 use ksched_core::events::{Input, JournalEntry};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use rdkafka::{Offset, TopicPartitionList};
 use serde_json::json;
 
 use super::output::{Format, time};
@@ -45,11 +45,12 @@ fn concerns(entry: &JournalEntry, job: &str) -> bool {
 }
 
 pub fn tail(t: &Target, args: TailArgs) -> CliResult {
+    t.check_credentials()?;
     let topic = format!("{}journal", t.prefix);
     let fail =
         |e: rdkafka::error::KafkaError| Failure::new(EXIT_FAILED, format!("reading {topic}: {e}"));
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &t.bootstrap)
+    let consumer: BaseConsumer = t
+        .client_config()
         .set("group.id", "ksched-journal-tail")
         .set("enable.auto.commit", "false")
         .set("isolation.level", "read_committed")
@@ -59,6 +60,17 @@ pub fn tail(t: &Target, args: TailArgs) -> CliResult {
     let meta = consumer
         .fetch_metadata(Some(&topic), timeout)
         .map_err(fail)?;
+    if let Some(e) = meta.topics().first().and_then(|m| m.error()) {
+        let code = rdkafka::types::RDKafkaErrorCode::from(e);
+        if code == rdkafka::types::RDKafkaErrorCode::TopicAuthorizationFailed {
+            return Err(Failure::new(
+                EXIT_FAILED,
+                format!(
+                    "not authorized to read {topic} ({code}): the journal holds every tenant's history; only the processor and auditors may read it (docs/security.md)"
+                ),
+            ));
+        }
+    }
     let partitions: Vec<i32> = meta
         .topics()
         .first()

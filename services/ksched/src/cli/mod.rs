@@ -22,6 +22,7 @@ use serde_json::{Value, json};
 use output::{Format, cell, table, time_cell};
 
 pub const EXIT_FAILED: u8 = 1;
+pub const EXIT_USAGE: u8 = 2;
 pub const EXIT_NOT_FOUND: u8 = 3;
 pub const EXIT_CONFLICT: u8 = 4;
 pub const EXIT_BAD_INPUT: u8 = 5;
@@ -29,16 +30,20 @@ pub const EXIT_BAD_INPUT: u8 = 5;
 /// Where the tools connect, shared by every operator command.
 #[derive(Debug, Clone, Args)]
 pub struct Connection {
-    /// Settings file to take defaults from (Kafka, topic prefix, HTTP address).
-    #[arg(long, global = true, default_value = crate::run::DEFAULT_CONFIG, env = "KSCHED_CONFIG")]
-    pub config: PathBuf,
-    /// Kafka bootstrap servers (default: from the settings file, else 127.0.0.1:9092).
+    /// Settings file to take Kafka, the topic prefix and the HTTP address from, layered with
+    /// `KSCHED__*` variables and flags exactly as `ksched run` does [default:
+    /// config/ksched.yaml when it exists].
+    #[arg(long, global = true, env = "KSCHED_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Kafka bootstrap servers (default: from the settings).
     #[arg(long, global = true, env = "KAFKA_BOOTSTRAP_SERVERS")]
     pub bootstrap_servers: Option<String>,
-    /// Base URL of the scheduler's HTTP API (default: from the settings file).
+    #[command(flatten)]
+    pub kafka: crate::kafka_args::KafkaArgs,
+    /// Base URL of the scheduler's HTTP API (default: from the settings).
     #[arg(long, global = true, env = "KSCHED_API")]
     pub api: Option<String>,
-    /// ksched's topic prefix (default: from the settings file, else `ksched.`).
+    /// ksched's topic prefix (default: from the settings).
     #[arg(long, global = true)]
     pub prefix: Option<String>,
     /// Output format.
@@ -49,45 +54,67 @@ pub struct Connection {
 /// Resolved connection settings.
 #[derive(Debug, Clone)]
 pub struct Target {
+    /// The effective settings (file, then environment, then flags).
+    pub settings: ksched_runtime::Settings,
     pub bootstrap: String,
     pub api: String,
     pub prefix: String,
     pub output: Format,
 }
 
-impl Connection {
-    pub fn resolve(&self) -> Target {
-        let settings = std::fs::read_to_string(&self.config)
-            .ok()
-            .and_then(|text| serde_norway_settings(&text));
-        let (bootstrap, prefix, listen) = match &settings {
-            Some(s) => (
-                s.kafka.bootstrap_servers.clone(),
-                s.topics.prefix.clone(),
-                s.http.listen.clone(),
-            ),
-            None => (
-                "127.0.0.1:9092".to_owned(),
-                "ksched.".to_owned(),
-                "127.0.0.1:8080".to_owned(),
-            ),
-        };
-        Target {
-            bootstrap: self.bootstrap_servers.clone().unwrap_or(bootstrap),
-            api: self
-                .api
-                .clone()
-                .unwrap_or_else(|| format!("http://{listen}"))
-                .trim_end_matches('/')
-                .to_owned(),
-            prefix: self.prefix.clone().unwrap_or(prefix),
-            output: self.output,
-        }
+impl Target {
+    /// A Kafka client configuration with every property of the settings and flags.
+    pub fn client_config(&self) -> rdkafka::ClientConfig {
+        ksched_runtime::topics::client_config(&self.settings)
+    }
+
+    /// Fails with a clear message when the brokers refuse this client's credentials or the
+    /// client does not trust their certificate (instead of a timeout later).
+    pub fn check_credentials(&self) -> Result<(), Failure> {
+        ksched_runtime::topics::check_credentials(&self.settings)
+            .map_err(|e| Failure::new(EXIT_FAILED, e.to_string()))
     }
 }
 
-fn serde_norway_settings(text: &str) -> Option<ksched_runtime::Settings> {
-    ksched_runtime::settings::parse_settings(text).ok()
+impl Connection {
+    /// Loads the settings as `ksched run` does; a settings file that was asked for and is
+    /// missing, or that does not parse, is an error (exit 2), never a silent default.
+    pub fn resolve(&self) -> Result<Target, Failure> {
+        let bad = |e: ksched_runtime::Error| Failure::new(EXIT_USAGE, e.to_string());
+        let default = std::path::Path::new(crate::run::DEFAULT_CONFIG);
+        let path = match &self.config {
+            Some(p) if !p.exists() => {
+                return Err(Failure::new(
+                    EXIT_USAGE,
+                    format!("settings file {} not found", p.display()),
+                ));
+            }
+            Some(p) => Some(p.as_path()),
+            None => default.exists().then_some(default),
+        };
+        let flags = ksched_runtime::settings::Overrides {
+            bootstrap_servers: self.bootstrap_servers.clone(),
+            kafka_properties: self.kafka.properties().map_err(bad)?,
+            ..Default::default()
+        };
+        let settings =
+            ksched_runtime::settings::load_settings(path, std::env::vars(), &flags).map_err(bad)?;
+        Ok(Target {
+            bootstrap: settings.kafka.bootstrap_servers.clone(),
+            api: self
+                .api
+                .clone()
+                .unwrap_or_else(|| format!("http://{}", settings.http.listen))
+                .trim_end_matches('/')
+                .to_owned(),
+            prefix: self
+                .prefix
+                .clone()
+                .unwrap_or_else(|| settings.topics.prefix.clone()),
+            output: self.output,
+            settings,
+        })
+    }
 }
 
 /// A failure with the exit code that says what kind.

@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use clap::Args;
 use ksched_core::records::{Budget, JobMeta, JobRequest, Priority};
-use rdkafka::ClientConfig;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde::Deserialize;
 use serde_json::json;
@@ -188,13 +187,14 @@ pub fn submit(t: &Target, args: SubmitArgs) -> CliResult {
     let request = build(&args, now)?;
     let bytes = ksched_codec::encode(&request)
         .map_err(|e| Failure::new(EXIT_BAD_INPUT, format!("encoding the job: {e}")))?;
+    t.check_credentials()?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| Failure::new(EXIT_FAILED, e.to_string()))?;
     let (partition, offset) = rt.block_on(async {
-        let producer: FutureProducer = ClientConfig::new()
-            .set("bootstrap.servers", &t.bootstrap)
+        let producer: FutureProducer = t
+            .client_config()
             .set("enable.idempotence", "true")
             .set("message.timeout.ms", "15000")
             .create()
