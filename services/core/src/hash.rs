@@ -21,6 +21,11 @@ pub fn job_hash(request: &JobRequest) -> String {
     hex(&Sha256::digest(&canonical))
 }
 
+/// SHA-256 of `bytes`, in hex (what `sha256sum` prints).
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex(&Sha256::digest(bytes))
+}
+
 /// SHA-256 (hex) of arbitrary parts, length-prefixed so boundaries cannot shift.
 pub fn sha256_parts<'a>(parts: impl IntoIterator<Item = &'a [u8]>) -> String {
     let mut h = Sha256::new();

@@ -385,7 +385,7 @@ fn banner(args: &DevArgs, bootstrap: &str, in_memory: bool) {
     };
     let api = format!("http://{}", args.http_listen);
     println!(
-        "\nksched dev\n  {kafka}\n  RocksDB projection in {}\n  HTTP API {api}\n  pools: cpu (2 workers, least_loaded), gpu (1 worker, capacity)\n\n\
+        "\nksched dev\n  {kafka}\n  RocksDB projection in {}\n  HTTP API {api}: NO AUTHENTICATION (anyone on this machine may approve and cancel; see docs/security.md)\n  pools: cpu (2 workers, least_loaded), gpu (1 worker, capacity)\n\n\
          Inspect while it runs (another terminal):\n  \
          curl {api}/api/v1/jobs\n  \
          ksched jobs list --api {api}\n  \

@@ -197,6 +197,12 @@ impl Service {
                 scheduler.store.clone(),
                 scheduler.status.clone(),
             )?);
+            if settings.http.tokens_file.is_none() {
+                warn!(
+                    listen = %settings.http.listen,
+                    "the HTTP API has no authentication (http.tokens_file): anyone who reaches it may approve and cancel jobs; it listens on loopback only"
+                );
+            }
             let listen = settings.http.listen.clone();
             let stop = scheduler.shutdown.clone();
             rt.spawn(async move {

@@ -1,16 +1,20 @@
 //! The HTTP API served by `ksched run` (docs/openapi.yaml): read-only queries over the
 //! projection, approve/reject/cancel (which produce control records, like the CLI), health
 //! and readiness, and `/metrics`. Secret env values are hidden in every view.
+//!
+//! `/api/` routes answer only allowed `Host`s (DNS rebinding), take JSON bodies only (a web
+//! page cannot post `text/plain` cross-origin into them), and, with `http.tokens_file`,
+//! only authenticated callers, each within its roles and tenants (auth.rs).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use axum::Router;
-use axum::extract::{Path, Query, State as AxState};
+use axum::extract::{DefaultBodyLimit, Extension, Path, Query, State as AxState};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use axum::{Router, http::header};
 use ksched_core::events::JobState;
 use ksched_core::records::{ApproveJob, CancelJob, DeadLetter, RejectJob, redact_env};
 use ksched_core::state::{Job, Worker};
@@ -20,6 +24,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use tracing::info;
 
+use crate::auth::{Action, Auth, Denied, Identity, default_allowed_hosts, host_allowed};
 use crate::error::{Result, kafka};
 use crate::processor::wall_clock_ms;
 use crate::settings::Settings;
@@ -41,6 +46,10 @@ pub struct Api {
     kafka_ok: Mutex<(Option<Instant>, bool)>,
     /// Longer than this without a Tick judged: not ready.
     tick_stale_ms: i64,
+    auth: Auth,
+    four_eyes: bool,
+    allowed_hosts: Vec<String>,
+    max_body_bytes: usize,
 }
 
 impl std::fmt::Debug for Api {
@@ -68,12 +77,25 @@ impl Api {
             data.file_name()
                 .map_or_else(|| "data".into(), |n| n.to_string_lossy().into_owned())
         ));
+        let auth = match &settings.http.tokens_file {
+            Some(path) => Auth::from_file(path)?,
+            None => Auth::none(),
+        };
+        let allowed_hosts = if settings.http.allowed_hosts.is_empty() {
+            default_allowed_hosts(&settings.http.listen)
+        } else {
+            settings.http.allowed_hosts.clone()
+        };
         Ok(Api {
             store,
             checkpoints,
             status,
             producer,
             topics,
+            auth,
+            four_eyes: settings.http.four_eyes,
+            allowed_hosts,
+            max_body_bytes: settings.http.max_body_bytes,
             kafka_ok: Mutex::new((None, false)),
             tick_stale_ms: i64::try_from(settings.processor.tick_interval_ms.saturating_mul(5))
                 .unwrap_or(i64::MAX)
@@ -112,6 +134,32 @@ fn bad_request(msg: impl Into<String>) -> ApiError {
     ApiError(StatusCode::BAD_REQUEST, msg.into())
 }
 
+fn forbidden(msg: impl Into<String>) -> ApiError {
+    ApiError(StatusCode::FORBIDDEN, msg.into())
+}
+
+fn not_found(id: &str) -> ApiError {
+    ApiError(StatusCode::NOT_FOUND, format!("no job {id}"))
+}
+
+/// Refuses what `id` may not do.
+fn require(id: &Identity, action: Action) -> ApiResult<()> {
+    if id.may(action) {
+        Ok(())
+    } else {
+        Err(forbidden(format!(
+            "{} may not {}",
+            id.principal.as_deref().unwrap_or("this caller"),
+            match action {
+                Action::Read => "read",
+                Action::Cancel => "cancel jobs (role operator)",
+                Action::Decide => "approve or reject jobs (role approver)",
+                Action::Checkpoint => "take checkpoints (role admin)",
+            }
+        )))
+    }
+}
+
 fn internal(e: impl std::fmt::Display) -> ApiError {
     ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
 }
@@ -139,7 +187,54 @@ pub fn router(api: Arc<Api>) -> Router {
             api.clone(),
             unless_stopped,
         ))
+        .layer(axum::middleware::from_fn_with_state(api.clone(), guard))
+        .layer(DefaultBodyLimit::max(api.max_body_bytes))
         .with_state(api)
+}
+
+/// The checks before any `/api/` route: an allowed Host, a JSON body, a known caller (whose
+/// identity the handlers receive).
+async fn guard(
+    AxState(api): AxState<Arc<Api>>,
+    mut req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if !req.uri().path().starts_with("/api/") {
+        return next.run(req).await;
+    }
+    let headers = req.headers();
+    let text = |h: header::HeaderName| headers.get(h).and_then(|v| v.to_str().ok());
+    if !host_allowed(text(header::HOST), &api.allowed_hosts) {
+        return bad_request(format!(
+            "Host {:?} is not one this API answers (http.allowed_hosts)",
+            text(header::HOST).unwrap_or("")
+        ))
+        .into_response();
+    }
+    if req.method() == axum::http::Method::POST
+        && !text(header::CONTENT_TYPE)
+            .is_some_and(|c| c.trim_start().starts_with("application/json"))
+    {
+        return ApiError(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "send JSON with Content-Type: application/json".into(),
+        )
+        .into_response();
+    }
+    match api.auth.identify(text(header::AUTHORIZATION)) {
+        Ok(id) => {
+            req.extensions_mut().insert(id);
+            next.run(req).await
+        }
+        Err(Denied::Unauthenticated(why)) => {
+            let mut r = ApiError(StatusCode::UNAUTHORIZED, why).into_response();
+            r.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                header::HeaderValue::from_static("Bearer"),
+            );
+            r
+        }
+    }
 }
 
 /// An instance that stopped for good (another took over) says so instead of answering from
@@ -330,8 +425,10 @@ fn only(q: &HashMap<String, String>, known: &[&str]) -> ApiResult<()> {
 
 async fn list_jobs(
     AxState(api): AxState<Arc<Api>>,
+    Extension(caller): Extension<Identity>,
     Query(q): Query<HashMap<String, String>>,
 ) -> ApiResult {
+    require(&caller, Action::Read)?;
     only(&q, &["state", "tenant", "pool", "topic", "limit", "after"])?;
     let limit = limit_of(&q)?;
     let state = match q.get("state") {
@@ -349,7 +446,8 @@ async fn list_jobs(
         q.get("topic").cloned(),
     );
     let keep = move |_: &str, j: &Job| {
-        state.is_none_or(|s| j.state == s)
+        caller.sees(&j.request.tenant_id)
+            && state.is_none_or(|s| j.state == s)
             && tenant.as_ref().is_none_or(|t| &j.request.tenant_id == t)
             && pool
                 .as_ref()
@@ -384,20 +482,32 @@ async fn list_jobs(
     })))
 }
 
-fn load_job(api: &Api, id: &str) -> ApiResult<Job> {
+/// The job, if it exists and `caller` may see it (another tenant's job is "not found": its
+/// existence is not disclosed).
+fn load_job(api: &Api, caller: &Identity, id: &str) -> ApiResult<Job> {
+    require(caller, Action::Read)?;
     api.store
         .job(id)
         .map_err(internal)?
-        .ok_or_else(|| ApiError(StatusCode::NOT_FOUND, format!("no job {id}")))
+        .filter(|j| caller.sees(&j.request.tenant_id))
+        .ok_or_else(|| not_found(id))
 }
 
-async fn get_job(AxState(api): AxState<Arc<Api>>, Path(id): Path<String>) -> ApiResult {
-    let job = load_job(&api, &id)?;
+async fn get_job(
+    AxState(api): AxState<Arc<Api>>,
+    Extension(caller): Extension<Identity>,
+    Path(id): Path<String>,
+) -> ApiResult {
+    let job = load_job(&api, &caller, &id)?;
     Ok(axum::Json(job_view(&id, &job)))
 }
 
-async fn job_history(AxState(api): AxState<Arc<Api>>, Path(id): Path<String>) -> ApiResult {
-    let job = load_job(&api, &id)?;
+async fn job_history(
+    AxState(api): AxState<Arc<Api>>,
+    Extension(caller): Extension<Identity>,
+    Path(id): Path<String>,
+) -> ApiResult {
+    let job = load_job(&api, &caller, &id)?;
     let lines = api.store.history(&id).map_err(internal)?;
     Ok(axum::Json(json!({
         "job_id": id,
@@ -437,17 +547,34 @@ fn parse_body<T: for<'de> Deserialize<'de>>(body: &[u8]) -> ApiResult<T> {
     serde_json::from_slice(body).map_err(|e| bad_request(format!("request body: {e}")))
 }
 
-/// The job an approval or rejection by `approver` is about, if it awaits one.
-fn awaiting_approval(api: &Api, id: &str, approver: &str) -> ApiResult<Job> {
+/// Who decides: the authenticated caller; without authentication (loopback only), the
+/// approver the request names.
+fn decider(caller: &Identity, named: Option<String>) -> ApiResult<String> {
+    require(caller, Action::Decide)?;
+    let approver = match &caller.principal {
+        Some(p) => p.clone(),
+        None => named.unwrap_or_default(),
+    };
     if approver.trim().is_empty() {
         return Err(bad_request("approver must not be empty"));
     }
-    let job = load_job(api, id)?;
+    Ok(approver)
+}
+
+/// The job an approval or rejection by `approver` is about, if it awaits one and the
+/// approver did not submit it (four eyes, `http.four_eyes`).
+fn awaiting_approval(api: &Api, caller: &Identity, id: &str, approver: &str) -> ApiResult<Job> {
+    let job = load_job(api, caller, id)?;
     if job.state != JobState::ApprovalRequired {
         return Err(ApiError(
             StatusCode::CONFLICT,
             format!("job {id} is {}, not awaiting approval", job.state),
         ));
+    }
+    if api.four_eyes && job.request.principal_id.as_deref() == Some(approver) {
+        return Err(forbidden(format!(
+            "{approver} submitted job {id}: another approver must decide (four eyes, http.four_eyes)"
+        )));
     }
     Ok(job)
 }
@@ -455,22 +582,25 @@ fn awaiting_approval(api: &Api, id: &str, approver: &str) -> ApiResult<Job> {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ApproveBody {
-    approver: String,
+    /// Only without authentication; an authenticated caller approves as itself.
+    approver: Option<String>,
     comment: Option<String>,
 }
 
 async fn approve(
     AxState(api): AxState<Arc<Api>>,
+    Extension(caller): Extension<Identity>,
     Path(id): Path<String>,
     body: axum::body::Bytes,
 ) -> ApiResult<Response> {
     let b: ApproveBody = parse_body(&body)?;
-    let job = awaiting_approval(&api, &id, &b.approver)?;
+    let approver = decider(&caller, b.approver)?;
+    let job = awaiting_approval(&api, &caller, &id, &approver)?;
     let record = ApproveJob {
         job_id: id.clone(),
         job_hash: job.job_hash.clone(),
         policy_snapshot: job.policy_snapshot.clone().unwrap_or_default(),
-        approver: b.approver,
+        approver: approver.clone(),
         comment: b.comment,
         requested_at: wall_clock_ms(),
     };
@@ -479,6 +609,7 @@ async fn approve(
         "job_id": id,
         "job_hash": record.job_hash,
         "policy_snapshot": record.policy_snapshot,
+        "approver": approver,
         "status": "approval sent",
     })))
 }
@@ -486,20 +617,23 @@ async fn approve(
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RejectBody {
-    approver: String,
+    /// Only without authentication; an authenticated caller rejects as itself.
+    approver: Option<String>,
     reason: Option<String>,
 }
 
 async fn reject(
     AxState(api): AxState<Arc<Api>>,
+    Extension(caller): Extension<Identity>,
     Path(id): Path<String>,
     body: axum::body::Bytes,
 ) -> ApiResult<Response> {
     let b: RejectBody = parse_body(&body)?;
-    awaiting_approval(&api, &id, &b.approver)?;
+    let approver = decider(&caller, b.approver)?;
+    awaiting_approval(&api, &caller, &id, &approver)?;
     let record = RejectJob {
         job_id: id.clone(),
-        approver: b.approver,
+        approver,
         reason: b.reason,
         requested_at: wall_clock_ms(),
     };
@@ -512,21 +646,34 @@ async fn reject(
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct CancelBody {
-    principal: String,
+    /// Only without authentication; an authenticated caller cancels as itself.
+    principal: Option<String>,
+    /// Only without authentication; an authenticated caller acts for its tenants.
     tenant: Option<String>,
     reason: Option<String>,
 }
 
 async fn cancel(
     AxState(api): AxState<Arc<Api>>,
+    Extension(caller): Extension<Identity>,
     Path(id): Path<String>,
     body: axum::body::Bytes,
 ) -> ApiResult<Response> {
     let b: CancelBody = parse_body(&body)?;
-    if b.principal.trim().is_empty() {
+    require(&caller, Action::Cancel)?;
+    let job = load_job(&api, &caller, &id)?;
+    // The journaled principal and tenant come from the identity: a tenant-scoped operator
+    // acts for the job's tenant (which it sees), an unscoped one as an operator.
+    let (principal, tenant) = match &caller.principal {
+        Some(p) => (
+            p.clone(),
+            (!caller.sees_all()).then(|| job.request.tenant_id.clone()),
+        ),
+        None => (b.principal.unwrap_or_default(), b.tenant),
+    };
+    if principal.trim().is_empty() {
         return Err(bad_request("principal must not be empty"));
     }
-    let job = load_job(&api, &id)?;
     if job.state.is_terminal() {
         return Err(ApiError(
             StatusCode::CONFLICT,
@@ -535,8 +682,8 @@ async fn cancel(
     }
     let record = CancelJob {
         job_id: id.clone(),
-        tenant_id: b.tenant,
-        principal_id: b.principal,
+        tenant_id: tenant,
+        principal_id: principal,
         reason: b.reason,
         requested_at: wall_clock_ms(),
     };
@@ -549,7 +696,11 @@ fn accepted(body: Value) -> Response {
 }
 
 /// A consistent copy of the projection, for `ksched audit rebuild --compare-with`.
-async fn checkpoint(AxState(api): AxState<Arc<Api>>) -> ApiResult<Response> {
+async fn checkpoint(
+    AxState(api): AxState<Arc<Api>>,
+    Extension(caller): Extension<Identity>,
+) -> ApiResult<Response> {
+    require(&caller, Action::Checkpoint)?;
     let dir = api.checkpoints.join(wall_clock_ms().to_string());
     std::fs::create_dir_all(&api.checkpoints).map_err(internal)?;
     let store = api.store.clone();
@@ -568,7 +719,11 @@ async fn checkpoint(AxState(api): AxState<Arc<Api>>) -> ApiResult<Response> {
         .into_response())
 }
 
-async fn workers(AxState(api): AxState<Arc<Api>>) -> ApiResult {
+async fn workers(
+    AxState(api): AxState<Arc<Api>>,
+    Extension(caller): Extension<Identity>,
+) -> ApiResult {
+    require(&caller, Action::Read)?;
     let ws = api.store.workers().map_err(internal)?;
     Ok(axum::Json(json!({
         "workers": ws.iter().map(|(id, w)| worker_view(id, w)).collect::<Vec<_>>(),
@@ -577,29 +732,45 @@ async fn workers(AxState(api): AxState<Arc<Api>>) -> ApiResult {
 
 async fn dlq(
     AxState(api): AxState<Arc<Api>>,
+    Extension(caller): Extension<Identity>,
     Query(q): Query<HashMap<String, String>>,
 ) -> ApiResult {
+    require(&caller, Action::Read)?;
     only(&q, &["reason", "job_id", "limit"])?;
     let limit = limit_of(&q)?;
     let mut all = api.store.dead_letters().map_err(internal)?;
     all.reverse();
     let list: Vec<Value> = all
         .iter()
+        .filter(|d| caller.sees(&d.tenant_id))
         .filter(|d| q.get("reason").is_none_or(|r| &d.reason_code == r))
         .filter(|d| q.get("job_id").is_none_or(|j| &d.job_id == j))
         .take(limit)
         .map(dead_letter_view)
         .collect();
+    // Counts span every tenant: only for callers who see them all.
+    let counts = if caller.sees_all() {
+        json!(api.store.dead_letter_counts().map_err(internal)?)
+    } else {
+        Value::Null
+    };
     Ok(axum::Json(json!({
         "dead_letters": list,
-        "counts_by_reason": api.store.dead_letter_counts().map_err(internal)?,
+        "counts_by_reason": counts,
     })))
 }
 
-async fn tenants(AxState(api): AxState<Arc<Api>>) -> ApiResult {
+async fn tenants(
+    AxState(api): AxState<Arc<Api>>,
+    Extension(caller): Extension<Identity>,
+) -> ApiResult {
+    require(&caller, Action::Read)?;
     let active = api.store.active_jobs().map_err(internal)?;
     let mut usage: std::collections::BTreeMap<String, (i64, i64, Option<i32>)> = Default::default();
-    for (_, j) in &active {
+    for (_, j) in active
+        .iter()
+        .filter(|(_, j)| caller.sees(&j.request.tenant_id))
+    {
         let e = usage
             .entry(j.request.tenant_id.clone())
             .or_insert((0, 0, None));

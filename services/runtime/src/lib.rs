@@ -3,6 +3,7 @@
 
 pub mod api;
 pub mod audit;
+pub mod auth;
 pub mod error;
 pub mod inputs;
 pub mod metrics;

@@ -211,6 +211,18 @@ pub struct HttpSettings {
     pub enabled: bool,
     /// Listen address. Default `127.0.0.1:8080` (loopback only).
     pub listen: String,
+    /// API tokens: a YAML file of principals, their roles and tenants, and the SHA-256 of
+    /// each one's token (docs/security.md). Without it the API has no authentication, and
+    /// `ksched run` refuses to listen beyond loopback. Relative to the settings file.
+    /// Default none.
+    pub tokens_file: Option<PathBuf>,
+    /// An approver may not approve or reject a job they submitted. Default true.
+    pub four_eyes: bool,
+    /// `Host` header values the API answers (against DNS rebinding); health and metrics
+    /// answer any. Default: `localhost`, `127.0.0.1`, `[::1]` and the listen address's host.
+    pub allowed_hosts: Vec<String>,
+    /// Largest request body. Default 65536.
+    pub max_body_bytes: usize,
 }
 
 impl Default for HttpSettings {
@@ -218,6 +230,10 @@ impl Default for HttpSettings {
         HttpSettings {
             enabled: true,
             listen: "127.0.0.1:8080".into(),
+            tokens_file: None,
+            four_eyes: true,
+            allowed_hosts: Vec::new(),
+            max_body_bytes: 64 * 1024,
         }
     }
 }
@@ -392,6 +408,9 @@ pub fn load_settings(
     };
     settings.pools_file = resolve(&settings.pools_file, flags.pools_file.is_some());
     settings.policy_dir = resolve(&settings.policy_dir, flags.policy_dir.is_some());
+    if let Some(t) = &settings.http.tokens_file {
+        settings.http.tokens_file = Some(resolve(t, false));
+    }
     settings.validate()?;
     Ok(settings)
 }
@@ -619,11 +638,22 @@ impl Settings {
                 self.log.format
             ));
         }
-        if self.http.enabled && self.http.listen.parse::<std::net::SocketAddr>().is_err() {
-            return bad(format!(
-                "http.listen {:?} is not an address like 127.0.0.1:8080",
-                self.http.listen
-            ));
+        if self.http.enabled {
+            let Ok(addr) = self.http.listen.parse::<std::net::SocketAddr>() else {
+                return bad(format!(
+                    "http.listen {:?} is not an address like 127.0.0.1:8080",
+                    self.http.listen
+                ));
+            };
+            if !addr.ip().is_loopback() && self.http.tokens_file.is_none() {
+                return bad(format!(
+                    "http.listen {} is reachable beyond this machine, but the API has no authentication: set http.tokens_file (docs/security.md), or listen on 127.0.0.1",
+                    self.http.listen
+                ));
+            }
+            if self.http.max_body_bytes == 0 {
+                return bad("http.max_body_bytes must be positive".into());
+            }
         }
         Ok(())
     }

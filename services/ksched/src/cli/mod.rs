@@ -5,7 +5,8 @@
 //! without a running scheduler. Defaults come from `config/ksched.yaml` when it exists.
 //!
 //! Exit codes: 0 done, 1 failed (unreachable, server error), 2 usage, 3 not found,
-//! 4 conflict (e.g. the job is not awaiting approval), 5 rejected input.
+//! 4 conflict (e.g. the job is not awaiting approval), 5 rejected input, 6 not authenticated
+//! or not allowed.
 
 pub mod audit;
 pub mod journal;
@@ -26,6 +27,7 @@ pub const EXIT_USAGE: u8 = 2;
 pub const EXIT_NOT_FOUND: u8 = 3;
 pub const EXIT_CONFLICT: u8 = 4;
 pub const EXIT_BAD_INPUT: u8 = 5;
+pub const EXIT_DENIED: u8 = 6;
 
 /// Where the tools connect, shared by every operator command.
 #[derive(Debug, Clone, Args)]
@@ -43,6 +45,10 @@ pub struct Connection {
     /// Base URL of the scheduler's HTTP API (default: from the settings).
     #[arg(long, global = true, env = "KSCHED_API")]
     pub api: Option<String>,
+    /// API token, when the API requires one (http.tokens_file); better from the environment
+    /// than on a command line others can list.
+    #[arg(long, global = true, env = "KSCHED_API_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
     /// ksched's topic prefix (default: from the settings).
     #[arg(long, global = true)]
     pub prefix: Option<String>,
@@ -58,6 +64,7 @@ pub struct Target {
     pub settings: ksched_runtime::Settings,
     pub bootstrap: String,
     pub api: String,
+    pub token: Option<String>,
     pub prefix: String,
     pub output: Format,
 }
@@ -107,6 +114,7 @@ impl Connection {
                 .unwrap_or_else(|| format!("http://{}", settings.http.listen))
                 .trim_end_matches('/')
                 .to_owned(),
+            token: self.token.clone(),
             prefix: self
                 .prefix
                 .clone()
@@ -154,10 +162,22 @@ pub fn call(t: &Target, method: &str, path: &str, body: Option<Value>) -> Result
         .build()
         .into();
     let url = format!("{}{path}", t.api);
+    let bearer = t.token.as_ref().map(|tok| format!("Bearer {tok}"));
     let resp = match (method, body) {
-        ("GET", _) => agent.get(&url).call(),
-        (_, Some(b)) => agent.post(&url).send_json(&b),
-        (_, None) => agent.post(&url).send_empty(),
+        ("GET", _) => {
+            let mut r = agent.get(&url);
+            if let Some(b) = &bearer {
+                r = r.header("Authorization", b);
+            }
+            r.call()
+        }
+        (_, body) => {
+            let mut r = agent.post(&url);
+            if let Some(b) = &bearer {
+                r = r.header("Authorization", b);
+            }
+            r.send_json(body.unwrap_or_else(|| json!({})))
+        }
     };
     let mut resp = resp.map_err(|e| {
         Failure::new(
@@ -184,6 +204,18 @@ pub fn call(t: &Target, method: &str, path: &str, body: Option<Value>) -> Result
         404 => Err(Failure::new(EXIT_NOT_FOUND, message())),
         409 => Err(Failure::new(EXIT_CONFLICT, message())),
         400 => Err(Failure::new(EXIT_BAD_INPUT, message())),
+        401 | 403 => Err(Failure::new(
+            EXIT_DENIED,
+            format!(
+                "HTTP {status}: {}{}",
+                message(),
+                if status == 401 {
+                    " (--token or KSCHED_API_TOKEN)"
+                } else {
+                    ""
+                }
+            ),
+        )),
         _ => Err(Failure::new(
             EXIT_FAILED,
             format!("HTTP {status}: {}", message()),

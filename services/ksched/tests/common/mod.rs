@@ -171,6 +171,16 @@ impl Drop for RunningScheduler {
 
 /// A minimal HTTP/1.1 client (status, body), so the tests check the server, not a library.
 pub fn http(url: &str, method: &str, body: Option<&str>) -> std::io::Result<(u16, String)> {
+    http_with(url, method, &[], body)
+}
+
+/// [`http`] with headers: `Host` and `Content-Type` (JSON by default) are replaced when given.
+pub fn http_with(
+    url: &str,
+    method: &str,
+    headers: &[(&str, &str)],
+    body: Option<&str>,
+) -> std::io::Result<(u16, String)> {
     use std::io::{Read, Write};
     let rest = url.strip_prefix("http://").unwrap();
     let (host, path) = rest
@@ -179,11 +189,18 @@ pub fn http(url: &str, method: &str, body: Option<&str>) -> std::io::Result<(u16
     let mut s = std::net::TcpStream::connect(host)?;
     s.set_read_timeout(Some(Duration::from_secs(30)))?;
     let body = body.unwrap_or("");
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )?;
+    let given = |name: &str| headers.iter().any(|(h, _)| h.eq_ignore_ascii_case(name));
+    let mut head = format!("{method} {path} HTTP/1.1\r\nConnection: close\r\n");
+    if !given("host") {
+        head.push_str(&format!("Host: {host}\r\n"));
+    }
+    if !given("content-type") {
+        head.push_str("Content-Type: application/json\r\n");
+    }
+    for (h, v) in headers {
+        head.push_str(&format!("{h}: {v}\r\n"));
+    }
+    write!(s, "{head}Content-Length: {}\r\n\r\n{body}", body.len())?;
     let mut resp = Vec::new();
     s.read_to_end(&mut resp)?;
     let resp = String::from_utf8_lossy(&resp).into_owned();
