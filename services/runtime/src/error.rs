@@ -80,6 +80,12 @@ pub enum Error {
     /// cannot fix (the broker refused a record, a topic or partition does not exist, a
     /// decision panicked). Which input caused it is not known yet: the inputs are retried one
     /// per transaction.
+    /// Nothing was read for `seconds` although the ticker writes to the inputs all the time.
+    #[error(
+        "no input record for {seconds} s although the ticker writes one every tick: the input consumer is stuck; rebuilding the processor"
+    )]
+    InputsStalled { seconds: u64 },
+
     #[error("a batch of {inputs} inputs could not be committed: {detail}")]
     BatchFailed {
         inputs: usize,

@@ -186,6 +186,8 @@ pub struct Processor {
     read_through: ReadThrough,
     last_assignment: Option<Instant>,
     unreadable: Unreadable,
+    /// When the consumer last delivered a record (or the processor subscribed).
+    last_record: Instant,
 }
 
 impl std::fmt::Debug for Processor {
@@ -291,6 +293,7 @@ impl Processor {
             read_through: ReadThrough::default(),
             last_assignment: None,
             unreadable: Unreadable::default(),
+            last_record: Instant::now(),
         };
         p.catch_up()?;
         p.reconfigure()?;
@@ -417,6 +420,7 @@ impl Processor {
             .map_err(kafka("subscribing to the inputs"))?;
         info!(topics = ?names, group = %settings.processor.group_id, "consuming inputs");
         self.consumer = Some(consumer);
+        self.last_record = Instant::now();
         Ok(())
     }
 
@@ -469,6 +473,12 @@ impl Processor {
         };
         let window = Duration::from_millis(settings.commit_interval_ms);
         let trust_create_time = self.config.settings.topics.trust_create_time;
+        let stalled = self.last_record.elapsed();
+        if stalled > Duration::from_millis(settings.input_stall_ms) {
+            return Err(Error::InputsStalled {
+                seconds: stalled.as_secs(),
+            });
+        }
         let consumer = self
             .consumer
             .as_ref()
@@ -516,6 +526,9 @@ impl Processor {
                     }
                 }
             }
+        }
+        if !batch.is_empty() {
+            self.last_record = Instant::now();
         }
         Ok(batch)
     }

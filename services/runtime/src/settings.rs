@@ -160,6 +160,10 @@ pub struct ProcessorSettings {
     pub tick_interval_ms: u64,
     /// How long shutdown waits for the open batch to commit, in ms. Default 10000.
     pub shutdown_grace_ms: u64,
+    /// No input record at all for this long, while the ticker writes one every
+    /// `tick_interval_ms`, means the input consumer is stuck: the processor is rebuilt (new
+    /// consumer and producer), as after any failure. Default 30000.
+    pub input_stall_ms: u64,
 }
 
 impl Default for ProcessorSettings {
@@ -172,6 +176,7 @@ impl Default for ProcessorSettings {
             transaction_timeout_ms: 60_000,
             tick_interval_ms: 1_000,
             shutdown_grace_ms: 10_000,
+            input_stall_ms: 30_000,
         }
     }
 }
@@ -623,6 +628,12 @@ impl Settings {
             return bad(format!(
                 "processor.transaction_timeout_ms ({}) must be at least 1000 and well above commit_interval_ms ({})",
                 p.transaction_timeout_ms, p.commit_interval_ms
+            ));
+        }
+        if p.input_stall_ms < p.tick_interval_ms.saturating_mul(10) {
+            return bad(format!(
+                "processor.input_stall_ms ({}) must be at least ten times processor.tick_interval_ms ({})",
+                p.input_stall_ms, p.tick_interval_ms
             ));
         }
         let gap = self.scheduler.timing.clock_gap_ms;
