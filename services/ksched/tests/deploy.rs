@@ -35,6 +35,16 @@ fn compose_files_parse_and_wire_kafka_ksched_and_workers() {
         Some("kafka:9092")
     );
     assert_eq!(env["KSCHED__HTTP__LISTEN"].as_str(), Some("0.0.0.0:8080"));
+    // Beyond loopback the API needs tokens: the compose file mounts a tokens file whose demo
+    // token is the one its healthcheck sends.
+    assert_eq!(
+        env["KSCHED__HTTP__TOKENS_FILE"].as_str(),
+        Some("/etc/ksched/api-tokens.yaml")
+    );
+    let tokens = read("deploy/compose-api-tokens.yaml");
+    let demo = env["KSCHED_API_TOKEN"].as_str().unwrap();
+    assert!(tokens.contains(&ksched_core::hash::sha256_hex(demo.as_bytes())));
+    ksched_runtime::auth::Auth::parse(&tokens).unwrap();
     let entry = full["services"]["worker-1"]["entrypoint"]
         .as_sequence()
         .unwrap();
@@ -47,6 +57,7 @@ fn compose_files_parse_and_wire_kafka_ksched_and_workers() {
 fn kubernetes_manifests_parse_and_probe_the_health_routes() {
     let all: Vec<Value> = [
         "deploy/k8s/configmap.yaml",
+        "deploy/k8s/api-access.yaml",
         "deploy/k8s/statefulset.yaml",
         "deploy/k8s/workers.yaml",
     ]
@@ -59,6 +70,8 @@ fn kubernetes_manifests_parse_and_probe_the_health_routes() {
         [
             "ConfigMap",
             "ConfigMap",
+            "Secret",
+            "NetworkPolicy",
             "StatefulSet",
             "Service",
             "Deployment"
@@ -87,6 +100,31 @@ fn kubernetes_manifests_parse_and_probe_the_health_routes() {
     let cm = &all[0];
     let settings = ksched_runtime_settings(cm["data"]["ksched.yaml"].as_str().unwrap());
     assert!(settings.contains("0.0.0.0:8080"));
+    // ... which needs API tokens: the secret's file parses and the pod mounts it there.
+    assert!(
+        settings.contains("tokens_file: /etc/ksched/tokens/tokens.yaml"),
+        "{settings}"
+    );
+    let secret = all
+        .iter()
+        .find(|d| d["kind"].as_str() == Some("Secret"))
+        .unwrap();
+    ksched_runtime::auth::Auth::parse(secret["stringData"]["tokens.yaml"].as_str().unwrap())
+        .unwrap();
+    let mounts = c["volumeMounts"].as_sequence().unwrap();
+    assert!(
+        mounts
+            .iter()
+            .any(|m| m["mountPath"].as_str() == Some("/etc/ksched/tokens"))
+    );
+    let np = all
+        .iter()
+        .find(|d| d["kind"].as_str() == Some("NetworkPolicy"))
+        .unwrap();
+    assert_eq!(
+        np["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/name"].as_str(),
+        Some("ksched")
+    );
 }
 
 /// Parses settings through the same code `ksched run` uses, via `--print-config`.
