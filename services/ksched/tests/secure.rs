@@ -111,6 +111,16 @@ impl Secure {
     }
 }
 
+/// A child process killed when the test ends, even by a failed assertion.
+struct Reaped(std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 fn ksched(args: &[&str]) -> (i32, String, String) {
     let out = Command::new(bin())
         .args(args)
@@ -179,19 +189,21 @@ fn the_whole_path_runs_on_tls_sasl_and_acls_and_each_role_is_held_to_its_acls() 
     .unwrap();
     let log_path = dir.path().join("ksched.log");
     let log = std::fs::File::create(&log_path).unwrap();
-    let mut run = Command::new(bin())
-        .args(["run", "--config"])
-        .arg(&config)
-        .arg("--command-config")
-        .arg(secure.user("ksched"))
-        .stdout(Stdio::from(log.try_clone().unwrap()))
-        .stderr(Stdio::from(log))
-        .spawn()
-        .unwrap();
+    let mut run = Reaped(
+        Command::new(bin())
+            .args(["run", "--config"])
+            .arg(&config)
+            .arg("--command-config")
+            .arg(secure.user("ksched"))
+            .stdout(Stdio::from(log.try_clone().unwrap()))
+            .stderr(Stdio::from(log))
+            .spawn()
+            .unwrap(),
+    );
     let read_log = || std::fs::read_to_string(&log_path).unwrap_or_default();
     wait_until("ksched run to get ready on the secure listener", 90, || {
         assert!(
-            run.try_wait().unwrap().is_none(),
+            run.0.try_wait().unwrap().is_none(),
             "ksched run exited:\n{}",
             read_log()
         );
@@ -216,16 +228,18 @@ fn the_whole_path_runs_on_tls_sasl_and_acls_and_each_role_is_held_to_its_acls() 
         rt.spawn(async move { worker.run(|_job| async { Outcome::succeeded() }, t).await });
     }
     let py_log = std::fs::File::create(dir.path().join("py.log")).unwrap();
-    let mut pyw = Command::new(&py)
-        .arg(repo().join("examples/python-worker/worker.py"))
-        .args(["--bootstrap", &secure.bootstrap, "--prefix", &prefix])
-        .args(["--pool", "default", "--worker-id", "py-secure"])
-        .arg("--command-config")
-        .arg(secure.user("worker-default"))
-        .stdout(Stdio::from(py_log.try_clone().unwrap()))
-        .stderr(Stdio::from(py_log))
-        .spawn()
-        .unwrap();
+    let _pyw = Reaped(
+        Command::new(&py)
+            .arg(repo().join("examples/python-worker/worker.py"))
+            .args(["--bootstrap", &secure.bootstrap, "--prefix", &prefix])
+            .args(["--pool", "default", "--worker-id", "py-secure"])
+            .arg("--command-config")
+            .arg(secure.user("worker-default"))
+            .stdout(Stdio::from(py_log.try_clone().unwrap()))
+            .stderr(Stdio::from(py_log))
+            .spawn()
+            .unwrap(),
+    );
     wait_until("both workers to heartbeat", 60, || {
         let w = json(&format!("{api}/api/v1/workers"));
         let alive = |id: &str| {
@@ -353,13 +367,11 @@ fn the_whole_path_runs_on_tls_sasl_and_acls_and_each_role_is_held_to_its_acls() 
     );
 
     token.cancel();
-    let _ = pyw.kill();
-    let _ = pyw.wait();
     let _ = Command::new("kill")
         .arg("-TERM")
-        .arg(run.id().to_string())
+        .arg(run.0.id().to_string())
         .status();
-    let _ = run.wait();
+    let _ = run.0.wait();
     // Its password never reached its log.
     let password = secure
         .properties("ksched")

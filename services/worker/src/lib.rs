@@ -201,6 +201,9 @@ impl JobContext {
     }
 }
 
+/// Longest a report (started, progress, result, heartbeat) is waited for.
+const REPORT_TIMEOUT: Duration = Duration::from_secs(30);
+
 #[derive(Clone)]
 struct Reporter {
     producer: FutureProducer,
@@ -227,8 +230,19 @@ impl Reporter {
             }
         };
         let record = FutureRecord::to(topic).key(key).payload(&bytes);
-        if let Err((e, _)) = self.producer.send(record, Duration::from_secs(30)).await {
-            warn!(error = %e, topic, key, "report not delivered");
+        // Bounded, whatever state the client is in: a report that cannot be delivered is
+        // given up (the scheduler's timeouts cover it) rather than holding up the job or the
+        // worker's shutdown.
+        match tokio::time::timeout(REPORT_TIMEOUT, self.producer.send(record, REPORT_TIMEOUT)).await
+        {
+            Ok(Ok(_)) => {}
+            Ok(Err((e, _))) => warn!(error = %e, topic, key, "report not delivered"),
+            Err(_) => warn!(
+                topic,
+                key,
+                timeout_s = REPORT_TIMEOUT.as_secs(),
+                "report not delivered in time; given up"
+            ),
         }
     }
 
@@ -352,6 +366,7 @@ impl Worker {
             )
             .set("enable.idempotence", "true")
             .set("linger.ms", "1")
+            .set("message.timeout.ms", REPORT_TIMEOUT.as_millis().to_string())
             .create()
             .map_err(kafka("creating the report producer"))?;
         let reporter = Reporter {
@@ -450,7 +465,10 @@ impl Worker {
             let (this, stop) = (this.clone(), beat_stop.clone());
             tokio::spawn(async move {
                 loop {
-                    this.send_heartbeat(false).await;
+                    tokio::select! {
+                        _ = stop.cancelled() => break,
+                        _ = this.send_heartbeat(false) => {}
+                    }
                     tokio::select! {
                         _ = stop.cancelled() => break,
                         _ = tokio::time::sleep(this.config.heartbeat_interval) => {}

@@ -461,6 +461,22 @@ impl Scenario {
         Load::start(&self.direct, &self.job_topic, &self.prefix, rate, |_, _| {})
     }
 
+    /// `ksched run` ready, then the workers.
+    fn ready(&self, env: &Env) -> Result<(Ksched, SdkWorkers, Option<PyWorker>)> {
+        let mut k = self.ksched(0)?;
+        k.wait_ready(Duration::from_secs(120))?;
+        let (sdk, py) = self.workers(env)?;
+        Ok((k, sdk, py))
+    }
+
+    /// [`Scenario::ready`], then the steady load for a few seconds before a fault.
+    fn under_load(&self, env: &Env) -> Result<(Ksched, SdkWorkers, Option<PyWorker>, Load)> {
+        let (k, sdk, py) = self.ready(env)?;
+        let load = self.load(rate(env))?;
+        std::thread::sleep(Duration::from_secs(5));
+        Ok((k, sdk, py, load))
+    }
+
     /// Waits until every job is terminal (or `limit`), then judges the run.
     fn verdict(
         mut self,
@@ -486,7 +502,8 @@ impl Scenario {
         let workers_stopped_at = now_ms();
         let runs = sdk.runs.lock().map(|r| r.clone()).unwrap_or_default();
         let errors = sdk.stop(&env.rt);
-        if !errors.is_empty() {
+        let workers_failed = !errors.is_empty();
+        if workers_failed {
             self.notes
                 .push(format!("SDK worker errors: {}", errors.join("; ")));
         }
@@ -580,6 +597,7 @@ impl Scenario {
                 .filter(|(_, at)| *at < workers_stopped_at)
                 .count();
             let passed = missing.is_empty()
+                && !workers_failed
                 && lost == 0
                 && stuck == 0
                 && dispatched_twice == 0
@@ -665,9 +683,7 @@ fn kill(env: &Env) -> Result<Verdict> {
     let cluster = single(env);
     cluster.fresh()?;
     let mut s = Scenario::new(env, "kill", &cluster, &cluster.direct(), None)?;
-    let mut k = s.ksched(0)?;
-    k.wait_ready(Duration::from_secs(120))?;
-    let (sdk, py) = s.workers(env)?;
+    let (mut k, sdk, py) = s.ready(env)?;
     let mut load = s.load(rate(env))?;
     let kills = if env.short { 3 } else { 20 };
     let mut rng = ksched_core::hash::fnv1a64(&[s.prefix.as_bytes()]);
@@ -695,11 +711,7 @@ fn broker_restart(env: &Env) -> Result<Verdict> {
     let cluster = single(env);
     cluster.fresh()?;
     let mut s = Scenario::new(env, "broker-restart", &cluster, &cluster.direct(), None)?;
-    let mut k = s.ksched(0)?;
-    k.wait_ready(Duration::from_secs(120))?;
-    let (sdk, py) = s.workers(env)?;
-    let mut load = s.load(rate(env))?;
-    std::thread::sleep(Duration::from_secs(5));
+    let (mut k, sdk, py, mut load) = s.under_load(env)?;
     let down = env.seconds(60, 15);
     cluster.stop()?;
     std::thread::sleep(down);
@@ -724,11 +736,7 @@ fn broker_kill(env: &Env) -> Result<Verdict> {
     let cluster = triple(env);
     cluster.fresh()?;
     let mut s = Scenario::new(env, "broker-kill", &cluster, &cluster.direct(), None)?;
-    let mut k = s.ksched(0)?;
-    k.wait_ready(Duration::from_secs(120))?;
-    let (sdk, py) = s.workers(env)?;
-    let mut load = s.load(rate(env))?;
-    std::thread::sleep(Duration::from_secs(5));
+    let (mut k, sdk, py, mut load) = s.under_load(env)?;
     // Every node in turn: one of them leads the journal, one coordinates the processor's
     // group, one its transactions.
     let down = env.seconds(30, 15);
@@ -768,11 +776,7 @@ fn network(env: &Env) -> Result<Verdict> {
     };
     proxy.proxy("kafka", &listen, &upstream)?;
     let mut s = Scenario::new(env, "network", &cluster, &through, None)?;
-    let mut k = s.ksched(0)?;
-    k.wait_ready(Duration::from_secs(120))?;
-    let (sdk, py) = s.workers(env)?;
-    let mut load = s.load(rate(env))?;
-    std::thread::sleep(Duration::from_secs(5));
+    let (mut k, sdk, py, mut load) = s.under_load(env)?;
     proxy.toxic(
         "kafka",
         "latency",
@@ -809,11 +813,7 @@ fn two_instances(env: &Env) -> Result<Verdict> {
     let cluster = single(env);
     cluster.fresh()?;
     let mut s = Scenario::new(env, "two-instances", &cluster, &cluster.direct(), None)?;
-    let mut a = s.ksched(0)?;
-    a.wait_ready(Duration::from_secs(120))?;
-    let (sdk, py) = s.workers(env)?;
-    let mut load = s.load(rate(env))?;
-    std::thread::sleep(Duration::from_secs(5));
+    let (mut a, sdk, py, mut load) = s.under_load(env)?;
     // The same configuration, another machine's data directory.
     let other = s.dir.join("ksched-b.yaml");
     std::fs::write(
@@ -885,11 +885,7 @@ fn disk_full(env: &Env) -> Result<Verdict> {
     let result = (|| {
         let data = mount.join("data");
         let mut s = Scenario::new(env, "disk-full", &cluster, &cluster.direct(), Some(data))?;
-        let mut k = s.ksched(0)?;
-        k.wait_ready(Duration::from_secs(120))?;
-        let (sdk, py) = s.workers(env)?;
-        let mut load = s.load(rate(env))?;
-        std::thread::sleep(Duration::from_secs(5));
+        let (mut k, sdk, py, mut load) = s.under_load(env)?;
         let filler = mount.join("filler");
         fill(&filler)?;
         let until = Instant::now() + Duration::from_secs(60);
@@ -956,9 +952,7 @@ fn poison(env: &Env) -> Result<Verdict> {
     let cluster = single(env);
     cluster.fresh()?;
     let mut s = Scenario::new(env, "poison", &cluster, &cluster.direct(), None)?;
-    let mut k = s.ksched(0)?;
-    k.wait_ready(Duration::from_secs(120))?;
-    let (sdk, py) = s.workers(env)?;
+    let (mut k, sdk, py) = s.ready(env)?;
     let (jobs, rate) = if env.short {
         (2_000u64, 200.0)
     } else {

@@ -306,15 +306,18 @@ impl SdkWorkers {
     }
 
     /// Drains and stops; returns workers that ended in an error.
+    /// Stops the workers; what went wrong, including a worker that did not stop within a
+    /// minute (its drain is bounded by the grace period and the report timeout).
     pub fn stop(self, rt: &tokio::runtime::Runtime) -> Vec<String> {
         self.token.cancel();
         rt.block_on(async {
             let mut errors = Vec::new();
             for h in self.handles {
-                match h.await {
-                    Ok(Ok(())) => {}
+                match tokio::time::timeout(Duration::from_secs(60), h).await {
+                    Ok(Ok(Ok(()))) => {}
+                    Ok(Ok(Err(e))) => errors.push(e.to_string()),
                     Ok(Err(e)) => errors.push(e.to_string()),
-                    Err(e) => errors.push(e.to_string()),
+                    Err(_) => errors.push("a worker did not stop within 60 s".into()),
                 }
             }
             errors
