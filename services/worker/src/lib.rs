@@ -203,6 +203,8 @@ impl JobContext {
 
 /// Longest a report (started, progress, result, heartbeat) is waited for.
 const REPORT_TIMEOUT: Duration = Duration::from_secs(30);
+/// Longest a draining heartbeat is waited for at shutdown.
+const FAREWELL_TIMEOUT: Duration = Duration::from_secs(3);
 
 #[derive(Clone)]
 struct Reporter {
@@ -555,7 +557,7 @@ impl Worker {
         // Graceful shutdown: take nothing new, say so, let running jobs finish.
         info!(worker = %this.config.worker_id, running = tasks.len(), "worker draining");
         this.consumer.unsubscribe();
-        this.send_heartbeat(true).await;
+        this.farewell().await;
         let deadline = tokio::time::sleep(this.config.shutdown_grace);
         tokio::pin!(deadline);
         loop {
@@ -570,9 +572,15 @@ impl Worker {
         }
         beat_stop.cancel();
         let _ = beats.await;
-        this.send_heartbeat(true).await;
+        this.farewell().await;
         info!(worker = %this.config.worker_id, "worker stopped");
         Ok(())
+    }
+
+    /// A draining heartbeat, best effort: a broker that does not answer does not hold up the
+    /// shutdown for long (the scheduler notices the worker gone by its TTL anyway).
+    async fn farewell(&self) {
+        let _ = tokio::time::timeout(FAREWELL_TIMEOUT, self.send_heartbeat(true)).await;
     }
 
     /// Cancels every running job; their handlers return and report them handed back.
@@ -727,6 +735,26 @@ mod tests {
 
     fn key(job: &str, attempt: i32) -> (String, i32) {
         (job.to_owned(), attempt)
+    }
+
+    /// A worker whose broker is gone still stops when asked: its heartbeats and reports are
+    /// bounded (before, the heartbeat loop waited for a delivery for message.timeout.ms, 5
+    /// minutes, and the drain with it).
+    #[tokio::test]
+    async fn a_worker_stops_when_asked_even_if_its_broker_is_gone() {
+        let mut cfg = WorkerConfig::new("127.0.0.1:1", "w-gone", "default");
+        cfg.heartbeat_interval = Duration::from_millis(100);
+        cfg.shutdown_grace = Duration::from_millis(100);
+        let worker = Worker::new(cfg).unwrap();
+        let shutdown = CancellationToken::new();
+        let run = tokio::spawn(worker.run(|_| async { Outcome::succeeded() }, shutdown.clone()));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        shutdown.cancel();
+        let stopped = tokio::time::timeout(Duration::from_secs(20), run).await;
+        assert!(
+            matches!(stopped, Ok(Ok(Ok(())))),
+            "the worker did not stop: {stopped:?}"
+        );
     }
 
     #[test]
