@@ -765,11 +765,7 @@ impl Processor {
             let fatal = matches!(&e, Error::Kafka { source, .. } if is_fenced(source));
             // The next incarnation's init_transactions aborts whatever this one left open,
             // so a broker that cannot be reached is not waited for twice.
-            if !fatal
-                && let Err(abort) = self
-                    .producer
-                    .abort_transaction(timeout.min(Duration::from_secs(5)))
-            {
+            if !fatal && let Err(abort) = self.abort(timeout.min(Duration::from_secs(5))) {
                 warn!(error = %abort, "abort_transaction failed");
             }
             // Reports of the aborted records are moot now.
@@ -783,6 +779,23 @@ impl Processor {
             .load(Ordering::Relaxed);
         self.persist((last >= 0).then_some(last))?;
         Ok(())
+    }
+
+    /// Aborts the open transaction. Its records still queued or in flight are purged first
+    /// and their delivery reports served: librdkafka's abort waits for those reports, and
+    /// this thread is the one that serves them (without this, every abort with records
+    /// outstanding failed after its timeout and left the transaction to the next instance).
+    fn abort(&self, timeout: Duration) -> std::result::Result<(), KafkaError> {
+        let deadline = Instant::now() + timeout;
+        self.producer
+            .purge(rdkafka::producer::PurgeConfig::default().queue().inflight());
+        while self.producer.in_flight_count() > 0 && Instant::now() < deadline {
+            self.producer.poll(Duration::from_millis(10));
+        }
+        let left = deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(100));
+        self.producer.abort_transaction(left)
     }
 
     /// Delivery failures of this transaction's records, as an error (and cleared).
