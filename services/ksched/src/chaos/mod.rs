@@ -731,7 +731,7 @@ fn broker_restart(env: &Env) -> Result<Verdict> {
     v
 }
 
-/// One node of three SIGKILLed, later started again.
+/// Each node of three SIGKILLed in turn, each started again before the next.
 fn broker_kill(env: &Env) -> Result<Verdict> {
     let cluster = triple(env);
     cluster.fresh()?;
