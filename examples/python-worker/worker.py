@@ -44,6 +44,9 @@ class PyWorker:
             "bootstrap.servers": args.bootstrap,
             "enable.idempotence": True,
             "linger.ms": 1,
+            # Heard again soon after an outage: the scheduler allows worker_ttl_ms from its
+            # own recovery, and librdkafka's default reconnect back-off grows to 10 s.
+            "reconnect.backoff.max.ms": 1000,
             "client.id": f"ksched-py-{args.worker_id}",
             **args.properties,
         })
@@ -54,6 +57,7 @@ class PyWorker:
             "isolation.level": "read_committed",
             "auto.offset.reset": "earliest",
             "enable.auto.commit": True,
+            "reconnect.backoff.max.ms": 1000,
             **args.properties,
         })
 

@@ -203,16 +203,41 @@ impl JobContext {
 
 /// Longest a report (started, progress, result, heartbeat) is waited for.
 const REPORT_TIMEOUT: Duration = Duration::from_secs(30);
+/// Longest between two attempts to reach a broker again (librdkafka's default is 10 s).
+const RECONNECT_BACKOFF_MAX_MS: &str = "1000";
 /// Longest a draining heartbeat is waited for at shutdown.
 const FAREWELL_TIMEOUT: Duration = Duration::from_secs(3);
 
+/// Reports go through one idempotent producer. A producer that has stopped delivering is
+/// replaced: librdkafka makes an idempotent producer unusable after a fatal error (a
+/// sequence gap the broker refuses after an outage), and a producer that delivered nothing
+/// for [`PRODUCER_STALL`] while the broker is reachable again is not trusted either. The
+/// scheduler dedupes reports by (job, attempt), so one sent twice across a replacement is
+/// harmless; a heartbeat that never arrives is not (the worker would be declared lost).
 #[derive(Clone)]
 struct Reporter {
-    producer: FutureProducer,
+    producer: Arc<Mutex<Producer>>,
+    /// How to build the producer again.
+    config: ClientConfig,
+    /// Longest a report is waited for ([`REPORT_TIMEOUT`]).
+    timeout: Duration,
+    /// [`PRODUCER_STALL`].
+    stall: Duration,
     worker_id: String,
     results: String,
     heartbeats: String,
 }
+
+/// The report producer in use, and since when it has not delivered anything.
+struct Producer {
+    inner: FutureProducer,
+    generation: u64,
+    last_delivered: Instant,
+}
+
+/// A producer that delivered nothing for this long (every report given up meanwhile) is
+/// replaced by a new one.
+const PRODUCER_STALL: Duration = Duration::from_secs(45);
 
 impl std::fmt::Debug for Reporter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -223,6 +248,77 @@ impl std::fmt::Debug for Reporter {
 }
 
 impl Reporter {
+    fn new(config: ClientConfig, worker_id: &str, topic_prefix: &str) -> Result<Reporter> {
+        let inner: FutureProducer = config
+            .create()
+            .map_err(kafka("creating the report producer"))?;
+        Ok(Reporter {
+            producer: Arc::new(Mutex::new(Producer {
+                inner,
+                generation: 0,
+                last_delivered: Instant::now(),
+            })),
+            config,
+            timeout: REPORT_TIMEOUT,
+            stall: PRODUCER_STALL,
+            worker_id: worker_id.to_owned(),
+            results: format!("{topic_prefix}results"),
+            heartbeats: format!("{topic_prefix}heartbeats"),
+        })
+    }
+
+    fn current(&self) -> (FutureProducer, u64) {
+        let p = self.producer.lock().unwrap_or_else(|p| p.into_inner());
+        (p.inner.clone(), p.generation)
+    }
+
+    fn delivered(&self, generation: u64) {
+        let mut p = self.producer.lock().unwrap_or_else(|p| p.into_inner());
+        if p.generation == generation {
+            p.last_delivered = Instant::now();
+        }
+    }
+
+    /// After a failed report: replaces the producer of `generation` when it is fatally
+    /// broken or has delivered nothing for [`PRODUCER_STALL`]. True when the report should
+    /// be sent again: the producer was replaced, here or meanwhile (a replaced producer's
+    /// queued reports fail when it is dropped).
+    fn renew_if_broken(&self, generation: u64, producer: &FutureProducer) -> bool {
+        use rdkafka::producer::Producer as _;
+        let fatal = producer.client().fatal_error();
+        let mut p = self.producer.lock().unwrap_or_else(|p| p.into_inner());
+        if p.generation != generation {
+            return true;
+        }
+        let stalled = p.last_delivered.elapsed() >= self.stall;
+        if fatal.is_none() && !stalled {
+            return false;
+        }
+        match self.config.create::<FutureProducer>() {
+            Ok(fresh) => {
+                match &fatal {
+                    Some((code, reason)) => warn!(
+                        worker = %self.worker_id, ?code, %reason,
+                        "the report producer failed fatally; replaced by a new one"
+                    ),
+                    None => warn!(
+                        worker = %self.worker_id,
+                        stalled_s = p.last_delivered.elapsed().as_secs(),
+                        "the report producer delivered nothing for too long; replaced by a new one"
+                    ),
+                }
+                p.inner = fresh;
+                p.generation += 1;
+                p.last_delivered = Instant::now();
+                true
+            }
+            Err(e) => {
+                warn!(error = %e, "cannot create a new report producer");
+                false
+            }
+        }
+    }
+
     async fn send<T: ksched_codec::Record>(&self, topic: &str, key: &str, value: &T) {
         let bytes = match ksched_codec::encode(value) {
             Ok(b) => b,
@@ -231,20 +327,29 @@ impl Reporter {
                 return;
             }
         };
-        let record = FutureRecord::to(topic).key(key).payload(&bytes);
-        // Bounded, whatever state the client is in: a report that cannot be delivered is
-        // given up (the scheduler's timeouts cover it) rather than holding up the job or the
-        // worker's shutdown.
-        match tokio::time::timeout(REPORT_TIMEOUT, self.producer.send(record, REPORT_TIMEOUT)).await
-        {
-            Ok(Ok(_)) => {}
-            Ok(Err((e, _))) => warn!(error = %e, topic, key, "report not delivered"),
-            Err(_) => warn!(
-                topic,
-                key,
-                timeout_s = REPORT_TIMEOUT.as_secs(),
-                "report not delivered in time; given up"
-            ),
+        // Once more on a new producer when the first one turns out broken.
+        for _ in 0..2 {
+            let (producer, generation) = self.current();
+            let record = FutureRecord::to(topic).key(key).payload(&bytes);
+            // Bounded, whatever state the client is in: a report that cannot be delivered is
+            // given up (the scheduler's timeouts cover it) rather than holding up the job or
+            // the worker's shutdown.
+            match tokio::time::timeout(self.timeout, producer.send(record, self.timeout)).await {
+                Ok(Ok(_)) => {
+                    self.delivered(generation);
+                    return;
+                }
+                Ok(Err((e, _))) => warn!(error = %e, topic, key, "report not delivered"),
+                Err(_) => warn!(
+                    topic,
+                    key,
+                    timeout_s = self.timeout.as_secs(),
+                    "report not delivered in time; given up"
+                ),
+            }
+            if !self.renew_if_broken(generation, &producer) {
+                return;
+            }
         }
     }
 
@@ -358,10 +463,11 @@ impl Worker {
             .set("isolation.level", "read_committed")
             .set("session.timeout.ms", "10000")
             .set("fetch.wait.max.ms", "10")
+            .set("reconnect.backoff.max.ms", RECONNECT_BACKOFF_MAX_MS)
             .create()
             .map_err(kafka("creating the dispatch consumer"))?;
-        let producer: FutureProducer = config
-            .client()
+        let mut producer = config.client();
+        producer
             .set(
                 "client.id",
                 format!("ksched-worker-{}-reports", config.worker_id),
@@ -369,14 +475,11 @@ impl Worker {
             .set("enable.idempotence", "true")
             .set("linger.ms", "1")
             .set("message.timeout.ms", REPORT_TIMEOUT.as_millis().to_string())
-            .create()
-            .map_err(kafka("creating the report producer"))?;
-        let reporter = Reporter {
-            producer,
-            worker_id: config.worker_id.clone(),
-            results: format!("{}results", config.topic_prefix),
-            heartbeats: format!("{}heartbeats", config.topic_prefix),
-        };
+            // After an outage the scheduler gives workers `worker_ttl_ms` from its own
+            // recovery to be heard again; librdkafka's default reconnect back-off grows to
+            // 10 s, longer than a short TTL, so heartbeats retry the broker every second.
+            .set("reconnect.backoff.max.ms", RECONNECT_BACKOFF_MAX_MS);
+        let reporter = Reporter::new(producer, &config.worker_id, &config.topic_prefix)?;
         Ok(Worker {
             config,
             consumer: Arc::new(consumer),
@@ -755,6 +858,63 @@ mod tests {
             matches!(stopped, Ok(Ok(Ok(())))),
             "the worker did not stop: {stopped:?}"
         );
+    }
+
+    /// A report producer that stopped delivering is replaced and the report sent again on
+    /// the new one (before, every report of a broken idempotent producer was given up, its
+    /// heartbeats with them, and the scheduler declared a live worker lost). The first
+    /// producer here can never deliver (its broker address is dead); the one built for the
+    /// replacement reaches the real broker.
+    #[tokio::test]
+    async fn a_report_producer_that_stopped_delivering_is_replaced() {
+        let bootstrap = ksched_testkit::bootstrap_servers().expect("a broker");
+        let topic = ksched_testkit::unique("reports");
+        ksched_testkit::create_topic(&bootstrap, &topic, 1)
+            .await
+            .unwrap();
+        let mut dead = ClientConfig::new();
+        dead.set("bootstrap.servers", "127.0.0.1:1")
+            .set("enable.idempotence", "true")
+            .set("message.timeout.ms", "1000");
+        let mut reporter = Reporter::new(dead, "w-renew", "test.").unwrap();
+        reporter.timeout = Duration::from_secs(1);
+        reporter.stall = Duration::ZERO;
+        reporter.config = ksched_testkit::client_config(&bootstrap);
+        reporter
+            .config
+            .set("enable.idempotence", "true")
+            .set("message.timeout.ms", "10000");
+        reporter.timeout = Duration::from_secs(10);
+
+        let hb = JobStarted {
+            job_id: "j-1".into(),
+            attempt: 1,
+            worker_id: "w-renew".into(),
+            started_at: now_ms(),
+        };
+        reporter.send(&topic, "j-1", &hb).await;
+
+        assert_eq!(reporter.current().1, 1, "the producer was not replaced");
+        let read = ksched_testkit::read_to_end(&bootstrap, &topic).unwrap();
+        assert_eq!(read.len(), 1, "the report was not sent again: {read:?}");
+    }
+
+    /// A producer that delivers is kept, however many reports fail before the stall time.
+    #[tokio::test]
+    async fn a_failed_report_alone_does_not_replace_the_producer() {
+        let mut dead = ClientConfig::new();
+        dead.set("bootstrap.servers", "127.0.0.1:1")
+            .set("message.timeout.ms", "500");
+        let mut reporter = Reporter::new(dead, "w-keep", "test.").unwrap();
+        reporter.timeout = Duration::from_millis(500);
+        let hb = JobStarted {
+            job_id: "j-1".into(),
+            attempt: 1,
+            worker_id: "w-keep".into(),
+            started_at: now_ms(),
+        };
+        reporter.send("nowhere", "j-1", &hb).await;
+        assert_eq!(reporter.current().1, 0);
     }
 
     #[test]
