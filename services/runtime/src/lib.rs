@@ -44,6 +44,33 @@ const MIN_BACKOFF: Duration = Duration::from_millis(200);
 const MAX_BACKOFF: Duration = Duration::from_secs(10);
 /// A processor that ran this long before failing starts its retries from [`MIN_BACKOFF`].
 const HEALTHY_RUN: Duration = Duration::from_secs(30);
+/// A processor fenced twice within this long stops: another instance holds its journal
+/// partition. Fenced once, it recovers (see [`Fences`]).
+const FENCE_WINDOW: Duration = Duration::from_secs(120);
+
+/// What a fenced transaction means. Either another instance with this transactional id
+/// started (it fenced this one when it initialised its transactions), or the transaction
+/// coordinator aborted a transaction that ran past `transaction.timeout.ms` and bumped the
+/// producer epoch, which is what a broker failover in the middle of a transaction does:
+/// librdkafka reports both as "fenced". The first is only an instance that recovers and
+/// fences the other back, so a processor fenced once recovers (its new producer fences any
+/// other instance in turn, which then recovers the same way), and one fenced again within
+/// [`FENCE_WINDOW`] stops: of two instances, the one fenced twice gives way and one stays.
+#[derive(Debug, Default)]
+struct Fences {
+    last: Option<Instant>,
+}
+
+impl Fences {
+    /// Records a fence now; true when it is the second within [`FENCE_WINDOW`].
+    fn again(&mut self, now: Instant) -> bool {
+        let again = self
+            .last
+            .is_some_and(|t| now.saturating_duration_since(t) < FENCE_WINDOW);
+        self.last = Some(now);
+        again
+    }
+}
 
 /// Runs the processor until `shutdown`, rebuilding it from RocksDB and the journal after any
 /// failure that is not fatal (a failed transaction leaves the in-memory state ahead of what
@@ -68,6 +95,7 @@ pub fn run_processor(
     let policy = Arc::new(RegoEngine::new());
     let mut backoff = MIN_BACKOFF;
     let mut recovery = Recovery::default();
+    let mut fences = Fences::default();
     while !shutdown.is_cancelled() {
         status.set_caught_up(false);
         let started = Instant::now();
@@ -82,6 +110,15 @@ pub fn run_processor(
         .and_then(|mut p| p.run(&mut recovery));
         match result {
             Ok(()) => return Ok(()),
+            Err(e @ Error::Fenced { .. }) if !fences.again(Instant::now()) => {
+                status.metrics.recoveries.inc();
+                warn!(
+                    error = %e,
+                    "the processor's transaction was fenced: a transaction the coordinator aborted after a broker failover, or another instance; recovering (fenced again within {} s, this instance stops)",
+                    FENCE_WINDOW.as_secs()
+                );
+                sleep_unless(&shutdown, MIN_BACKOFF);
+            }
             Err(e) if e.is_fatal() => {
                 error!(error = %e, "processor stopped");
                 status.set_stopped(e.to_string());
@@ -130,5 +167,22 @@ pub(crate) fn sleep_unless(shutdown: &CancellationToken, d: Duration) {
             break;
         }
         std::thread::sleep(left.min(step));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fence alone is recovered from (a broker failover aborts a long transaction the same
+    /// way another instance does); a second one soon after means another instance.
+    #[test]
+    fn a_processor_fenced_once_recovers_and_fenced_twice_soon_stops() {
+        let mut f = Fences::default();
+        let t0 = Instant::now();
+        assert!(!f.again(t0), "the first fence stops the processor");
+        assert!(f.again(t0 + Duration::from_secs(5)));
+        // Long after the last one, a fence is a first one again.
+        assert!(!f.again(t0 + Duration::from_secs(5) + FENCE_WINDOW));
     }
 }
