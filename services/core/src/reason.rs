@@ -83,6 +83,9 @@ codes! {
         QueueFull = "queue_full",
         /// The consumer could not read the record at all (e.g. a broken compressed batch).
         UnreadableRecord = "unreadable_record",
+        /// The job names a tenant its topic may not carry, or a job id outside its tenant's
+        /// namespace (`<tenant_id>:`) on a tenant-bound topic.
+        TenantNotAllowed = "tenant_not_allowed",
     }
 }
 
@@ -124,6 +127,9 @@ codes! {
         StalePolicySnapshot = "stale_policy_snapshot",
         NotAwaitingApproval = "not_awaiting_approval",
         InvalidHeartbeat = "invalid_heartbeat",
+        /// A report from a worker the attempt was not dispatched to (nor taken over by, after
+        /// a rebalance of the pool's dispatch partitions).
+        NotAssignedWorker = "not_assigned_worker",
         InvalidConfig = "invalid_config",
     }
 }

@@ -42,9 +42,14 @@ pub struct PoolRules {
     pub requires: Vec<String>,
     /// Worker selection strategy for this pool.
     pub strategy: StrategyKind,
+    /// Worker ids that may heartbeat for this pool: exact ids or patterns with `*` (any
+    /// characters), e.g. `gpu-*`. A heartbeat from any other id is refused
+    /// (`invalid_heartbeat`). Empty: any id.
+    pub workers: Vec<String>,
 }
 
-/// Limits for one tenant.
+/// Limits for one tenant. Under `tenants`, the entry `"*"` holds the defaults for every
+/// tenant (listed or not) that does not set a limit itself.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct TenantRules {
@@ -218,6 +223,11 @@ impl Default for Limits {
 pub struct Rules {
     /// Job topic -> pools, in preference order.
     pub topics: BTreeMap<String, Vec<String>>,
+    /// Job topic -> the tenants its jobs may name. A topic listed here carries only those
+    /// tenants' jobs, and their job ids must start with `<tenant_id>:`, so a tenant cannot
+    /// take another's ids: with Kafka ACLs letting each tenant write only its own topics, the
+    /// topic is the tenant's identity. A topic not listed carries any tenant.
+    pub topic_tenants: BTreeMap<String, Vec<String>>,
     pub pools: BTreeMap<String, PoolRules>,
     pub tenants: BTreeMap<String, TenantRules>,
     pub timing: Timing,
@@ -249,6 +259,35 @@ impl Rules {
                         "topic {topic} maps to pool {p}, which is not defined under pools"
                     ));
                 }
+            }
+        }
+        for (topic, tenants) in &self.topic_tenants {
+            if !self.topics.contains_key(topic) {
+                return err(format!("topic {topic} lists tenants but maps to no pool"));
+            }
+            if tenants.is_empty() {
+                return err(format!(
+                    "topic {topic} lists no tenant: leave `tenants` out to allow any"
+                ));
+            }
+            if let Some(t) = tenants.iter().find(|t| !valid_tenant_id(t)) {
+                return err(format!(
+                    "topic {topic}: tenant {t:?} must be non-empty and must not contain ':' or '*'"
+                ));
+            }
+        }
+        if let Some(t) = self
+            .tenants
+            .keys()
+            .find(|t| t.as_str() != "*" && !valid_tenant_id(t))
+        {
+            return err(format!(
+                "tenant {t:?} must be non-empty and must not contain ':' or '*' (\"*\" alone holds the defaults)"
+            ));
+        }
+        for (name, pool) in &self.pools {
+            if let Some(p) = pool.workers.iter().find(|p| p.trim().is_empty()) {
+                return err(format!("pool {name}: worker pattern {p:?} is empty"));
             }
         }
         for name in self.pools.keys() {
@@ -359,11 +398,80 @@ impl Rules {
         self.pools.get(pool).map(|p| p.strategy).unwrap_or_default()
     }
 
-    /// Most PENDING jobs `tenant` may have queued, if limited.
-    pub fn max_pending_for_tenant(&self, tenant: &str) -> Option<i64> {
+    /// A tenant limit: the tenant's own, else the `"*"` default.
+    fn tenant_limit<T>(
+        &self,
+        tenant: &str,
+        limit: impl Fn(&TenantRules) -> Option<T>,
+    ) -> Option<T> {
         self.tenants
             .get(tenant)
-            .and_then(|t| t.max_pending_jobs)
+            .and_then(&limit)
+            .or_else(|| self.tenants.get("*").and_then(&limit))
+    }
+
+    /// Most PENDING jobs `tenant` may have queued, if limited.
+    pub fn max_pending_for_tenant(&self, tenant: &str) -> Option<i64> {
+        self.tenant_limit(tenant, |t| t.max_pending_jobs)
             .or(self.limits.max_pending_per_tenant)
     }
+
+    /// Most SCHEDULED + DISPATCHED + RUNNING jobs `tenant` may have, if limited.
+    pub fn max_concurrent_for_tenant(&self, tenant: &str) -> Option<i32> {
+        self.tenant_limit(tenant, |t| t.max_concurrent_jobs)
+    }
+
+    /// Why a job on `topic` may not name `tenant` with `job_id`, if it may not (the topic is
+    /// bound to other tenants, or the id is not in the tenant's namespace).
+    pub fn tenant_not_allowed(&self, topic: &str, tenant: &str, job_id: &str) -> Option<String> {
+        let allowed = self.topic_tenants.get(topic)?;
+        if !allowed.iter().any(|t| t == tenant) {
+            return Some(format!(
+                "topic {topic} carries jobs of tenants [{}] only; job {job_id} names tenant {tenant:?}",
+                allowed.join(", ")
+            ));
+        }
+        let in_namespace = job_id
+            .strip_prefix(tenant)
+            .and_then(|rest| rest.strip_prefix(':'))
+            .is_some_and(|rest| !rest.is_empty());
+        (!in_namespace).then(|| {
+            format!(
+                "job ids on topic {topic} are namespaced by tenant: {job_id:?} must start with \"{tenant}:\""
+            )
+        })
+    }
+
+    /// Whether `worker_id` may heartbeat for `pool` (its `workers` patterns).
+    pub fn worker_allowed(&self, pool: &str, worker_id: &str) -> bool {
+        self.pools
+            .get(pool)
+            .is_none_or(|p| p.workers.is_empty() || p.workers.iter().any(|w| glob(w, worker_id)))
+    }
+}
+
+/// A tenant id a topic may be bound to: not empty, no `:` (it ends the tenant's job-id
+/// namespace) and no `*` (it means every tenant under `tenants`).
+fn valid_tenant_id(t: &str) -> bool {
+    !t.trim().is_empty() && !t.contains([':', '*'])
+}
+
+/// `text` matches `pattern`, where `*` stands for any characters (none included).
+pub fn glob(pattern: &str, text: &str) -> bool {
+    let parts: Vec<&str> = pattern.split('*').collect();
+    if parts.len() == 1 {
+        return pattern == text;
+    }
+    let (first, last) = (parts[0], parts[parts.len() - 1]);
+    if !text.starts_with(first) || text.len() < first.len() + last.len() || !text.ends_with(last) {
+        return false;
+    }
+    let mut rest = &text[first.len()..text.len() - last.len()];
+    for part in &parts[1..parts.len() - 1] {
+        match rest.find(part) {
+            Some(i) => rest = &rest[i + part.len()..],
+            None => return false,
+        }
+    }
+    true
 }

@@ -344,6 +344,7 @@ fn throttled_gives_work_to_the_worker_with_the_most_credit() {
         PoolRules {
             requires: vec![],
             strategy: StrategyKind::Throttled,
+            workers: vec![],
         },
     );
     let mut sim = Sim::with_rules(rules);
@@ -385,6 +386,7 @@ fn capacity_bin_packs_by_memory_best_fit() {
         PoolRules {
             requires: vec![],
             strategy: StrategyKind::Capacity,
+            workers: vec![],
         },
     );
     let mut sim = Sim::with_rules(rules);

@@ -81,6 +81,7 @@ fn dev_rules() -> Rules {
         PoolRules {
             requires: vec!["gpu".into()],
             strategy: StrategyKind::Capacity,
+            workers: Vec::new(),
         },
     );
     r.timing.worker_ttl_ms = 10_000;

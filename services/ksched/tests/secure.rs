@@ -167,7 +167,11 @@ fn the_whole_path_runs_on_tls_sasl_and_acls_and_each_role_is_held_to_its_acls() 
     std::fs::write(dir.path().join("policy/input.rego"), TEST_POLICY).unwrap();
     std::fs::write(
         dir.path().join("pools.yaml"),
-        format!("topics:\n  {job_topic}: default\npools:\n  default: {{}}\n"),
+        // The job topic carries acme's jobs only: Kafka lets only tenant-acme write it, so
+        // the topic is acme's identity.
+        format!(
+            "topics:\n  {job_topic}:\n    pools: default\n    tenants: [acme]\npools:\n  default: {{}}\n"
+        ),
     )
     .unwrap();
     let port = free_port();
@@ -254,7 +258,7 @@ fn the_whole_path_runs_on_tls_sasl_and_acls_and_each_role_is_held_to_its_acls() 
     // Jobs submitted as User:tenant-acme run to SUCCEEDED.
     let acme = secure.user("tenant-acme").display().to_string();
     for i in 0..6 {
-        let id = format!("secure-{i}");
+        let id = format!("acme:secure-{i}");
         let (code, out, err) = ksched(&[
             "submit",
             "--bootstrap-servers",
@@ -271,8 +275,41 @@ fn the_whole_path_runs_on_tls_sasl_and_acls_and_each_role_is_held_to_its_acls() 
         assert_eq!((code, out.trim()), (0, id.as_str()), "{err}");
     }
     for i in 0..6 {
-        wait_state(&api, &format!("secure-{i}"), "SUCCEEDED");
+        wait_state(&api, &format!("acme:secure-{i}"), "SUCCEEDED");
     }
+
+    // Refused: tenant-acme, on the topic it may write, claiming another tenant's job. It
+    // is dead-lettered `tenant_not_allowed`, never runs.
+    let (code, _, err) = ksched(&[
+        "submit",
+        "--bootstrap-servers",
+        &secure.bootstrap,
+        "--command-config",
+        &acme,
+        "--topic",
+        &job_topic,
+        "--tenant",
+        "globex",
+        "--job-id",
+        "globex:squatted",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    wait_until(
+        "the claim of another tenant to be dead-lettered",
+        60,
+        || {
+            let Ok((200, body)) = http(
+                &format!("{api}/api/v1/dlq?job_id=globex:squatted"),
+                "GET",
+                None,
+            ) else {
+                return false;
+            };
+            let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+            v["dead_letters"][0]["reason_code"] == "tenant_not_allowed"
+        },
+    );
+    assert_eq!(job_state(&api, "globex:squatted"), None);
 
     // The auditor replays the journal and finds every decision the same.
     let auditor = secure.user("auditor").display().to_string();

@@ -413,13 +413,7 @@ impl Alternative {
         if let Some(p) = &self.pools {
             let mut rules = ksched_core::rules::Rules::from_json(&r.rules_json)
                 .map_err(|e| Error::Other(format!("recorded rules: {e}")))?;
-            rules.topics = p
-                .topics
-                .iter()
-                .map(|(t, v)| (t.clone(), v.to_vec()))
-                .collect();
-            rules.pools = p.pools.clone();
-            rules.tenants = p.tenants.clone();
+            p.apply_to(&mut rules);
             rules
                 .validate()
                 .map_err(|e| Error::Other(format!("alternative pools: {e}")))?;

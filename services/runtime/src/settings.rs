@@ -306,10 +306,30 @@ impl Default for Settings {
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct PoolsFile {
-    /// Job topic -> one pool or a list of pools (in preference order).
-    pub topics: BTreeMap<String, OneOrMany>,
+    /// Job topic -> one pool, a list of pools (in preference order), or
+    /// `{pools: ..., tenants: [...]}` binding the topic to the tenants it may carry.
+    pub topics: BTreeMap<String, TopicRoute>,
     pub pools: BTreeMap<String, PoolRules>,
     pub tenants: BTreeMap<String, TenantRules>,
+}
+
+impl PoolsFile {
+    /// Puts this file's routing, pools and tenants into `rules` (the rest of the rules
+    /// come from `ksched.yaml`).
+    pub fn apply_to(&self, rules: &mut Rules) {
+        rules.topics = self
+            .topics
+            .iter()
+            .map(|(t, p)| (t.clone(), p.pools()))
+            .collect();
+        rules.topic_tenants = self
+            .topics
+            .iter()
+            .filter_map(|(t, p)| Some((t.clone(), p.tenants()?.to_vec())))
+            .collect();
+        rules.pools = self.pools.clone();
+        rules.tenants = self.tenants.clone();
+    }
 }
 
 /// `default` or `[gpu-a100, gpu-h100]`.
@@ -325,6 +345,41 @@ impl OneOrMany {
         match self {
             OneOrMany::One(s) => vec![s.clone()],
             OneOrMany::Many(v) => v.clone(),
+        }
+    }
+}
+
+/// A job topic's entry in `pools.yaml`: its pools, and the tenants it may carry if bound.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(
+    untagged,
+    expecting = "a pool, a list of pools, or {pools: [...], tenants: [...]} (no other keys)"
+)]
+pub enum TopicRoute {
+    Pools(OneOrMany),
+    Bound(BoundTopic),
+}
+
+/// `{pools: [batch, default], tenants: [acme]}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BoundTopic {
+    pub pools: OneOrMany,
+    /// Tenants whose jobs the topic carries; their job ids start with `<tenant_id>:`.
+    pub tenants: Vec<String>,
+}
+
+impl TopicRoute {
+    pub fn pools(&self) -> Vec<String> {
+        match self {
+            TopicRoute::Pools(p) | TopicRoute::Bound(BoundTopic { pools: p, .. }) => p.to_vec(),
+        }
+    }
+
+    pub fn tenants(&self) -> Option<&[String]> {
+        match self {
+            TopicRoute::Pools(_) => None,
+            TopicRoute::Bound(b) => Some(&b.tenants),
         }
     }
 }
@@ -430,14 +485,7 @@ impl Config {
     ) -> Result<Config> {
         let settings = load_settings(path, env, flags)?;
         let pools = load_pools(&settings.pools_file)?;
-        let rules = Rules {
-            topics: pools
-                .topics
-                .iter()
-                .map(|(t, p)| (t.clone(), p.to_vec()))
-                .collect(),
-            pools: pools.pools,
-            tenants: pools.tenants,
+        let mut rules = Rules {
             timing: settings.scheduler.timing.clone(),
             retry: settings.scheduler.retry.clone(),
             overload: settings.scheduler.overload.clone(),
@@ -445,7 +493,9 @@ impl Config {
             limits: settings.scheduler.limits.clone(),
             // Filled in from the broker's metadata at start (topics::dispatch_partitions).
             dispatch_partitions: BTreeMap::new(),
+            ..Rules::default()
         };
+        pools.apply_to(&mut rules);
         rules.validate().map_err(|e| Error::Config {
             source_name: settings.pools_file.display().to_string(),
             detail: e.to_string(),
@@ -667,5 +717,40 @@ impl Settings {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_topic_binds_tenants_in_pools_yaml() {
+        let pools = parse_pools(
+            "topics:\n  job.default: default\n  job.multi: [a, default]\n  job.acme:\n    pools: [a, default]\n    tenants: [acme]\n\
+             pools:\n  default: {}\n  a:\n    workers: [\"a-*\"]\n\
+             tenants:\n  \"*\":\n    max_concurrent_jobs: 5\n",
+        )
+        .unwrap();
+        let mut rules = Rules::default();
+        pools.apply_to(&mut rules);
+        rules.validate().unwrap();
+        assert_eq!(rules.topics["job.acme"], ["a", "default"]);
+        assert_eq!(rules.topics["job.multi"], ["a", "default"]);
+        assert_eq!(
+            rules.topic_tenants.keys().collect::<Vec<_>>(),
+            ["job.acme"],
+            "only the bound topic lists tenants"
+        );
+        assert_eq!(rules.topic_tenants["job.acme"], ["acme"]);
+        assert_eq!(rules.pools["a"].workers, ["a-*"]);
+        assert_eq!(rules.max_concurrent_for_tenant("anyone"), Some(5));
+    }
+
+    #[test]
+    fn a_misspelt_topic_binding_is_refused() {
+        let e = parse_pools("topics:\n  job.acme:\n    pools: [default]\n    tenant: [acme]\n")
+            .unwrap_err();
+        assert!(e.to_string().contains("tenants: [...]"), "{e}");
     }
 }

@@ -10,9 +10,15 @@ use crate::reason::{AttemptError, DlqReason, Rejection};
 use crate::records::{Heartbeat, JobProgress, JobResult, JobStarted, ResultStatus};
 
 impl Decider<'_, '_> {
-    /// Checks a report against the job's current attempt; refuses it (journaled) if it does
-    /// not fit. Returns the job's state when the report may proceed.
-    fn admit_report(&mut self, job_id: &str, attempt: i32) -> Option<JobState> {
+    /// Checks a report against the job's current attempt and the worker it went to; refuses
+    /// it (journaled) if it does not fit. Returns the job's state when the report may
+    /// proceed.
+    ///
+    /// A RUNNING attempt takes reports only from the worker that started it. A DISPATCHED
+    /// one also from another live worker of its pool: a rebalance of the pool's consumer
+    /// group may hand the dispatch partition to it before the first worker read the
+    /// dispatch (the rebalance is journaled with the start).
+    fn admit_report(&mut self, job_id: &str, attempt: i32, worker_id: &str) -> Option<JobState> {
         let Some(job) = self.state().jobs.get(job_id) else {
             self.refuse(job_id, Rejection::UnknownJob, format!("no job {job_id}"));
             return None;
@@ -45,7 +51,38 @@ impl Decider<'_, '_> {
             );
             return None;
         }
+        if let Some(why) = self.not_assigned(job_id, state, worker_id) {
+            self.refuse(job_id, Rejection::NotAssignedWorker, why);
+            return None;
+        }
         Some(state)
+    }
+
+    /// Why `worker_id` may not report on the job's current attempt, if it may not.
+    fn not_assigned(&self, job_id: &str, state: JobState, worker_id: &str) -> Option<String> {
+        let job = &self.state().jobs[job_id];
+        let assigned = job.worker_id.as_deref().unwrap_or("");
+        if assigned == worker_id {
+            return None;
+        }
+        if state == JobState::Running {
+            return Some(format!(
+                "attempt {} runs on worker {assigned}; a report from {worker_id:?} is ignored",
+                job.attempt
+            ));
+        }
+        let pool = job.pool.as_deref().unwrap_or("");
+        let takes_over = self
+            .state()
+            .workers
+            .get(worker_id)
+            .is_some_and(|w| w.alive && w.heartbeat.pool == pool);
+        (!takes_over).then(|| {
+            format!(
+                "attempt {} went to worker {assigned} of pool {pool}; {worker_id:?} is not a live worker of that pool",
+                job.attempt
+            )
+        })
     }
 
     /// DISPATCHED -> RUNNING, recording a rebalance if another worker of the pool took it.
@@ -61,7 +98,7 @@ impl Decider<'_, '_> {
     }
 
     pub(super) fn started(&mut self, s: &JobStarted) {
-        match self.admit_report(&s.job_id, s.attempt) {
+        match self.admit_report(&s.job_id, s.attempt, &s.worker_id) {
             Some(JobState::Dispatched) => self.start(&s.job_id, s.attempt, &s.worker_id),
             Some(_) => self.refuse(
                 &s.job_id,
@@ -73,7 +110,7 @@ impl Decider<'_, '_> {
     }
 
     pub(super) fn progress(&mut self, p: &JobProgress) {
-        let Some(state) = self.admit_report(&p.job_id, p.attempt) else {
+        let Some(state) = self.admit_report(&p.job_id, p.attempt, &p.worker_id) else {
             return;
         };
         if state == JobState::Dispatched {
@@ -93,7 +130,7 @@ impl Decider<'_, '_> {
     }
 
     pub(super) fn result(&mut self, r: &JobResult) {
-        let Some(state) = self.admit_report(&r.job_id, r.attempt) else {
+        let Some(state) = self.admit_report(&r.job_id, r.attempt, &r.worker_id) else {
             return;
         };
         if state == JobState::Dispatched {
@@ -171,6 +208,18 @@ impl Decider<'_, '_> {
         let configured = config.rules.pools.contains_key(&hb.pool);
         if let Some(why) = invalid_heartbeat(hb, configured, partitions) {
             self.refuse("", Rejection::InvalidHeartbeat, why);
+            return;
+        }
+        if !config.rules.worker_allowed(&hb.pool, &hb.worker_id) {
+            self.refuse(
+                "",
+                Rejection::InvalidHeartbeat,
+                format!(
+                    "worker id {:?} may not heartbeat for pool {} (its `workers` patterns)",
+                    crate::records::truncate_for_display(&hb.worker_id, 64),
+                    hb.pool
+                ),
+            );
             return;
         }
         let joined = self

@@ -25,6 +25,20 @@ impl Decider<'_, '_> {
             return;
         }
 
+        if let Some(why) = self.rules().rules.tenant_not_allowed(
+            &request.topic,
+            &request.tenant_id,
+            &request.job_id,
+        ) {
+            self.dead_letter_input(
+                &request.job_id,
+                &request.tenant_id,
+                DlqReason::TenantNotAllowed,
+                why,
+            );
+            return;
+        }
+
         if let Some(existing) = self.state().jobs.get(&request.job_id) {
             let same = same_submission(existing, &request);
             let job_id = request.job_id.clone();
@@ -351,12 +365,9 @@ fn effective_constraints(
     .filter(|d| *d > 0);
     Constraints {
         max_retries: Some(policy.max_retries.unwrap_or(rules.retry.max_retries).max(0)),
-        max_concurrent_jobs: policy.max_concurrent_jobs.or_else(|| {
-            rules
-                .tenants
-                .get(&job.request.tenant_id)
-                .and_then(|t| t.max_concurrent_jobs)
-        }),
+        max_concurrent_jobs: policy
+            .max_concurrent_jobs
+            .or_else(|| rules.max_concurrent_for_tenant(&job.request.tenant_id)),
         max_runtime_ms: policy
             .max_runtime_ms
             .or(job.request.budget.max_runtime_ms)

@@ -109,6 +109,7 @@ pub fn rules() -> Rules {
         PoolRules {
             requires: vec!["gpu".into(), "cuda".into()],
             strategy: StrategyKind::LeastLoaded,
+            workers: Vec::new(),
         },
     );
     r.pools.insert("a".into(), PoolRules::default());

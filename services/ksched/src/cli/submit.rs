@@ -22,7 +22,7 @@ pub struct SubmitArgs {
     /// Job topic [default: job.default].
     #[arg(long)]
     pub topic: Option<String>,
-    /// Job id [default: generated].
+    /// Job id [default: generated, `<tenant>:job-<uuid>`].
     #[arg(long)]
     pub job_id: Option<String>,
     /// Tenant [default: default].
@@ -149,11 +149,17 @@ pub fn build(args: &SubmitArgs, now_ms: i64) -> Result<JobRequest, Failure> {
         Some(p) => priority(p)?,
         None => Priority::Batch,
     };
+    let tenant_id = args
+        .tenant
+        .clone()
+        .or(file.tenant_id)
+        .unwrap_or_else(|| "default".to_owned());
+    // In the tenant's namespace, which a tenant-bound topic requires (docs/security.md).
     let job_id = args
         .job_id
         .clone()
         .or(file.job_id)
-        .unwrap_or_else(|| format!("job-{}", uuid::Uuid::new_v4().simple()));
+        .unwrap_or_else(|| format!("{tenant_id}:job-{}", uuid::Uuid::new_v4().simple()));
     Ok(JobRequest {
         job_id,
         topic: args
@@ -161,11 +167,7 @@ pub fn build(args: &SubmitArgs, now_ms: i64) -> Result<JobRequest, Failure> {
             .clone()
             .or(file.topic)
             .unwrap_or_else(|| "job.default".to_owned()),
-        tenant_id: args
-            .tenant
-            .clone()
-            .or(file.tenant_id)
-            .unwrap_or_else(|| "default".to_owned()),
+        tenant_id,
         principal_id: args.principal.clone().or(file.principal_id),
         priority: prio,
         labels,
