@@ -40,7 +40,7 @@ ksched_setup() {
   if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "import confluent_kafka, fastavro" 2>/dev/null; then
     echo "setup: installing the Python worker's packages into $venv" >&2
     python3 -m venv "$venv"
-    "$venv/bin/pip" install -q -r "$here/examples/python-worker/requirements.txt"
+    "$venv/bin/pip" install -q --require-hashes -r "$here/examples/python-worker/requirements.txt"
   fi
   export KSCHED_PYTHON="$venv/bin/python"
   # The fault suite's network faults go through toxiproxy (a Go program): built once with
