@@ -128,6 +128,8 @@ struct Env {
     rt: tokio::runtime::Runtime,
     python: Option<String>,
     short: bool,
+    /// `--keep`: brokers and scratch directory stay for a look into a failure.
+    keep: bool,
     port: u16,
     kafka_home: PathBuf,
 }
@@ -176,6 +178,7 @@ fn suite(args: &ChaosArgs) -> Result<Vec<Verdict>> {
             .build()?,
         python: PyWorker::python(),
         short: args.short,
+        keep: args.keep,
         port: args.port,
         // The jars are shared with the development broker; data dirs are per port.
         kafka_home: std::env::var_os("KSCHED_KAFKA_HOME")
@@ -723,12 +726,14 @@ fn broker_restart(env: &Env) -> Result<Verdict> {
         "broker stopped for {} s and started again; workers keep heartbeating into their producers' queues",
         down.as_secs()
     );
-    let v = s.verdict(env, what, &ids, sdk, py, Duration::from_secs(180));
+    let (direct, prefix) = (s.direct.clone(), s.prefix.clone());
+    let mut v = s.verdict(env, what, &ids, sdk, py, Duration::from_secs(180))?;
     if let Some(status) = k.exited() {
         anyhow::bail!("ksched run exited ({status}):\n{}", tail(&k.log, 20));
     }
+    explain(&mut v, &direct, &prefix, &k);
     k.stop(Duration::from_secs(10));
-    v
+    Ok(v)
 }
 
 /// Each node of three SIGKILLed in turn, each started again before the next.
@@ -752,10 +757,69 @@ fn broker_kill(env: &Env) -> Result<Verdict> {
         "3-node KRaft cluster, journal RF 3 / min.insync.replicas 2; each node in turn SIGKILLed, started again {} s later",
         down.as_secs()
     );
-    let v = s.verdict(env, what, &ids, sdk, py, Duration::from_secs(180));
+    let (direct, prefix) = (s.direct.clone(), s.prefix.clone());
+    let mut v = s.verdict(env, what, &ids, sdk, py, Duration::from_secs(180))?;
+    explain(&mut v, &direct, &prefix, &k);
     k.stop(Duration::from_secs(10));
-    let _ = cluster.reset();
-    v
+    if !env.keep {
+        let _ = cluster.reset();
+    }
+    Ok(v)
+}
+
+/// What a failed run looked like from outside, for its notes: ksched's readiness (how far
+/// it applied the journal, when it last judged a Tick), and each journal and dispatch
+/// partition whose last stable offset (what read_committed readers may read up to) lags its
+/// high watermark: a transaction left open there holds every such reader back.
+fn explain(v: &mut Verdict, direct: &str, prefix: &str, k: &Ksched) {
+    if v.passed {
+        return;
+    }
+    if let Some((code, body)) = k.ready() {
+        v.notes.push(format!("ksched ready {code}: {body}"));
+    }
+    let stable = |isolation: &str| -> Option<BaseConsumer> {
+        ClientConfig::new()
+            .set("bootstrap.servers", direct)
+            .set("group.id", format!("{prefix}explain"))
+            .set("isolation.level", isolation)
+            .create()
+            .ok()
+    };
+    let (Some(uncommitted), Some(committed)) =
+        (stable("read_uncommitted"), stable("read_committed"))
+    else {
+        return;
+    };
+    let timeout = Duration::from_secs(10);
+    for topic in [
+        format!("{prefix}journal"),
+        format!("{prefix}dispatch.default"),
+    ] {
+        let Ok(meta) = uncommitted.fetch_metadata(Some(&topic), timeout) else {
+            continue;
+        };
+        let partitions: Vec<i32> = meta
+            .topics()
+            .iter()
+            .flat_map(|t| t.partitions().iter().map(|p| p.id()))
+            .collect();
+        for p in partitions {
+            let high = uncommitted
+                .fetch_watermarks(&topic, p, timeout)
+                .map(|w| w.1);
+            let lso = committed.fetch_watermarks(&topic, p, timeout).map(|w| w.1);
+            match (high, lso) {
+                (Ok(h), Ok(l)) if l < h => v.notes.push(format!(
+                    "{topic}/{p}: last stable offset {l} < high watermark {h}"
+                )),
+                (Ok(_), Ok(_)) => {}
+                (h, l) => v
+                    .notes
+                    .push(format!("{topic}/{p}: offsets unknown ({h:?}, {l:?})")),
+            }
+        }
+    }
 }
 
 /// Latency, reset connections and a blackhole between ksched and the broker.
