@@ -197,16 +197,20 @@ impl Service {
                 scheduler.store.clone(),
                 scheduler.status.clone(),
             )?);
-            if settings.http.tokens_file.is_none() {
+            if !settings.http.authenticates() {
                 warn!(
                     listen = %settings.http.listen,
-                    "the HTTP API has no authentication (http.tokens_file): anyone who reaches it may approve and cancel jobs; it listens on loopback only"
+                    "the HTTP API has no authentication (http.tokens_file, http.jwt): anyone who reaches it may approve and cancel jobs; it listens on loopback only"
                 );
             }
             let listen = settings.http.listen.clone();
+            let tls = match &settings.http.tls {
+                Some(t) => Some(ksched_runtime::tls::server_config(t)?),
+                None => None,
+            };
             let stop = scheduler.shutdown.clone();
             rt.spawn(async move {
-                if let Err(e) = api::serve(&listen, api, stop.cancelled_owned()).await {
+                if let Err(e) = api::serve(&listen, tls, api, stop.cancelled_owned()).await {
                     error!(error = %e, "HTTP API stopped");
                 }
             });

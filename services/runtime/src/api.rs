@@ -22,7 +22,7 @@ use ksched_store::Store;
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use serde::Deserialize;
 use serde_json::{Value, json};
-use tracing::info;
+use tracing::{debug, info, warn};
 
 use crate::auth::{Action, Auth, Denied, Identity, default_allowed_hosts, host_allowed};
 use crate::error::{Result, kafka};
@@ -77,10 +77,7 @@ impl Api {
             data.file_name()
                 .map_or_else(|| "data".into(), |n| n.to_string_lossy().into_owned())
         ));
-        let auth = match &settings.http.tokens_file {
-            Some(path) => Auth::from_file(path)?,
-            None => Auth::none(),
-        };
+        let auth = Auth::from_settings(&settings.http)?;
         let allowed_hosts = if settings.http.allowed_hosts.is_empty() {
             default_allowed_hosts(&settings.http.listen)
         } else {
@@ -256,20 +253,65 @@ async fn unless_stopped(
     next.run(req).await
 }
 
-/// Serves the API on `listen` until `shutdown` resolves.
+/// Serves the API on `listen` until `shutdown` resolves, over TLS when `tls` is given.
 pub async fn serve(
     listen: &str,
+    tls: Option<Arc<rustls::ServerConfig>>,
     api: Arc<Api>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<()> {
     let listener = tokio::net::TcpListener::bind(listen).await.map_err(|e| {
         crate::error::Error::Other(format!("binding the HTTP API to {listen}: {e}"))
     })?;
-    info!(listen, "HTTP API listening");
-    axum::serve(listener, router(api))
-        .with_graceful_shutdown(shutdown)
-        .await
-        .map_err(|e| crate::error::Error::Other(format!("HTTP API: {e}")))
+    let Some(tls) = tls else {
+        info!(listen, "HTTP API listening");
+        return axum::serve(listener, router(api))
+            .with_graceful_shutdown(shutdown)
+            .await
+            .map_err(|e| crate::error::Error::Other(format!("HTTP API: {e}")));
+    };
+    info!(listen, "HTTP API listening over TLS");
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    let app = router(api);
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let (stream, peer) = tokio::select! {
+            _ = &mut shutdown => return Ok(()),
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    // Out of file descriptors and the like: pause rather than spin.
+                    warn!(error = %e, "HTTP API cannot accept a connection");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let (acceptor, app) = (acceptor.clone(), app.clone());
+        tokio::spawn(async move {
+            let tls =
+                match tokio::time::timeout(crate::tls::HANDSHAKE_TIMEOUT, acceptor.accept(stream))
+                    .await
+                {
+                    Ok(Ok(s)) => s,
+                    Ok(Err(e)) => {
+                        debug!(%peer, error = %e, "TLS handshake refused");
+                        return;
+                    }
+                    Err(_) => {
+                        debug!(%peer, "TLS handshake timed out");
+                        return;
+                    }
+                };
+            let service = hyper_util::service::TowerToHyperService::new(app);
+            if let Err(e) = hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
+                .await
+            {
+                debug!(%peer, error = %e, "HTTP API connection ended");
+            }
+        });
+    }
 }
 
 async fn live() -> axum::Json<Value> {

@@ -13,6 +13,7 @@ pub mod service;
 pub mod settings;
 pub mod status;
 pub mod ticker;
+pub mod tls;
 pub mod topics;
 
 use std::sync::Arc;

@@ -228,6 +228,63 @@ pub struct HttpSettings {
     pub allowed_hosts: Vec<String>,
     /// Largest request body. Default 65536.
     pub max_body_bytes: usize,
+    /// Bearer JWTs from an OIDC issuer, verified against its JWKS (docs/security.md).
+    /// Default none.
+    pub jwt: Option<JwtSettings>,
+    /// Serve the API over TLS. Default none (plain HTTP).
+    pub tls: Option<TlsSettings>,
+}
+
+/// `http.jwt`: bearer JWTs an OIDC issuer signed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct JwtSettings {
+    /// The `iss` a token must carry (the issuer URL).
+    pub issuer: String,
+    /// The `aud` a token must carry (the client id ksched is registered as).
+    pub audience: String,
+    /// The issuer's JSON Web Key Set (its `jwks_uri`, saved to a file a sidecar or a cron job
+    /// refreshes); read again when a token names a key id it lacks. Relative to the
+    /// settings file.
+    pub jwks_file: PathBuf,
+    /// The claim naming the principal. Default `sub`.
+    pub principal_claim: String,
+    /// The claim listing ksched roles (`viewer`, `operator`, `approver`, `auditor`, `admin`).
+    /// Default `ksched_roles`.
+    pub roles_claim: String,
+    /// The claim listing the tenants the caller is held to; absent: every tenant.
+    /// Default `ksched_tenants`.
+    pub tenants_claim: String,
+    /// Clock skew allowed on `exp` and `nbf`, in seconds. Default 30.
+    pub leeway_s: u64,
+}
+
+impl Default for JwtSettings {
+    fn default() -> Self {
+        JwtSettings {
+            issuer: String::new(),
+            audience: String::new(),
+            jwks_file: PathBuf::new(),
+            principal_claim: "sub".into(),
+            roles_claim: "ksched_roles".into(),
+            tenants_claim: "ksched_tenants".into(),
+            leeway_s: 30,
+        }
+    }
+}
+
+/// `http.tls`: the API over TLS (PEM files, relative to the settings file).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TlsSettings {
+    /// The server's certificate chain.
+    pub cert_file: PathBuf,
+    /// Its private key.
+    pub key_file: PathBuf,
+    /// With it, clients must present a certificate this CA signed (mutual TLS): only
+    /// holders of one reach the API at all; who they are to ksched still comes from their
+    /// token.
+    pub client_ca_file: Option<PathBuf>,
 }
 
 impl Default for HttpSettings {
@@ -239,7 +296,16 @@ impl Default for HttpSettings {
             four_eyes: true,
             allowed_hosts: Vec::new(),
             max_body_bytes: 64 * 1024,
+            jwt: None,
+            tls: None,
         }
+    }
+}
+
+impl HttpSettings {
+    /// Whether callers must authenticate (API tokens or JWTs).
+    pub fn authenticates(&self) -> bool {
+        self.tokens_file.is_some() || self.jwt.is_some()
     }
 }
 
@@ -470,6 +536,14 @@ pub fn load_settings(
     settings.policy_dir = resolve(&settings.policy_dir, flags.policy_dir.is_some());
     if let Some(t) = &settings.http.tokens_file {
         settings.http.tokens_file = Some(resolve(t, false));
+    }
+    if let Some(j) = &mut settings.http.jwt {
+        j.jwks_file = resolve(&j.jwks_file, false);
+    }
+    if let Some(t) = &mut settings.http.tls {
+        t.cert_file = resolve(&t.cert_file, false);
+        t.key_file = resolve(&t.key_file, false);
+        t.client_ca_file = t.client_ca_file.as_deref().map(|c| resolve(c, false));
     }
     settings.validate()?;
     Ok(settings)
@@ -706,11 +780,23 @@ impl Settings {
                     self.http.listen
                 ));
             };
-            if !addr.ip().is_loopback() && self.http.tokens_file.is_none() {
+            if !addr.ip().is_loopback() && !self.http.authenticates() {
                 return bad(format!(
-                    "http.listen {} is reachable beyond this machine, but the API has no authentication: set http.tokens_file (docs/security.md), or listen on 127.0.0.1",
+                    "http.listen {} is reachable beyond this machine, but the API has no authentication: set http.tokens_file or http.jwt (docs/security.md), or listen on 127.0.0.1",
                     self.http.listen
                 ));
+            }
+            if let Some(j) = &self.http.jwt
+                && (j.issuer.trim().is_empty()
+                    || j.audience.trim().is_empty()
+                    || j.jwks_file.as_os_str().is_empty())
+            {
+                return bad("http.jwt needs issuer, audience and jwks_file".into());
+            }
+            if let Some(t) = &self.http.tls
+                && (t.cert_file.as_os_str().is_empty() || t.key_file.as_os_str().is_empty())
+            {
+                return bad("http.tls needs cert_file and key_file".into());
             }
             if self.http.max_body_bytes == 0 {
                 return bad("http.max_body_bytes must be positive".into());

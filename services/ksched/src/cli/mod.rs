@@ -49,6 +49,16 @@ pub struct Connection {
     /// than on a command line others can list.
     #[arg(long, global = true, env = "KSCHED_API_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// CA certificate (PEM) the API's TLS certificate must chain to, for an API served over
+    /// TLS with a private CA (default: the public web roots).
+    #[arg(long, global = true, env = "KSCHED_API_CA")]
+    pub api_ca: Option<PathBuf>,
+    /// Client certificate (PEM) for an API that requires mutual TLS; with --api-key.
+    #[arg(long, global = true, env = "KSCHED_API_CERT", requires = "api_key")]
+    pub api_cert: Option<PathBuf>,
+    /// The client certificate's private key (PEM).
+    #[arg(long, global = true, env = "KSCHED_API_KEY", requires = "api_cert")]
+    pub api_key: Option<PathBuf>,
     /// ksched's topic prefix (default: from the settings).
     #[arg(long, global = true)]
     pub prefix: Option<String>,
@@ -65,6 +75,8 @@ pub struct Target {
     pub bootstrap: String,
     pub api: String,
     pub token: Option<String>,
+    /// How the CLI speaks TLS to the API.
+    pub api_tls: ureq::tls::TlsConfig,
     pub prefix: String,
     pub output: Format,
 }
@@ -106,15 +118,21 @@ impl Connection {
         };
         let settings =
             ksched_runtime::settings::load_settings(path, std::env::vars(), &flags).map_err(bad)?;
+        let scheme = if settings.http.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
         Ok(Target {
             bootstrap: settings.kafka.bootstrap_servers.clone(),
             api: self
                 .api
                 .clone()
-                .unwrap_or_else(|| format!("http://{}", settings.http.listen))
+                .unwrap_or_else(|| format!("{scheme}://{}", settings.http.listen))
                 .trim_end_matches('/')
                 .to_owned(),
             token: self.token.clone(),
+            api_tls: self.api_tls()?,
             prefix: self
                 .prefix
                 .clone()
@@ -122,6 +140,48 @@ impl Connection {
             output: self.output,
             settings,
         })
+    }
+}
+
+impl Connection {
+    /// The CLI's TLS towards the API: the public web roots, or `--api-ca`; a client
+    /// certificate with `--api-cert` and `--api-key`.
+    fn api_tls(&self) -> Result<ureq::tls::TlsConfig, Failure> {
+        use ureq::tls::{Certificate, ClientCert, PemItem, PrivateKey, RootCerts, TlsConfig};
+        let read = |p: &PathBuf| {
+            std::fs::read(p)
+                .map_err(|e| Failure::new(EXIT_USAGE, format!("cannot read {}: {e}", p.display())))
+        };
+        let certs = |p: &PathBuf| -> Result<Vec<Certificate<'static>>, Failure> {
+            let pem = read(p)?;
+            let certs: Vec<Certificate<'static>> = ureq::tls::parse_pem(&pem)
+                .filter_map(|item| match item {
+                    Ok(PemItem::Certificate(c)) => Some(c),
+                    _ => None,
+                })
+                .collect();
+            if certs.is_empty() {
+                return Err(Failure::new(
+                    EXIT_USAGE,
+                    format!("{} holds no PEM certificate", p.display()),
+                ));
+            }
+            Ok(certs)
+        };
+        let mut tls = TlsConfig::builder();
+        if let Some(ca) = &self.api_ca {
+            tls = tls.root_certs(RootCerts::new_with_certs(&certs(ca)?));
+        }
+        if let (Some(cert), Some(key)) = (&self.api_cert, &self.api_key) {
+            let key = PrivateKey::from_pem(&read(key)?).map_err(|e| {
+                Failure::new(
+                    EXIT_USAGE,
+                    format!("{} is not a PEM private key: {e}", key.display()),
+                )
+            })?;
+            tls = tls.client_cert(Some(ClientCert::new_with_certs(&certs(cert)?, key)));
+        }
+        Ok(tls.build())
     }
 }
 
@@ -157,6 +217,7 @@ pub fn finish(r: CliResult) -> ExitCode {
 /// Calls the HTTP API; maps statuses to exit codes.
 pub fn call(t: &Target, method: &str, path: &str, body: Option<Value>) -> Result<Value, Failure> {
     let agent: ureq::Agent = ureq::Agent::config_builder()
+        .tls_config(t.api_tls.clone())
         .http_status_as_error(false)
         .timeout_global(Some(Duration::from_secs(30)))
         .build()

@@ -16,6 +16,54 @@ pub struct RunningScheduler {
     pub api: String,
     pub dir: tempfile::TempDir,
     pub config: PathBuf,
+    /// For an API over TLS: the CA its certificate chains to, and the client certificate
+    /// and key when it requires mutual TLS; `cli` passes them on.
+    pub tls: Option<ApiTls>,
+}
+
+/// How the tests reach an API served over TLS.
+#[derive(Debug, Clone)]
+pub struct ApiTls {
+    pub ca: PathBuf,
+    pub client: Option<(PathBuf, PathBuf)>,
+}
+
+impl ApiTls {
+    /// `ksched` flags for it.
+    pub fn cli_args(&self) -> Vec<String> {
+        let mut a = vec!["--api-ca".to_owned(), path_str(&self.ca)];
+        if let Some((cert, key)) = &self.client {
+            a.extend(["--api-cert".to_owned(), path_str(cert)]);
+            a.extend(["--api-key".to_owned(), path_str(key)]);
+        }
+        a
+    }
+
+    /// GET `url` over TLS; the status, or None when no answer came.
+    pub fn get(&self, url: &str) -> Option<u16> {
+        use ureq::tls::{Certificate, ClientCert, PemItem, PrivateKey, RootCerts, TlsConfig};
+        let certs = |p: &Path| -> Vec<Certificate<'static>> {
+            let pem = std::fs::read(p).unwrap();
+            ureq::tls::parse_pem(&pem)
+                .filter_map(|i| match i {
+                    Ok(PemItem::Certificate(c)) => Some(c),
+                    _ => None,
+                })
+                .collect()
+        };
+        let mut tls = TlsConfig::builder().root_certs(RootCerts::new_with_certs(&certs(&self.ca)));
+        if let Some((cert, key)) = &self.client {
+            let key = PrivateKey::from_pem(&std::fs::read(key).unwrap()).unwrap();
+            tls = tls.client_cert(Some(ClientCert::new_with_certs(&certs(cert), key)));
+        }
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .tls_config(tls.build())
+            .http_status_as_error(false)
+            .timeout_global(Some(Duration::from_secs(10)))
+            .build()
+            .into();
+        agent.get(url).call().ok().map(|r| r.status().as_u16())
+    }
 }
 
 pub fn free_port() -> u16 {
@@ -49,6 +97,16 @@ impl RunningScheduler {
     /// Like [`RunningScheduler::start`], with job topics `<prefix><name>` for each name, all
     /// routed to pool `default` (the first is `job_topic`).
     pub fn start_with_topics(extra: &str, topics: &[&str]) -> RunningScheduler {
+        RunningScheduler::start_full(extra, topics, None)
+    }
+
+    /// Like [`RunningScheduler::start`], with the API over TLS (`extra` configures
+    /// `http.tls`); `tls` says how to reach it.
+    pub fn start_tls(extra: &str, tls: ApiTls) -> RunningScheduler {
+        RunningScheduler::start_full(extra, &["jobs"], Some(tls))
+    }
+
+    fn start_full(extra: &str, topics: &[&str], tls: Option<ApiTls>) -> RunningScheduler {
         let bootstrap = bootstrap_servers().unwrap_or_else(|e| panic!("{e}"));
         let prefix = format!("{}.", unique("cli"));
         let job_topic = format!("{prefix}{}", topics[0]);
@@ -66,7 +124,8 @@ impl RunningScheduler {
         )
         .unwrap();
         let port = free_port();
-        let api = format!("http://127.0.0.1:{port}");
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let api = format!("{scheme}://127.0.0.1:{port}");
         let config = dir.path().join("ksched.yaml");
         std::fs::write(
             &config,
@@ -97,6 +156,7 @@ impl RunningScheduler {
             api,
             dir,
             config,
+            tls,
         };
         c.wait_ready();
         c
@@ -109,7 +169,12 @@ impl RunningScheduler {
     fn wait_ready(&self) {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
-            if let Ok((200, _)) = http(&format!("{}/health/ready", self.api), "GET", None) {
+            let url = format!("{}/health/ready", self.api);
+            let ready = match &self.tls {
+                Some(tls) => tls.get(&url) == Some(200),
+                None => matches!(http(&url, "GET", None), Ok((200, _))),
+            };
+            if ready {
                 return;
             }
             assert!(
@@ -133,6 +198,7 @@ impl RunningScheduler {
                 "--prefix",
                 &self.prefix,
             ])
+            .args(self.tls.iter().flat_map(ApiTls::cli_args))
             .arg("--config")
             .arg(&self.config)
             .output()
