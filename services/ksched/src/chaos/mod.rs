@@ -726,12 +726,12 @@ fn broker_restart(env: &Env) -> Result<Verdict> {
         "broker stopped for {} s and started again; workers keep heartbeating into their producers' queues",
         down.as_secs()
     );
-    let (direct, prefix) = (s.direct.clone(), s.prefix.clone());
+    let (dir, direct, prefix) = (s.dir.clone(), s.direct.clone(), s.prefix.clone());
     let mut v = s.verdict(env, what, &ids, sdk, py, Duration::from_secs(180))?;
     if let Some(status) = k.exited() {
         anyhow::bail!("ksched run exited ({status}):\n{}", tail(&k.log, 20));
     }
-    explain(&mut v, &direct, &prefix, &k);
+    explain(&mut v, &dir, &direct, &prefix, &k);
     k.stop(Duration::from_secs(10));
     Ok(v)
 }
@@ -757,9 +757,9 @@ fn broker_kill(env: &Env) -> Result<Verdict> {
         "3-node KRaft cluster, journal RF 3 / min.insync.replicas 2; each node in turn SIGKILLed, started again {} s later",
         down.as_secs()
     );
-    let (direct, prefix) = (s.direct.clone(), s.prefix.clone());
+    let (dir, direct, prefix) = (s.dir.clone(), s.direct.clone(), s.prefix.clone());
     let mut v = s.verdict(env, what, &ids, sdk, py, Duration::from_secs(180))?;
-    explain(&mut v, &direct, &prefix, &k);
+    explain(&mut v, &dir, &direct, &prefix, &k);
     k.stop(Duration::from_secs(10));
     if !env.keep {
         let _ = cluster.reset();
@@ -771,12 +771,24 @@ fn broker_kill(env: &Env) -> Result<Verdict> {
 /// it applied the journal, when it last judged a Tick), and each journal and dispatch
 /// partition whose last stable offset (what read_committed readers may read up to) lags its
 /// high watermark: a transaction left open there holds every such reader back.
-fn explain(v: &mut Verdict, direct: &str, prefix: &str, k: &Ksched) {
+fn explain(v: &mut Verdict, dir: &Path, direct: &str, prefix: &str, k: &Ksched) {
     if v.passed {
         return;
     }
     if let Some((code, body)) = k.ready() {
         v.notes.push(format!("ksched ready {code}: {body}"));
+        // Not judging Ticks: where is it stuck? Every thread's stack, when gdb is there.
+        if body["ms_since_last_tick"].as_i64().is_none_or(|ms| ms > 30_000) {
+            let stacks = dir.join("ksched-stacks.txt");
+            let dumped = std::process::Command::new("gdb")
+                .args(["-p", &k.child.id().to_string(), "-batch", "-ex", "thread apply all bt 40"])
+                .output();
+            if let Ok(out) = dumped
+                && std::fs::write(&stacks, &out.stdout).is_ok()
+            {
+                v.notes.push(format!("stacks of ksched run in {}", stacks.display()));
+            }
+        }
     }
     let stable = |isolation: &str| -> Option<BaseConsumer> {
         ClientConfig::new()
@@ -813,6 +825,9 @@ fn explain(v: &mut Verdict, direct: &str, prefix: &str, k: &Ksched) {
                 (Ok(h), Ok(l)) if l < h => v.notes.push(format!(
                     "{topic}/{p}: last stable offset {l} < high watermark {h}"
                 )),
+                (Ok(h), Ok(_)) if topic.ends_with("journal") => v
+                    .notes
+                    .push(format!("{topic}/{p}: high watermark {h}")),
                 (Ok(_), Ok(_)) => {}
                 (h, l) => v
                     .notes
