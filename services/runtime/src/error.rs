@@ -86,6 +86,11 @@ pub enum Error {
     )]
     InputsStalled { seconds: u64 },
 
+    #[error(
+        "{call} did not return within {seconds} s (librdkafka can wait forever for a coordinator that went away); rebuilding the processor with a new producer"
+    )]
+    TransactionStuck { call: &'static str, seconds: u64 },
+
     #[error("a batch of {inputs} inputs could not be committed: {detail}")]
     BatchFailed {
         inputs: usize,

@@ -176,7 +176,10 @@ pub struct Processor {
     store: Store,
     state: State,
     policy: Arc<RegoEngine>,
-    producer: BaseProducer<Delivery>,
+    /// Shared with a thread only while a transactional call that may hang runs there
+    /// ([`Processor::bounded`]).
+    producer: Arc<BaseProducer<Delivery>>,
+    caller: Caller,
     consumer: Option<BaseConsumer<InputContext>>,
     transactional_id: String,
     status: Arc<Status>,
@@ -188,6 +191,44 @@ pub struct Processor {
     unreadable: Unreadable,
     /// When the consumer last delivered a record (or the processor subscribed).
     last_record: Instant,
+}
+
+/// A thread that makes the producer's transactional calls for the processor, so that one
+/// librdkafka does not return from holds up this thread only ([`Processor::bounded`]).
+struct Caller {
+    calls: std::sync::mpsc::Sender<Box<dyn FnOnce(&BaseProducer<Delivery>) + Send>>,
+}
+
+impl Caller {
+    fn start(producer: Arc<BaseProducer<Delivery>>) -> Result<Caller> {
+        let (calls, rx) =
+            std::sync::mpsc::channel::<Box<dyn FnOnce(&BaseProducer<Delivery>) + Send>>();
+        std::thread::Builder::new()
+            .name("ksched-txn-calls".into())
+            .spawn(move || {
+                // Ends when the processor (the sender) is gone.
+                while let Ok(call) = rx.recv() {
+                    call(&producer);
+                }
+            })
+            .map_err(|e| Error::Other(format!("cannot start the transaction thread: {e}")))?;
+        Ok(Caller { calls })
+    }
+
+    /// `f`'s result, or None when it did not come within `limit`.
+    fn call<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&BaseProducer<Delivery>) -> T + Send + 'static,
+        limit: Duration,
+    ) -> Option<T> {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        self.calls
+            .send(Box::new(move |p| {
+                let _ = tx.send(f(p));
+            }))
+            .ok()?;
+        rx.recv_timeout(limit).ok()
+    }
 }
 
 impl std::fmt::Debug for Processor {
@@ -276,6 +317,8 @@ impl Processor {
                 kafka(format!("init_transactions for {transactional_id}"))(e)
             }
         })?;
+        let producer = Arc::new(producer);
+        let caller = Caller::start(producer.clone())?;
         let state = store.load_state()?;
         let mut p = Processor {
             config,
@@ -284,6 +327,7 @@ impl Processor {
             state,
             policy,
             producer,
+            caller,
             consumer: None,
             transactional_id,
             status,
@@ -751,21 +795,28 @@ impl Processor {
                 let meta = consumer
                     .group_metadata()
                     .ok_or_else(|| Error::Other("consumer has no group metadata".into()))?;
-                self.producer
-                    .send_offsets_to_transaction(&tpl, &meta, timeout)
-                    .map_err(kafka("send_offsets_to_transaction"))?;
+                self.bounded("send_offsets_to_transaction", timeout, move |p| {
+                    p.send_offsets_to_transaction(&tpl, &meta, timeout)
+                })?
+                .map_err(kafka("send_offsets_to_transaction"))?;
             }
             self.await_deliveries(timeout)?;
             self.refusals()?;
-            self.producer
-                .commit_transaction(timeout)
-                .map_err(kafka("commit_transaction"))
+            self.bounded("commit_transaction", timeout, move |p| {
+                p.commit_transaction(timeout)
+            })?
+            .map_err(kafka("commit_transaction"))
         });
         if let Err(e) = outcome {
             let fatal = matches!(&e, Error::Kafka { source, .. } if is_fenced(source));
+            let stuck = matches!(e, Error::TransactionStuck { .. });
             // The next incarnation's init_transactions aborts whatever this one left open,
-            // so a broker that cannot be reached is not waited for twice.
-            if !fatal && let Err(abort) = self.abort(timeout.min(Duration::from_secs(5))) {
+            // so a broker that cannot be reached is not waited for twice (nor a producer
+            // that is stuck asked for anything more).
+            if !fatal
+                && !stuck
+                && let Err(abort) = self.abort(timeout.min(Duration::from_secs(5)))
+            {
                 warn!(error = %abort, "abort_transaction failed");
             }
             // Reports of the aborted records are moot now.
@@ -779,6 +830,34 @@ impl Processor {
             .load(Ordering::Relaxed);
         self.persist((last >= 0).then_some(last))?;
         Ok(())
+    }
+
+    /// Runs a transactional call on the processor's call thread ([`Caller`]) and gives up
+    /// on it `timeout` plus 10 s later. librdkafka may block in
+    /// `send_offsets_to_transaction` (and the coordinator requests behind commits) past the
+    /// timeout it is given while it waits for a group or transaction coordinator that went
+    /// away with a broker (librdkafka issues 5456 and 5511, open in the bundled 2.12); the
+    /// processor thread must not wait with it. On [`Error::TransactionStuck`] the processor
+    /// is rebuilt: the new producer's `init_transactions` fences this one and aborts its
+    /// transaction; the stuck thread keeps the old producer alive until librdkafka lets go.
+    fn bounded<T: Send + 'static>(
+        &self,
+        call: &'static str,
+        timeout: Duration,
+        f: impl FnOnce(&BaseProducer<Delivery>) -> T + Send + 'static,
+    ) -> Result<T> {
+        let limit = timeout + Duration::from_secs(10);
+        self.caller.call(f, limit).ok_or_else(|| {
+            error!(
+                call,
+                seconds = limit.as_secs(),
+                "a transactional call hangs in librdkafka; giving up on this producer"
+            );
+            Error::TransactionStuck {
+                call,
+                seconds: limit.as_secs(),
+            }
+        })
     }
 
     /// Aborts the open transaction. Its records still queued or in flight are purged first
@@ -992,4 +1071,41 @@ pub(crate) fn wall_clock_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn producer() -> Arc<BaseProducer<Delivery>> {
+        let delivery = Delivery {
+            journal: "j".into(),
+            partition: 0,
+            last_journal_offset: AtomicI64::new(-1),
+            delivered: AtomicU64::new(0),
+            failures: Mutex::new(Vec::new()),
+        };
+        Arc::new(
+            rdkafka::ClientConfig::new()
+                .set("bootstrap.servers", "127.0.0.1:1")
+                .create_with_context(delivery)
+                .unwrap(),
+        )
+    }
+
+    /// A call that librdkafka does not return from is given up on after its limit, and the
+    /// processor thread is free again (before, it waited forever in
+    /// send_offsets_to_transaction after a broker holding a coordinator was killed).
+    #[test]
+    fn a_transactional_call_that_hangs_is_given_up_on() {
+        let caller = Caller::start(producer()).unwrap();
+        assert_eq!(caller.call(|_| 7, Duration::from_secs(5)), Some(7));
+        let started = Instant::now();
+        let hung = caller.call(
+            |_| std::thread::sleep(Duration::from_secs(3)),
+            Duration::from_millis(200),
+        );
+        assert_eq!(hung, None);
+        assert!(started.elapsed() < Duration::from_secs(2));
+    }
 }

@@ -778,15 +778,25 @@ fn explain(v: &mut Verdict, dir: &Path, direct: &str, prefix: &str, k: &Ksched) 
     if let Some((code, body)) = k.ready() {
         v.notes.push(format!("ksched ready {code}: {body}"));
         // Not judging Ticks: where is it stuck? Every thread's stack, when gdb is there.
-        if body["ms_since_last_tick"].as_i64().is_none_or(|ms| ms > 30_000) {
+        if body["ms_since_last_tick"]
+            .as_i64()
+            .is_none_or(|ms| ms > 30_000)
+        {
             let stacks = dir.join("ksched-stacks.txt");
             let dumped = std::process::Command::new("gdb")
-                .args(["-p", &k.child.id().to_string(), "-batch", "-ex", "thread apply all bt 40"])
+                .args([
+                    "-p",
+                    &k.child.id().to_string(),
+                    "-batch",
+                    "-ex",
+                    "thread apply all bt 40",
+                ])
                 .output();
             if let Ok(out) = dumped
                 && std::fs::write(&stacks, &out.stdout).is_ok()
             {
-                v.notes.push(format!("stacks of ksched run in {}", stacks.display()));
+                v.notes
+                    .push(format!("stacks of ksched run in {}", stacks.display()));
             }
         }
     }
@@ -825,9 +835,9 @@ fn explain(v: &mut Verdict, dir: &Path, direct: &str, prefix: &str, k: &Ksched) 
                 (Ok(h), Ok(l)) if l < h => v.notes.push(format!(
                     "{topic}/{p}: last stable offset {l} < high watermark {h}"
                 )),
-                (Ok(h), Ok(_)) if topic.ends_with("journal") => v
-                    .notes
-                    .push(format!("{topic}/{p}: high watermark {h}")),
+                (Ok(h), Ok(_)) if topic.ends_with("journal") => {
+                    v.notes.push(format!("{topic}/{p}: high watermark {h}"))
+                }
                 (Ok(_), Ok(_)) => {}
                 (h, l) => v
                     .notes
