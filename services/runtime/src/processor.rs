@@ -196,13 +196,15 @@ pub struct Processor {
 /// A thread that makes the producer's transactional calls for the processor, so that one
 /// librdkafka does not return from holds up this thread only ([`Processor::bounded`]).
 struct Caller {
-    calls: std::sync::mpsc::Sender<Box<dyn FnOnce(&BaseProducer<Delivery>) + Send>>,
+    calls: std::sync::mpsc::Sender<Call>,
 }
+
+/// One call for the [`Caller`]'s thread.
+type Call = Box<dyn FnOnce(&BaseProducer<Delivery>) + Send>;
 
 impl Caller {
     fn start(producer: Arc<BaseProducer<Delivery>>) -> Result<Caller> {
-        let (calls, rx) =
-            std::sync::mpsc::channel::<Box<dyn FnOnce(&BaseProducer<Delivery>) + Send>>();
+        let (calls, rx) = std::sync::mpsc::channel::<Call>();
         std::thread::Builder::new()
             .name("ksched-txn-calls".into())
             .spawn(move || {
