@@ -226,6 +226,9 @@ struct Reporter {
     worker_id: String,
     results: String,
     heartbeats: String,
+    /// Cancelled when the worker's drain is over: reports that must arrive (starts, results)
+    /// are tried once more, not until delivered.
+    give_up: CancellationToken,
 }
 
 /// The report producer in use, and since when it has not delivered anything.
@@ -264,6 +267,7 @@ impl Reporter {
             worker_id: worker_id.to_owned(),
             results: format!("{topic_prefix}results"),
             heartbeats: format!("{topic_prefix}heartbeats"),
+            give_up: CancellationToken::new(),
         })
     }
 
@@ -319,12 +323,14 @@ impl Reporter {
         }
     }
 
-    async fn send<T: ksched_codec::Record>(&self, topic: &str, key: &str, value: &T) {
+    /// Sends a report once (on a new producer too, when the first turns out broken); true
+    /// when it was delivered.
+    async fn send<T: ksched_codec::Record>(&self, topic: &str, key: &str, value: &T) -> bool {
         let bytes = match ksched_codec::encode(value) {
             Ok(b) => b,
             Err(e) => {
                 warn!(error = %e, "cannot encode {}", T::NAME);
-                return;
+                return false;
             }
         };
         // Once more on a new producer when the first one turns out broken.
@@ -337,7 +343,7 @@ impl Reporter {
             match tokio::time::timeout(self.timeout, producer.send(record, self.timeout)).await {
                 Ok(Ok(_)) => {
                     self.delivered(generation);
-                    return;
+                    return true;
                 }
                 Ok(Err((e, _))) => warn!(error = %e, topic, key, "report not delivered"),
                 Err(_) => warn!(
@@ -348,13 +354,43 @@ impl Reporter {
                 ),
             }
             if !self.renew_if_broken(generation, &producer) {
+                return false;
+            }
+        }
+        false
+    }
+
+    /// Sends a report the scheduler must get (a start, a result) until it is delivered, or
+    /// once more after the drain gave up. A broker outage longer than a report's timeout
+    /// does not lose it: a lost result leaves its job RUNNING until `running_timeout_ms`
+    /// and runs it again.
+    async fn deliver<T: ksched_codec::Record>(&self, topic: &str, key: &str, value: &T) {
+        loop {
+            if self.send(topic, key, value).await {
                 return;
+            }
+            if self.give_up.is_cancelled() {
+                warn!(
+                    topic,
+                    key,
+                    "{} not delivered and the worker is stopping; the scheduler's timeouts retry the attempt",
+                    T::NAME
+                );
+                return;
+            }
+            tokio::select! {
+                _ = self.give_up.cancelled() => {}
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
             }
         }
     }
 
     async fn send_result_topic<T: ksched_codec::Record>(&self, job_id: &str, value: &T) {
         self.send(&self.results, job_id, value).await;
+    }
+
+    async fn deliver_result_topic<T: ksched_codec::Record>(&self, job_id: &str, value: &T) {
+        self.deliver(&self.results, job_id, value).await;
     }
 }
 
@@ -667,6 +703,7 @@ impl Worker {
             tokio::select! {
                 next = tasks.join_next() => if next.is_none() { break },
                 _ = &mut deadline => {
+                    this.reporter.give_up.cancel();
                     this.hand_back_all();
                     while tasks.join_next().await.is_some() {}
                     break;
@@ -722,7 +759,7 @@ impl Worker {
         debug!(%job_id, attempt, "job started");
         let started = Instant::now();
         self.reporter
-            .send_result_topic(
+            .deliver_result_topic(
                 &job_id,
                 &JobStarted {
                     job_id: job_id.clone(),
@@ -783,7 +820,7 @@ impl Worker {
             execution_ms: i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX),
             finished_at: now_ms(),
         };
-        self.reporter.send_result_topic(&job_id, &result).await;
+        self.reporter.deliver_result_topic(&job_id, &result).await;
         debug!(%job_id, attempt, status = status.as_str(), "job finished");
     }
 }
@@ -897,6 +934,36 @@ mod tests {
         assert_eq!(reporter.current().1, 1, "the producer was not replaced");
         let read = ksched_testkit::read_to_end(&bootstrap, &topic).unwrap();
         assert_eq!(read.len(), 1, "the report was not sent again: {read:?}");
+    }
+
+    /// A result is not given up when a send times out (before, a broker outage longer than
+    /// the report timeout lost it, and its job stayed RUNNING until the running timeout);
+    /// once the drain is over it is tried once more and left to the scheduler's timeouts.
+    #[tokio::test]
+    async fn a_result_is_sent_until_delivered_or_the_drain_gives_up() {
+        let mut dead = ClientConfig::new();
+        dead.set("bootstrap.servers", "127.0.0.1:1")
+            .set("message.timeout.ms", "300");
+        let mut reporter = Reporter::new(dead, "w-outage", "test.").unwrap();
+        reporter.timeout = Duration::from_millis(300);
+        let result = JobStarted {
+            job_id: "j-1".into(),
+            attempt: 1,
+            worker_id: "w-outage".into(),
+            started_at: now_ms(),
+        };
+        let r = reporter.clone();
+        let sending = tokio::spawn(async move { r.deliver("results", "j-1", &result).await });
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert!(
+            !sending.is_finished(),
+            "the result was given up on a timeout"
+        );
+        reporter.give_up.cancel();
+        tokio::time::timeout(Duration::from_secs(5), sending)
+            .await
+            .expect("deliver returns once the drain gave up")
+            .unwrap();
     }
 
     /// A producer that delivers is kept, however many reports fail before the stall time.
