@@ -6,4 +6,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/setup.sh
-exec cargo run --locked -p ksched -- chaos --repo . "$@"
+# Built like the tests (the whole workspace: `-p ksched` alone resolves features differently
+# and rebuilds RocksDB and librdkafka).
+cargo build --workspace --locked
+exec "${CARGO_TARGET_DIR:-target}/debug/ksched" chaos --repo . "$@"
