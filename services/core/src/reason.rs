@@ -126,6 +126,8 @@ codes! {
         StaleJobHash = "stale_job_hash",
         StalePolicySnapshot = "stale_policy_snapshot",
         NotAwaitingApproval = "not_awaiting_approval",
+        /// An approval or rejection by the job's own submitter (four eyes).
+        FourEyes = "four_eyes",
         InvalidHeartbeat = "invalid_heartbeat",
         /// A report from a worker the attempt was not dispatched to (nor taken over by, after
         /// a rebalance of the pool's dispatch partitions).

@@ -238,6 +238,10 @@ pub struct Rules {
     /// Pool -> partitions of its dispatch topic, as the runtime found them at start: a
     /// heartbeat claiming a partition outside is refused. Empty: not checked.
     pub dispatch_partitions: BTreeMap<String, i32>,
+    /// Four eyes: an approval or rejection by the principal that submitted the job is
+    /// refused (`four_eyes`), whichever way the control record came. The runtime sets it
+    /// from `http.four_eyes` (default on); rules journaled before it existed read as off.
+    pub four_eyes: bool,
 }
 
 /// A rule set that does not hold together.

@@ -444,3 +444,71 @@ fn a_cancel_from_another_tenant_is_rejected() {
     assert!(r.reason.contains("tenant globex"), "{}", r.reason);
     assert_eq!(sim.job_state("j1"), JobState::Dispatched);
 }
+
+/// Four eyes in the core: a control record on Kafka by the job's own submitter is refused,
+/// not only an API call (before, the API checked, and a principal with Write on the control
+/// topic approved their own job).
+#[test]
+fn four_eyes_refuse_the_submitter_whichever_way_the_decision_comes() {
+    let mut rules = rules();
+    rules.four_eyes = true;
+    let mut sim = Sim::with_policy(rules, policy());
+    sim.worker("w1", "default");
+    // `risky` jobs are submitted by alice.
+    sim.submit(risky("j1", "high"));
+    let job = sim.job("j1").clone();
+    assert_eq!(job.request.principal_id.as_deref(), Some("alice"));
+    let by = |approver: &str| ApproveJob {
+        job_id: "j1".into(),
+        job_hash: job.job_hash.clone(),
+        policy_snapshot: "snap-1".into(),
+        approver: approver.into(),
+        comment: None,
+        requested_at: 0,
+    };
+    let ev = sim.input("ksched.control", Input::Approve(by("alice")));
+    let r = rejected(&ev);
+    assert_eq!(r.reason_code, "four_eyes");
+    assert!(r.reason.contains("alice submitted job j1"), "{}", r.reason);
+    let ev = sim.input(
+        "ksched.control",
+        Input::Reject(RejectJob {
+            job_id: "j1".into(),
+            approver: "alice".into(),
+            reason: None,
+            requested_at: 0,
+        }),
+    );
+    assert_eq!(rejected(&ev).reason_code, "four_eyes");
+    assert_eq!(sim.job_state("j1"), JobState::ApprovalRequired);
+
+    let ev = sim.input("ksched.control", Input::Approve(by("bob")));
+    assert!(names(&ev).contains(&"JobApproved"), "{:?}", names(&ev));
+    sim.check();
+}
+
+/// Rules journaled before four eyes existed (and rules with it off) let the submitter decide.
+#[test]
+fn without_four_eyes_the_submitter_may_approve() {
+    let old_json = rules()
+        .to_canonical_json()
+        .replace(",\"four_eyes\":false", "");
+    assert!(!old_json.contains("four_eyes"), "{old_json}");
+    let rules = ksched_core::rules::Rules::from_json(&old_json).unwrap();
+    assert!(!rules.four_eyes, "an old rule set reads as four eyes off");
+    let mut sim = Sim::with_policy(rules, policy());
+    sim.submit(risky("j1", "high"));
+    let job = sim.job("j1").clone();
+    let ev = sim.input(
+        "ksched.control",
+        Input::Approve(ApproveJob {
+            job_id: "j1".into(),
+            job_hash: job.job_hash,
+            policy_snapshot: "snap-1".into(),
+            approver: "alice".into(),
+            comment: None,
+            requested_at: 0,
+        }),
+    );
+    assert!(names(&ev).contains(&"JobApproved"), "{:?}", names(&ev));
+}

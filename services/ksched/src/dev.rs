@@ -84,6 +84,7 @@ fn dev_rules() -> Rules {
             workers: Vec::new(),
         },
     );
+    r.four_eyes = true;
     r.timing.worker_ttl_ms = 10_000;
     r.retry.initial_backoff_ms = 500;
     r.retry.max_backoff_ms = 2_000;

@@ -221,7 +221,9 @@ pub struct HttpSettings {
     /// `ksched run` refuses to listen beyond loopback. Relative to the settings file.
     /// Default none.
     pub tokens_file: Option<PathBuf>,
-    /// An approver may not approve or reject a job they submitted. Default true.
+    /// An approver may not approve or reject a job they submitted: the API refuses it (403)
+    /// and, journaled with the rules, so does the processor for control records written to
+    /// Kafka directly. Default true.
     pub four_eyes: bool,
     /// `Host` header values the API answers (against DNS rebinding); health and metrics
     /// answer any. Default: `localhost`, `127.0.0.1`, `[::1]` and the listen address's host.
@@ -567,6 +569,7 @@ impl Config {
             limits: settings.scheduler.limits.clone(),
             // Filled in from the broker's metadata at start (topics::dispatch_partitions).
             dispatch_partitions: BTreeMap::new(),
+            four_eyes: settings.http.four_eyes,
             ..Rules::default()
         };
         pools.apply_to(&mut rules);

@@ -75,6 +75,11 @@ impl Decider<'_, '_> {
             self.refuse(&a.job_id, Rejection::NotAwaitingApproval, reason);
             return;
         }
+        if let Some(why) = self.own_job(&a.job_id, &a.approver, "approve") {
+            self.refuse(&a.job_id, Rejection::FourEyes, why);
+            return;
+        }
+        let job = &self.state().jobs[&a.job_id];
         if a.job_hash != job.job_hash {
             let reason = format!(
                 "approval is for job hash {}, the job's hash is {}",
@@ -125,6 +130,13 @@ impl Decider<'_, '_> {
         }
     }
 
+    /// Why `approver` may not decide on the job, if four eyes forbid it: they submitted it.
+    fn own_job(&self, job_id: &str, approver: &str, verb: &str) -> Option<String> {
+        let submitter = self.state().jobs[job_id].request.principal_id.as_deref()?;
+        (self.rules().rules.four_eyes && submitter == approver)
+            .then(|| format!("{approver} submitted job {job_id} and may not {verb} it (four eyes)"))
+    }
+
     pub(super) fn reject(&mut self, r: &RejectJob) {
         let Some(job) = self.state().jobs.get(&r.job_id) else {
             self.refuse(
@@ -137,6 +149,10 @@ impl Decider<'_, '_> {
         if job.state != JobState::ApprovalRequired {
             let reason = format!("the job is {}, not awaiting approval", job.state);
             self.refuse(&r.job_id, Rejection::NotAwaitingApproval, reason);
+            return;
+        }
+        if let Some(why) = self.own_job(&r.job_id, &r.approver, "reject") {
+            self.refuse(&r.job_id, Rejection::FourEyes, why);
             return;
         }
         let reasons: Vec<String> = r.reason.iter().cloned().collect();
