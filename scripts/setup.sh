@@ -32,12 +32,12 @@ ksched_setup() {
     echo "setup: cargo not found; install Rust from https://rustup.rs (1.88 or newer)" >&2
     return 1
   }
-  # The Python example worker (and its test) needs confluent-kafka and fastavro: a venv
+  # The Python example worker (and its test) needs confluent-kafka, fastavro and cryptography: a venv
   # outside the clone, reused between runs.
   local venv="$HOME/.cache/ksched/venv"
   local here
   here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-  if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "import confluent_kafka, fastavro" 2>/dev/null; then
+  if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "import confluent_kafka, fastavro, cryptography" 2>/dev/null; then
     echo "setup: installing the Python worker's packages into $venv" >&2
     python3 -m venv "$venv"
     "$venv/bin/pip" install -q --require-hashes -r "$here/examples/python-worker/requirements.txt"

@@ -33,15 +33,21 @@ async fn the_python_worker_runs_jobs_from_the_schemas_alone() {
     let s = Scheduler::start(vec![]).await;
     let py = python();
     let check = Command::new(&py)
-        .args(["-c", "import confluent_kafka, fastavro"])
+        .args(["-c", "import confluent_kafka, fastavro, cryptography"])
         .output()
         .unwrap_or_else(|e| panic!("cannot run {py}: {e}"));
     assert!(
         check.status.success(),
-        "{py} lacks confluent-kafka or fastavro ({}); `bash scripts/setup.sh` installs them",
+        "{py} lacks confluent-kafka, fastavro or cryptography ({}); `bash scripts/setup.sh` installs them",
         String::from_utf8_lossy(&check.stderr)
     );
     let worker_dir = repo().join("examples/python-worker");
+    // Secrets and payloads sealed in Rust must open in Python: the format is a contract too.
+    let keys_dir = tempfile::tempdir().unwrap();
+    let keyring_path = keys_dir.path().join("keyring.json");
+    let mut keyring = ksched_secrets::Keyring::new();
+    keyring.rotate("acme").unwrap();
+    keyring.save(&keyring_path).unwrap();
     let log = tempfile::NamedTempFile::new().unwrap();
     let mut child = Command::new(&py)
         .arg(worker_dir.join("worker.py"))
@@ -57,12 +63,14 @@ async fn the_python_worker_runs_jobs_from_the_schemas_alone() {
             "--worker-id",
             "py-1",
             "--max-jobs",
-            "3",
+            "4",
             "--heartbeat-interval",
             "0.3",
         ])
         .arg("--schemas")
         .arg(repo().join("schemas"))
+        .arg("--keyring")
+        .arg(&keyring_path)
         .stdout(Stdio::from(log.reopen().unwrap()))
         .stderr(Stdio::from(log.reopen().unwrap()))
         .spawn()
@@ -96,8 +104,26 @@ async fn the_python_worker_runs_jobs_from_the_schemas_alone() {
         let mut r = request(&s, id);
         r.payload = payload.as_bytes().to_vec();
         r.env.insert("$SECRET".into(), "x".into());
+        // py-c's payload is sealed as well: only the worker reads it.
+        keyring.seal_request(&mut r, id == "py-c").unwrap();
         s.submit(&r);
     }
+    // Sealed with a key this worker was never given: it fails without running.
+    let mut stranger = ksched_secrets::Keyring::new();
+    stranger.rotate("acme").unwrap();
+    let mut r = request(&s, "py-d");
+    r.env.insert("$SECRET".into(), "x".into());
+    stranger.seal_request(&mut r, false).unwrap();
+    s.submit(&r);
+    let job = s
+        .wait_job("py-d", "FAILED", |j| j.state == JobState::Failed)
+        .await;
+    assert_eq!(
+        job.dlq_reason.as_deref(),
+        Some("secret_unavailable"),
+        "{}",
+        output()
+    );
     for (id, out) in [("py-a", "HELLO"), ("py-b", "FROM RUST"), ("py-c", "KSCHED")] {
         let job = s
             .wait_job(id, "SUCCEEDED", |j| j.state == JobState::Succeeded)
@@ -109,6 +135,7 @@ async fn the_python_worker_runs_jobs_from_the_schemas_alone() {
         );
         let meta = job.result_meta.unwrap();
         assert_eq!(meta.labels["worker_lang"], "python");
+        assert_eq!(meta.labels["secrets_opened"], "1");
         assert_eq!(meta.size_bytes, Some(out.len() as i64));
         assert_eq!(job.attempt, 1);
     }
@@ -117,7 +144,7 @@ async fn the_python_worker_runs_jobs_from_the_schemas_alone() {
         .unwrap()
         .unwrap();
     assert!(status.success(), "python worker: {status:?}\n{}", output());
-    assert!(output().contains("stopped after 3 jobs"), "{}", output());
+    assert!(output().contains("stopped after 4 jobs"), "{}", output());
     // Its last heartbeat says it is draining.
     wait_for("the draining heartbeat", Duration::from_secs(30), || {
         s.store

@@ -10,6 +10,10 @@ number, honours CancelDispatch for jobs not yet started, and heartbeats its owne
 Client properties (TLS, SASL) as Kafka's own tools take them: `-X key=value` (repeatable) and
 `--command-config client.properties` (`key=value` lines), e.g.
 `-X security.protocol=SASL_SSL -X sasl.mechanism=SCRAM-SHA-512 -X sasl.username=...`.
+
+`--keyring FILE` (or KSCHED_KEYRING) opens the job's sealed secrets and payload
+(docs/security.md#secrets); a job whose sealed values do not open fails `secret_unavailable`
+without running.
 """
 
 import argparse
@@ -23,6 +27,7 @@ import time
 from confluent_kafka import Consumer, Producer
 
 from ksched_avro import Codec
+from ksched_secrets import Keyring, Unavailable, open_job
 
 
 def now_ms():
@@ -33,6 +38,7 @@ class PyWorker:
     def __init__(self, args):
         self.args = args
         self.codec = Codec(args.schemas)
+        self.keyring = Keyring(args.keyring) if args.keyring else None
         self.prefix = args.prefix
         self.dispatch_topic = f"{self.prefix}dispatch.{args.pool}"
         self.owned = []
@@ -106,23 +112,35 @@ class PyWorker:
             "job_id": job_id, "attempt": attempt,
             "worker_id": self.args.worker_id, "started_at": now_ms(),
         })
-        output = bytes(job["payload"]).upper()
-        self.send(f"{self.prefix}results", job_id, "JobResult", {
+        result = {
             "job_id": job_id,
             "attempt": attempt,
             "worker_id": self.args.worker_id,
             "status": "SUCCEEDED",
             "error_code": None,
             "error_message": None,
-            "result_ptr": f"inline:{output.decode(errors='replace')}",
-            "result_meta": {
-                "size_bytes": len(output),
-                "content_type": "text/plain",
-                "labels": {"worker_lang": "python"},
-            },
-            "execution_ms": int((time.monotonic() - started) * 1000),
-            "finished_at": now_ms(),
-        })
+            "result_ptr": None,
+            "result_meta": {"size_bytes": None, "content_type": None, "labels": {}},
+            "execution_ms": 0,
+            "finished_at": 0,
+        }
+        try:
+            env, payload = open_job(self.keyring, job)
+        except Unavailable as e:
+            result.update(status="FAILED_FATAL", error_code="secret_unavailable", error_message=str(e))
+        else:
+            output = payload.upper()
+            secrets = sum(1 for k in env if k.startswith("$"))
+            result.update(
+                result_ptr=f"inline:{output.decode(errors='replace')}",
+                result_meta={
+                    "size_bytes": len(output),
+                    "content_type": "text/plain",
+                    "labels": {"worker_lang": "python", "secrets_opened": str(secrets)},
+                },
+            )
+        result.update(execution_ms=int((time.monotonic() - started) * 1000), finished_at=now_ms())
+        self.send(f"{self.prefix}results", job_id, "JobResult", result)
         self.active.discard(job_id)
         self.done += 1
         print(f"{self.args.worker_id}: {job_id} attempt {attempt} done", flush=True)
@@ -198,6 +216,8 @@ def main():
     p.add_argument("-X", "--property", dest="props", action="append", type=property_flag, default=[],
                    metavar="KEY=VALUE", help="a librdkafka property (repeatable; over --command-config)")
     p.add_argument("--command-config", metavar="FILE", help="a Kafka client properties file")
+    p.add_argument("--keyring", metavar="FILE", default=os.environ.get("KSCHED_KEYRING"),
+                   help="the keyring that opens jobs' sealed secrets and payloads")
     args = p.parse_args()
     args.properties = read_properties(args.command_config) if args.command_config else {}
     args.properties.update(dict(args.props))

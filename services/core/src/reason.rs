@@ -86,6 +86,9 @@ codes! {
         /// The job names a tenant its topic may not carry, or a job id outside its tenant's
         /// namespace (`<tenant_id>:`) on a tenant-bound topic.
         TenantNotAllowed = "tenant_not_allowed",
+        /// A secret env value (`$` key) that the producer did not seal: refused before it is
+        /// journaled, and the value is kept nowhere (docs/security.md#secrets).
+        SecretInClear = "secret_in_clear",
     }
 }
 

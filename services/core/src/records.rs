@@ -5,6 +5,7 @@
 //! from one, is deterministic. Times are milliseconds since the Unix epoch.
 
 use std::collections::BTreeMap;
+use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
@@ -62,8 +63,8 @@ pub struct JobMeta {
     pub actor_id: Option<String>,
 }
 
-/// A job submission (topic: any configured job topic).
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+/// A job submission (topic: any configured job topic). Debug hides secret env values.
+#[derive(Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct JobRequest {
     pub job_id: String,
     /// The job topic. The scheduler overwrites it with the topic the record was read from.
@@ -85,8 +86,9 @@ pub struct JobRequest {
     pub submitted_at: Millis,
 }
 
-/// What a compensation job looks like before it gets a job id (SPEC §7).
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+/// What a compensation job looks like before it gets a job id (SPEC §7). Debug hides secret
+/// env values.
+#[derive(Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct JobTemplate {
     pub topic: String,
     pub priority: Priority,
@@ -132,6 +134,42 @@ pub fn redact_env(env: &BTreeMap<String, String>) -> BTreeMap<String, String> {
             (k.clone(), v)
         })
         .collect()
+}
+
+// Written out so that a request in a log line or a panic message never shows a secret.
+impl fmt::Debug for JobRequest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("JobRequest")
+            .field("job_id", &self.job_id)
+            .field("topic", &self.topic)
+            .field("tenant_id", &self.tenant_id)
+            .field("principal_id", &self.principal_id)
+            .field("priority", &self.priority)
+            .field("labels", &self.labels)
+            .field("env", &redact_env(&self.env))
+            .field("payload_bytes", &self.payload.len())
+            .field("budget", &self.budget)
+            .field("meta", &self.meta)
+            .field("workflow_id", &self.workflow_id)
+            .field("step_index", &self.step_index)
+            .field("compensation", &self.compensation)
+            .field("submitted_at", &self.submitted_at)
+            .finish()
+    }
+}
+
+impl fmt::Debug for JobTemplate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("JobTemplate")
+            .field("topic", &self.topic)
+            .field("priority", &self.priority)
+            .field("labels", &self.labels)
+            .field("env", &redact_env(&self.env))
+            .field("payload_bytes", &self.payload.len())
+            .field("budget", &self.budget)
+            .field("meta", &self.meta)
+            .finish()
+    }
 }
 
 impl JobRequest {
@@ -370,5 +408,29 @@ pub(crate) mod serde_bytes_compat {
             }
         }
         d.deserialize_byte_buf(V)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_output_hides_secret_env_values_and_the_payload() {
+        let mut r = JobRequest {
+            job_id: "j".into(),
+            payload: b"payload-bytes".to_vec(),
+            ..JobRequest::default()
+        };
+        r.env.insert("$TOKEN".into(), "s3cret".into());
+        r.env.insert("MODE".into(), "fast".into());
+        let mut c = JobTemplate::default();
+        c.env.insert("$UNDO".into(), "undo-s3cret".into());
+        r.compensation = Some(Box::new(c));
+        let text = format!("{r:?} {:#?}", r);
+        for hidden in ["s3cret", "undo-s3cret", "payload-bytes"] {
+            assert!(!text.contains(hidden), "{hidden} in {text}");
+        }
+        assert!(text.contains("fast") && text.contains(HIDDEN));
     }
 }

@@ -3,7 +3,7 @@
 //! a stream of demo jobs, printed as they happen. `--bootstrap-servers` uses a real broker.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -163,6 +163,15 @@ pub fn demo_jobs() -> Vec<(JobRequest, &'static str)> {
     wipe.labels.insert("env".into(), "prod".into());
     wipe.meta.risk_tags = vec!["destructive".into()];
     out.push((wipe, "destructive in prod: denied by policy"));
+    let mut secret = job("demo-secret-1", CPU_TOPIC);
+    secret.env.insert(
+        DEMO_SECRET.into(),
+        format!("demo-{}", uuid::Uuid::new_v4().simple()),
+    );
+    out.push((
+        secret,
+        "carries a secret, sealed for its tenant: only its worker opens it",
+    ));
     let mut broken = job("demo-broken-1", CPU_TOPIC);
     broken.labels.insert("demo.fatal".into(), "true".into());
     out.push((
@@ -172,9 +181,17 @@ pub fn demo_jobs() -> Vec<(JobRequest, &'static str)> {
     out
 }
 
+/// The secret env of the demo job that shows sealing.
+const DEMO_SECRET: &str = "$DEMO_TOKEN";
+
 /// What the demo workers do with a job.
 async fn demo_handler(job: ksched_worker::JobContext) -> Outcome {
     let labels = &job.dispatch.job.labels;
+    if let Some(token) = job.env().get(DEMO_SECRET)
+        && (token.is_empty() || ksched_secrets::is_sealed(token))
+    {
+        return Outcome::fatal("demo_secret_sealed", "the worker could not open the secret");
+    }
     let steps = 4;
     for i in 1..=steps {
         tokio::select! {
@@ -262,7 +279,9 @@ fn dev(args: DevArgs) -> anyhow::Result<()> {
             create(&topics.dispatch(p), s.dispatch_partitions)?;
         }
     }
-    banner(&args, &bootstrap, in_memory);
+    let keyring_path = dev_keyring(&args)?;
+    let keyring = ksched_secrets::Keyring::load(&keyring_path)?;
+    banner(&args, &bootstrap, in_memory, &keyring_path);
 
     let service = Service::start(config.clone())?;
     service.rt.spawn(signals(service.shutdown()));
@@ -297,7 +316,7 @@ fn dev(args: DevArgs) -> anyhow::Result<()> {
             cfg.memory_free_bytes = Some(16 << 30);
             cfg.labels.insert("accelerator".into(), "demo-gpu".into());
         }
-        let worker = Worker::new(cfg)?;
+        let worker = Worker::new(cfg.with_keyring(&keyring_path)?)?;
         let token = stop.clone();
         workers.push(
             service
@@ -319,7 +338,11 @@ fn dev(args: DevArgs) -> anyhow::Result<()> {
             }
         };
         tokio::time::sleep(Duration::from_secs(2)).await;
-        for (job, what) in demo_jobs() {
+        for (mut job, what) in demo_jobs() {
+            if let Err(e) = keyring.seal_request(&mut job, false) {
+                eprintln!("ksched dev: sealing {}: {e}", job.job_id);
+                continue;
+            }
             println!("submit   {:<18} {what}", job.job_id);
             submit(&producer, &job).await;
             tokio::time::sleep(Duration::from_millis(300)).await;
@@ -377,7 +400,24 @@ async fn submit(producer: &FutureProducer, job: &JobRequest) {
     }
 }
 
-fn banner(args: &DevArgs, bootstrap: &str, in_memory: bool) {
+/// The demo tenant's keyring beside the data directory: kept across runs (a journal on a
+/// real Kafka outlives a run, and its secrets should still open), made on the first.
+fn dev_keyring(args: &DevArgs) -> anyhow::Result<PathBuf> {
+    let mut name = args.data_dir.as_os_str().to_owned();
+    name.push("-keyring.json");
+    let path = PathBuf::from(name);
+    if !path.exists() {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        }
+        let mut k = ksched_secrets::Keyring::new();
+        k.rotate("demo")?;
+        k.save(&path)?;
+    }
+    Ok(path)
+}
+
+fn banner(args: &DevArgs, bootstrap: &str, in_memory: bool, keyring: &Path) {
     let kafka = if in_memory {
         format!(
             "EMBEDDED IN-MEMORY KAFKA at {bootstrap} (librdkafka mock cluster: memory only, everything is gone on exit)"
@@ -387,7 +427,7 @@ fn banner(args: &DevArgs, bootstrap: &str, in_memory: bool) {
     };
     let api = format!("http://{}", args.http_listen);
     println!(
-        "\nksched dev\n  {kafka}\n  RocksDB projection in {}\n  HTTP API {api}: NO AUTHENTICATION (anyone on this machine may approve and cancel; see docs/security.md)\n  pools: cpu (2 workers, least_loaded), gpu (1 worker, capacity)\n\n\
+        "\nksched dev\n  {kafka}\n  RocksDB projection in {}\n  HTTP API {api}: NO AUTHENTICATION (anyone on this machine may approve and cancel; see docs/security.md)\n  keyring {} seals the demo tenant's secrets (ksched submit --keyring it)\n  pools: cpu (2 workers, least_loaded), gpu (1 worker, capacity)\n\n\
          Inspect while it runs (another terminal):\n  \
          curl {api}/api/v1/jobs\n  \
          ksched jobs list --api {api}\n  \
@@ -397,7 +437,8 @@ fn banner(args: &DevArgs, bootstrap: &str, in_memory: bool) {
          ksched approve demo-deploy-prod --api {api}\n  \
          ksched journal tail --follow --bootstrap-servers {bootstrap}\n  \
          curl {api}/metrics\n\nCtrl-C stops it.\n",
-        args.data_dir.display()
+        args.data_dir.display(),
+        keyring.display()
     );
 }
 

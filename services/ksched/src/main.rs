@@ -108,6 +108,8 @@ enum Command {
         #[command(flatten)]
         conn: Connection,
     },
+    /// The keyring that seals jobs' secrets for their tenants: rotate, retire, shred, list.
+    Keys(cli::keys::KeysArgs),
     /// Read the journal.
     Journal {
         #[command(subcommand)]
@@ -192,6 +194,7 @@ fn main() -> ExitCode {
         Command::Audit { args, conn } => {
             finish(conn.resolve().and_then(|t| cli::audit::audit(&t, args)))
         }
+        Command::Keys(args) => finish(cli::keys::keys(args)),
         Command::Journal {
             command: JournalCommand::Tail(args),
             conn,

@@ -51,6 +51,8 @@ fn ksched_dev_runs_the_demo_to_its_expected_outcomes() {
         ("demo-deploy-prod", "SUCCEEDED"),
         ("demo-wipe-prod", "DENIED"),
         ("demo-broken-1", "FAILED"),
+        // Sealed by `ksched dev` with its keyring, opened by the demo worker.
+        ("demo-secret-1", "SUCCEEDED"),
     ] {
         wait_until(&format!("{job} to be {state}"), 60, || {
             job_state(&api, job).as_deref() == Some(state)

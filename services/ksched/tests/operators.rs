@@ -11,8 +11,15 @@ use ksched_worker::{Outcome, Worker};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-fn start_worker(c: &RunningScheduler, rt: &tokio::runtime::Runtime) -> CancellationToken {
-    let cfg = c.worker_config("op-worker");
+fn start_worker(
+    c: &RunningScheduler,
+    rt: &tokio::runtime::Runtime,
+    keyring: &str,
+) -> CancellationToken {
+    let cfg = c
+        .worker_config("op-worker")
+        .with_keyring(std::path::Path::new(keyring))
+        .unwrap();
     let token = CancellationToken::new();
     let t = token.clone();
     let _guard = rt.enter();
@@ -27,6 +34,10 @@ fn start_worker(c: &RunningScheduler, rt: &tokio::runtime::Runtime) -> Cancellat
                             job.cancel.cancelled().await;
                             Outcome::Cancelled
                         }
+                        // The secret reaches the handler opened.
+                        _ if job.env().get("$TOKEN").is_some_and(|t| t != "s3cret") => {
+                            Outcome::fatal("secret_not_opened", "$TOKEN did not open")
+                        }
                         _ => Outcome::succeeded(),
                     }
                 },
@@ -40,8 +51,28 @@ fn start_worker(c: &RunningScheduler, rt: &tokio::runtime::Runtime) -> Cancellat
 #[test]
 fn cli_http_api_and_metrics() {
     let c = RunningScheduler::start("");
+    // The keyring producers seal secrets with and the worker opens them with.
+    let keyring = path_str(&c.dir.path().join("keyring.json"));
+    let keys = |args: &[&str]| {
+        let out = std::process::Command::new(bin())
+            .arg("keys")
+            .args(["--keyring", &keyring])
+            .args(args)
+            .output()
+            .unwrap();
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        (out.status.code(), text(&out.stdout), text(&out.stderr))
+    };
+    let (code, out, err) = keys(&["rotate", "--tenant", "acme"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("active"), "{out}");
+    let (code, out, _) = keys(&["list"]);
+    assert_eq!(code, Some(0));
+    assert!(out.contains("acme"), "{out}");
+    let (code, _, err) = keys(&["shred", "--tenant", "acme"]);
+    assert_eq!(code, Some(2), "shredding asks for --yes: {err}");
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let worker = start_worker(&c, &rt);
+    let worker = start_worker(&c, &rt, &keyring);
     wait_until("the worker to register", 60, || {
         json(&format!("{}/api/v1/workers", c.api))["workers"]
             .as_array()
@@ -52,9 +83,24 @@ fn cli_http_api_and_metrics() {
             })
     });
 
+    // submit: a secret needs a keyring to be sealed with; the CLI will not send it in clear.
+    let (code, _, err) = c.cli(&[
+        "submit",
+        "--topic",
+        &c.job_topic,
+        "--tenant",
+        "acme",
+        "--env",
+        "$TOKEN=s3cret",
+    ]);
+    assert_eq!(code, 5, "{err}");
+    assert!(err.contains("$TOKEN") && err.contains("--keyring"), "{err}");
+
     // submit: prints the job id; flags and a JSON file both work.
     let (code, out, err) = c.cli(&[
         "submit",
+        "--keyring",
+        &keyring,
         "--topic",
         &c.job_topic,
         "--job-id",

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use ksched_codec::{AnyRecord, decode_any};
 use ksched_core::events::{Input, MalformedRecord};
 use ksched_core::reason::DlqReason;
-use ksched_core::records::{Millis, truncate_for_display};
+use ksched_core::records::{JobRequest, Millis, truncate_for_display};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{BorrowedMessage, Message, Timestamp};
 
@@ -110,6 +110,10 @@ pub fn take(topics: &Topics, rec: &InputRecord, max_record_bytes: i64) -> Taken 
     let kind = topics.kind(&rec.topic);
     let input = match (kind, record) {
         (InputKind::Jobs, AnyRecord::JobRequest(mut r)) => {
+            let unsealed = ksched_secrets::unsealed_secrets(&r);
+            if !unsealed.is_empty() {
+                return Taken::Input(refuse_unsealed(rec, &r, &unsealed));
+            }
             r.topic = rec.topic.clone();
             Input::Submit(r)
         }
@@ -254,6 +258,26 @@ pub fn skips_records(e: &KafkaError) -> bool {
     )
 }
 
+/// The refusal of a request whose secret env values came unsealed: only ids and key names
+/// go on (to the journal and the DLQ), never a value, so the secret rests nowhere the
+/// scheduler writes (docs/security.md#secrets).
+fn refuse_unsealed(rec: &InputRecord, r: &JobRequest, unsealed: &[String]) -> Input {
+    Input::Malformed(MalformedRecord {
+        key: rec.key_text(),
+        size_bytes: rec.size(),
+        error: format!(
+            "secret env {} of job {} came unsealed: the producer must seal `$` values for the \
+             job's tenant (ksched submit --keyring, docs/security.md#secrets); the record was \
+             refused before it was journaled and its values are kept nowhere",
+            truncate_for_display(&unsealed.join(", "), 256),
+            truncate_for_display(&r.job_id, 256),
+        ),
+        reason_code: DlqReason::SecretInClear.as_str().to_owned(),
+        job_id: Some(truncate_for_display(&r.job_id, 256)),
+        tenant_id: Some(truncate_for_display(&r.tenant_id, 256)),
+    })
+}
+
 /// The input for records the consumer skipped (see [`Unreadable`]).
 pub fn unreadable_input(gap: &InputRecord) -> Input {
     let error = gap
@@ -346,6 +370,49 @@ mod tests {
         // Partitions outside the assignment do not hold it back.
         r.observe(&rec("jobs", 0, 1, Some(10)));
         assert_eq!(r.watermark(900), Some(300));
+    }
+
+    #[test]
+    fn a_request_with_an_unsealed_secret_is_refused_without_its_value() {
+        let topics = Topics::new(
+            "ksched.",
+            vec!["job.default".into()],
+            vec!["default".into()],
+        );
+        let mut r = JobRequest {
+            job_id: "acme:job-1".into(),
+            tenant_id: "acme".into(),
+            ..JobRequest::default()
+        };
+        r.env.insert("$TOKEN".into(), "s3cret-in-clear".into());
+        r.env.insert("MODE".into(), "fast".into());
+        let mut record = rec("job.default", 0, 7, Some(1));
+        record.payload = Some(ksched_codec::encode(&r).unwrap());
+        let Taken::Input(Input::Malformed(m)) = take(&topics, &record, 1 << 20) else {
+            panic!("not refused");
+        };
+        assert_eq!(m.reason_code, "secret_in_clear");
+        assert_eq!(m.job_id.as_deref(), Some("acme:job-1"));
+        assert_eq!(m.tenant_id.as_deref(), Some("acme"));
+        assert!(m.error.contains("$TOKEN"), "{}", m.error);
+        assert!(!format!("{m:?}").contains("s3cret-in-clear"));
+
+        // Sealed, the same request is taken as a submission.
+        let mut keyring = ksched_secrets::Keyring::new();
+        keyring.rotate("acme").unwrap();
+        keyring.seal_request(&mut r, false).unwrap();
+        record.payload = Some(ksched_codec::encode(&r).unwrap());
+        assert!(matches!(
+            take(&topics, &record, 1 << 20),
+            Taken::Input(Input::Submit(_))
+        ));
+        // A value that only looks hidden is no seal either.
+        r.env.insert("$OTHER".into(), "*hidden*".into());
+        record.payload = Some(ksched_codec::encode(&r).unwrap());
+        assert!(matches!(
+            take(&topics, &record, 1 << 20),
+            Taken::Input(Input::Malformed(_))
+        ));
     }
 
     #[test]

@@ -3,7 +3,10 @@
 //! result pointer. A label `fail=retryable` or `fail=fatal` makes it fail instead.
 //!
 //! cargo run -p ksched-worker --example echo_worker -- <bootstrap> <pool> <worker-id> [prefix]
-//!     [-X key=value]... [--command-config client.properties]
+//!     [-X key=value]... [--command-config client.properties] [--keyring FILE]
+//!
+//! `--keyring FILE` (or `KSCHED_KEYRING`) opens jobs' sealed secrets and payloads
+//! (docs/security.md#secrets); a sealed payload is echoed opened.
 //!
 //! `-X` and `--command-config` set librdkafka properties as Kafka's own tools take them, e.g.
 //! `-X security.protocol=SASL_SSL -X sasl.mechanism=SCRAM-SHA-512 ...` (docs/security.md).
@@ -16,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 #[tokio::main]
 async fn main() -> Result<(), ksched_worker::Error> {
-    let (args, properties) = match split_args(std::env::args().skip(1)) {
+    let (args, properties, keyring) = match split_args(std::env::args().skip(1)) {
         Ok(parsed) => parsed,
         Err(e) => {
             eprintln!("echo_worker: {e}");
@@ -29,6 +32,9 @@ async fn main() -> Result<(), ksched_worker::Error> {
     let mut config = WorkerConfig::new(bootstrap, id, pool).with_properties(properties);
     if let Some(prefix) = args.get(3) {
         config.topic_prefix = prefix.clone();
+    }
+    if let Some(path) = keyring.or_else(|| std::env::var_os("KSCHED_KEYRING").map(Into::into)) {
+        config = config.with_keyring(&path)?;
     }
     let shutdown = CancellationToken::new();
     let on_signal = shutdown.clone();
@@ -59,7 +65,7 @@ async fn main() -> Result<(), ksched_worker::Error> {
                     _ => Outcome::Succeeded {
                         result_ptr: Some(format!(
                             "inline:{}",
-                            String::from_utf8_lossy(&job.dispatch.job.payload)
+                            String::from_utf8_lossy(job.payload())
                         )),
                         meta: Default::default(),
                     },
@@ -73,9 +79,13 @@ async fn main() -> Result<(), ksched_worker::Error> {
 /// Librdkafka properties, in the order they apply.
 type Properties = Vec<(String, String)>;
 
-/// Positional arguments, and the properties of `--command-config FILE` then `-X key=value`.
-fn split_args(args: impl Iterator<Item = String>) -> Result<(Vec<String>, Properties), String> {
+/// Positional arguments, the properties of `--command-config FILE` then `-X key=value`, and
+/// `--keyring FILE`.
+fn split_args(
+    args: impl Iterator<Item = String>,
+) -> Result<(Vec<String>, Properties, Option<std::path::PathBuf>), String> {
     let mut positional = Vec::new();
+    let mut keyring = None;
     let (mut file, mut flags) = (Vec::new(), Vec::new());
     let mut args = args.peekable();
     while let Some(a) = args.next() {
@@ -89,9 +99,10 @@ fn split_args(args: impl Iterator<Item = String>) -> Result<(Vec<String>, Proper
                 let text = std::fs::read_to_string(&path).map_err(|e| format!("{path}: {e}"))?;
                 file = parse_properties(&text).map_err(|e| format!("{path}: {e}"))?;
             }
+            "--keyring" => keyring = Some(args.next().ok_or("--keyring needs a file")?.into()),
             _ => positional.push(a),
         }
     }
     file.extend(flags);
-    Ok((positional, file))
+    Ok((positional, file, keyring))
 }

@@ -90,6 +90,11 @@ pub struct WorkerConfig {
     /// Report the host's CPU load and memory in heartbeats. Default true; tests that run
     /// many workers on one busy machine turn it off so load never marks them overloaded.
     pub report_host_load: bool,
+    /// The keyring that opens jobs' sealed secrets and payloads ([`JobContext::env`],
+    /// [`JobContext::payload`]); read again whenever the file changes, so a rotation or a
+    /// shredding reaches a running worker. Default none: a job with sealed values then fails
+    /// `secret_unavailable` without running.
+    pub keyring: Option<Arc<ksched_secrets::KeyringFile>>,
 }
 
 impl WorkerConfig {
@@ -108,7 +113,17 @@ impl WorkerConfig {
             group_id: None,
             memory_free_bytes: None,
             report_host_load: true,
+            keyring: None,
         }
+    }
+
+    /// Opens sealed secrets with the keyring file at `path` (checked now: a missing or
+    /// unreadable keyring fails here, not at the first job).
+    pub fn with_keyring(mut self, path: &std::path::Path) -> Result<Self> {
+        let file =
+            ksched_secrets::KeyringFile::open(path).map_err(|e| Error::Config(e.to_string()))?;
+        self.keyring = Some(Arc::new(file));
+        Ok(self)
     }
 
     /// Adds librdkafka properties, e.g. from a Kafka client properties file parsed with
@@ -171,14 +186,31 @@ impl Outcome {
 /// One job, as the handler sees it.
 #[derive(Debug, Clone)]
 pub struct JobContext {
+    /// The dispatch as the scheduler sent it: secret env values and a sealed payload are
+    /// sealed here; [`JobContext::env`] and [`JobContext::payload`] give them opened.
     pub dispatch: Arc<Dispatch>,
     /// Fires when the scheduler cancels the attempt (CancelDispatch) or the worker hands the
     /// job back during shutdown. Handlers should stop and return [`Outcome::Cancelled`].
     pub cancel: CancellationToken,
+    opened: Arc<ksched_secrets::Opened>,
     reporter: Reporter,
 }
 
+/// The error code of a job whose sealed values this worker cannot open (no keyring, a key
+/// it lacks — retired or shredded —, or a value altered on the way).
+pub const SECRET_UNAVAILABLE: &str = "secret_unavailable";
+
 impl JobContext {
+    /// The job's environment, secret values opened. Never log it whole.
+    pub fn env(&self) -> &BTreeMap<String, String> {
+        &self.opened.env
+    }
+
+    /// The job's payload, opened if the producer sealed it.
+    pub fn payload(&self) -> &[u8] {
+        &self.opened.payload
+    }
+
     pub fn job_id(&self) -> &str {
         &self.dispatch.job.job_id
     }
@@ -455,6 +487,7 @@ impl std::fmt::Debug for WorkerConfig {
             .field("group_id", &self.group_id)
             .field("memory_free_bytes", &self.memory_free_bytes)
             .field("report_host_load", &self.report_host_load)
+            .field("keyring", &self.keyring.as_ref().map(|k| k.path()))
             .finish()
     }
 }
@@ -745,8 +778,29 @@ impl Worker {
         JobContext {
             dispatch: Arc::new(d),
             cancel,
+            opened: Arc::default(),
             reporter: self.reporter.clone(),
         }
+    }
+
+    /// The job's env and payload opened with the keyring as it is now.
+    fn open(
+        &self,
+        job: &ksched_core::records::JobRequest,
+    ) -> Result<ksched_secrets::Opened, String> {
+        let keyring = match &self.config.keyring {
+            Some(file) if ksched_secrets::needs_keys(job) => {
+                Some(file.current().map_err(|e| e.to_string())?)
+            }
+            Some(_) | None => None,
+        };
+        ksched_secrets::open_request(keyring.as_deref(), job).map_err(|e| match keyring {
+            None if ksched_secrets::needs_keys(job) => format!(
+                "the job carries sealed values and worker {} has no keyring (WorkerConfig::keyring): {e}",
+                self.config.worker_id
+            ),
+            _ => e.to_string(),
+        })
     }
 
     async fn execute<H, F>(&self, ctx: JobContext, handler: &H)
@@ -769,7 +823,17 @@ impl Worker {
                 },
             )
             .await;
-        let outcome = handler(ctx.clone()).await;
+        let outcome = match self.open(&ctx.dispatch.job) {
+            Ok(opened) => {
+                let mut ctx = ctx.clone();
+                ctx.opened = Arc::new(opened);
+                handler(ctx).await
+            }
+            Err(why) => {
+                warn!(%job_id, attempt, error = %why, "sealed values do not open; the job fails without running");
+                Outcome::fatal(SECRET_UNAVAILABLE, &why)
+            }
+        };
         let key = (job_id.clone(), attempt);
         let cancelled_by_scheduler = {
             let mut r = self.running.lock().unwrap_or_else(|p| p.into_inner());

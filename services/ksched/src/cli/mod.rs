@@ -1,4 +1,4 @@
-//! The operator commands: submit, jobs, workers, cancel, approve, reject, dlq, journal.
+//! The operator commands: submit, jobs, workers, cancel, approve, reject, dlq, journal, keys.
 //!
 //! Queries and approve/reject/cancel go through the HTTP API of `ksched run` (`--api`);
 //! `submit` and `journal tail` talk to Kafka directly (`--bootstrap-servers`), so they work
@@ -10,6 +10,7 @@
 
 pub mod audit;
 pub mod journal;
+pub mod keys;
 pub mod output;
 pub mod submit;
 

@@ -61,6 +61,14 @@ pub struct SubmitArgs {
     pub max_runtime_ms: Option<i64>,
     #[arg(long)]
     pub workflow_id: Option<String>,
+    /// Keyring that seals the job's secret env values (and the payload, with
+    /// --seal-payload) for its tenant before the record leaves this machine
+    /// (docs/security.md#secrets). Required when a `$` env is given.
+    #[arg(long, env = "KSCHED_KEYRING", value_name = "FILE")]
+    pub keyring: Option<PathBuf>,
+    /// Seal the payload too: only the job's workers can read it (needs --keyring).
+    #[arg(long, requires = "keyring")]
+    pub seal_payload: bool,
 }
 
 /// The JSON file format: every field optional.
@@ -182,11 +190,40 @@ pub fn build(args: &SubmitArgs, now_ms: i64) -> Result<JobRequest, Failure> {
     })
 }
 
+/// Seals the request's secrets with the keyring; without one, a secret is an error (the
+/// scheduler would refuse it unsealed, `secret_in_clear`).
+pub fn seal(args: &SubmitArgs, request: &mut JobRequest) -> Result<(), Failure> {
+    let Some(path) = &args.keyring else {
+        let unsealed = ksched_secrets::unsealed_secrets(request);
+        if unsealed.is_empty() {
+            return Ok(());
+        }
+        return Err(Failure::new(
+            EXIT_BAD_INPUT,
+            format!(
+                "{} secret (`$` key): secrets are sealed before they leave this machine, so give \
+                 --keyring FILE (or KSCHED_KEYRING) with a key for tenant {} (ksched keys rotate \
+                 --keyring FILE --tenant {}; docs/security.md#secrets)",
+                unsealed.join(", "),
+                request.tenant_id,
+                request.tenant_id
+            ),
+        ));
+    };
+    let keyring = ksched_secrets::Keyring::load(path)
+        .map_err(|e| Failure::new(EXIT_BAD_INPUT, e.to_string()))?;
+    keyring
+        .seal_request(request, args.seal_payload)
+        .map_err(|e| Failure::new(EXIT_BAD_INPUT, e.to_string()))?;
+    Ok(())
+}
+
 pub fn submit(t: &Target, args: SubmitArgs) -> CliResult {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64);
-    let request = build(&args, now)?;
+    let mut request = build(&args, now)?;
+    seal(&args, &mut request)?;
     let bytes = ksched_codec::encode(&request)
         .map_err(|e| Failure::new(EXIT_BAD_INPUT, format!("encoding the job: {e}")))?;
     t.check_credentials()?;

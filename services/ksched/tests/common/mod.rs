@@ -226,6 +226,23 @@ impl RunningScheduler {
     pub fn data_dir(&self) -> PathBuf {
         self.dir.path().join("data")
     }
+
+    /// Stops the scheduler like [`RunningScheduler::stop`] and hands over its directory
+    /// (settings, log, RocksDB data), to look at what it left behind.
+    pub fn stop_keeping_dir(mut self) -> tempfile::TempDir {
+        let dir = std::mem::replace(&mut self.dir, tempfile::tempdir().unwrap());
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status();
+        let status = self.child.wait().unwrap();
+        let log = std::fs::read_to_string(dir.path().join("ksched.log")).unwrap_or_default();
+        assert!(
+            status.success(),
+            "ksched run did not stop cleanly: {status:?}\n{log}"
+        );
+        dir
+    }
 }
 
 impl Drop for RunningScheduler {
