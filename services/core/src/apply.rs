@@ -190,7 +190,7 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
         }
         Event::JobQueued(e) => {
             state.update_job(&e.job_id, |j| {
-                j.state = JobState::Pending;
+                enter(j, JobState::Pending);
                 j.queued_at = Some(now);
                 j.retry_at = None;
                 j.worker_id = None;
@@ -219,7 +219,7 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
                 state.mark_breaker(&e.pool);
             }
             state.update_job(&e.job_id, |j| {
-                j.state = JobState::Scheduled;
+                enter(j, JobState::Scheduled);
                 j.attempt = e.attempt;
                 j.queued_at = None;
                 j.wait_reason = None;
@@ -231,7 +231,7 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
         }
         Event::JobDispatched(e) => {
             state.update_job(&e.job_id, |j| {
-                j.state = JobState::Dispatched;
+                enter(j, JobState::Dispatched);
                 j.partition = Some(e.partition);
                 j.dispatched_at = Some(now);
                 j.updated_at = now;
@@ -240,7 +240,7 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
         }
         Event::JobRunning(e) => {
             state.update_job(&e.job_id, |j| {
-                j.state = JobState::Running;
+                enter(j, JobState::Running);
                 j.worker_id = Some(e.worker_id.clone());
                 j.started_at = Some(now);
                 j.last_evidence_at = Some(now);
@@ -259,7 +259,7 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
         Event::JobSucceeded(e) => {
             let pool = state.jobs.get(&e.job_id).and_then(|j| j.pool.clone());
             state.update_job(&e.job_id, |j| {
-                j.state = JobState::Succeeded;
+                enter(j, JobState::Succeeded);
                 j.result_ptr = e.result_ptr.clone();
                 j.result_meta = Some(e.result_meta.clone());
                 j.execution_ms = Some(e.execution_ms);
@@ -274,7 +274,7 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
         }
         Event::JobQuarantined(e) => {
             state.update_job(&e.job_id, |j| {
-                j.state = JobState::OutputQuarantined;
+                enter(j, JobState::OutputQuarantined);
                 j.updated_at = now;
             });
             state.write_history(&e.job_id, now, event.name(), event.describe(at.input));
@@ -284,7 +284,7 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
                 .then(|| pool_failure(state, &e.job_id, &e.error_code))
                 .flatten();
             state.update_job(&e.job_id, |j| {
-                j.state = JobState::Pending;
+                enter(j, JobState::Pending);
                 j.retry_at = Some(e.retry_at);
                 j.queued_at = None;
                 j.worker_id = None;
@@ -305,7 +305,7 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
                 .then(|| pool_failure(state, &e.job_id, &e.reason_code))
                 .flatten();
             state.update_job(&e.job_id, |j| {
-                j.state = JobState::Failed;
+                enter(j, JobState::Failed);
                 j.queued_at = None;
                 j.retry_at = None;
                 j.last_error = Some(error_text(&e.reason_code, e.error_message.as_deref()));
@@ -319,7 +319,7 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
         }
         Event::JobCancelled(e) => {
             state.update_job(&e.job_id, |j| {
-                j.state = JobState::Cancelled;
+                enter(j, JobState::Cancelled);
                 j.queued_at = None;
                 j.retry_at = None;
                 j.updated_at = now;
@@ -331,7 +331,7 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
                 .then(|| pool_failure(state, &e.job_id, &e.reason_code))
                 .flatten();
             state.update_job(&e.job_id, |j| {
-                j.state = JobState::Timeout;
+                enter(j, JobState::Timeout);
                 j.queued_at = None;
                 j.retry_at = None;
                 j.last_error = Some(format!("{}: {}", e.reason_code, e.detail));
@@ -345,7 +345,7 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
         }
         Event::JobDenied(e) => {
             state.update_job(&e.job_id, |j| {
-                j.state = JobState::Denied;
+                enter(j, JobState::Denied);
                 j.queued_at = None;
                 j.updated_at = now;
             });
@@ -353,7 +353,7 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
         }
         Event::ApprovalRequested(e) => {
             state.update_job(&e.job_id, |j| {
-                j.state = JobState::ApprovalRequired;
+                enter(j, JobState::ApprovalRequired);
                 j.queued_at = None;
                 j.policy_snapshot = Some(e.snapshot_id.clone());
                 j.updated_at = now;
@@ -362,7 +362,7 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
         }
         Event::JobApproved(e) => {
             state.update_job(&e.job_id, |j| {
-                j.state = JobState::Pending;
+                enter(j, JobState::Pending);
                 j.updated_at = now;
             });
             state.write_history(&e.job_id, now, event.name(), event.describe(at.input));
@@ -579,4 +579,16 @@ fn error_text(code: &str, message: Option<&str>) -> String {
         Some(m) if !m.is_empty() => format!("{code}: {m}"),
         _ => code.to_owned(),
     }
+}
+
+/// Moves a job to `to`. The decider only emits moves SPEC §2 allows; a build with debug
+/// assertions (every test) checks each one against [`JobState::can_transition`].
+fn enter(j: &mut crate::state::Job, to: JobState) {
+    debug_assert!(
+        j.state == to || j.state.can_transition(to),
+        "job {}: {} -> {to} is not a SPEC §2 transition",
+        j.request.job_id,
+        j.state
+    );
+    j.state = to;
 }

@@ -14,6 +14,7 @@ use ksched_core::events::*;
 use ksched_core::policy::{OutputDecision, PolicyDecision};
 use ksched_core::records::*;
 use proptest::prelude::*;
+use proptest::test_runner::FileFailurePersistence;
 use support::*;
 
 #[derive(Debug, Clone)]
@@ -286,7 +287,13 @@ fn current_attempt(sim: &Sim, id: &str) -> i32 {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
+    // The checked-in regressions (properties.proptest-regressions, beside this file) run
+    // first, every time.
+    #![proptest_config(ProptestConfig {
+        cases: 256,
+        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource("proptest-regressions"))),
+        ..ProptestConfig::default()
+    })]
 
     #[test]
     fn replay_equals_live_and_invariants_hold(ops in proptest::collection::vec(op(), 1..120)) {

@@ -180,16 +180,43 @@ fn placement_timeout_dead_letters_with_the_reason_that_held_the_job() {
 }
 
 #[test]
-fn ticks_retry_placement() {
+fn an_overloaded_worker_is_used_once_its_heartbeat_says_it_cooled_down() {
     let mut sim = Sim::new();
     sim.heartbeat(Heartbeat {
         cpu_load: 99.0,
         ..hb("w1", "default")
     });
-    sim.submit(job("j1"));
-    // The worker cools down, but says so only in its next heartbeat; the heartbeat places it.
+    let ev = sim.submit(job("j1"));
+    assert_eq!(waiting(&ev).reason_code, "pool_overloaded");
+    // Ticks retry placement, but nothing says the worker cooled down yet.
+    let ev = sim.tick_after(500);
+    assert!(!names(&ev).contains(&"JobDispatched"), "{:?}", names(&ev));
+    // The worker cools down, and says so in its next heartbeat; the heartbeat places it.
     let ev = sim.heartbeat(hb("w1", "default"));
-    assert!(names(&ev).contains(&"JobDispatched"));
+    assert!(names(&ev).contains(&"JobDispatched"), "{:?}", names(&ev));
+}
+
+#[test]
+fn a_tick_retries_placement_when_only_time_has_changed() {
+    // A pool's circuit is open, holding j1; nothing arrives but time. The Tick after the
+    // cool-down half-opens the circuit and places j1 itself.
+    let mut rules = rules();
+    rules.retry.max_retries = 0;
+    rules.breaker.consecutive_failures = 1;
+    rules.breaker.cooldown_ms = 5_000;
+    let mut sim = Sim::with_rules(rules);
+    sim.worker("w1", "default");
+    sim.submit(job("bad"));
+    sim.result("bad", 1, "w1", ResultStatus::FailedFatal);
+    let ev = sim.submit(job("j1"));
+    assert_eq!(waiting(&ev).reason_code, "circuit_open");
+    sim.now += 4_000;
+    let ev = sim.tick_now();
+    assert!(!names(&ev).contains(&"JobDispatched"), "cool-down not over");
+    sim.now += 1_000;
+    let ev = sim.tick_now();
+    assert!(names(&ev).contains(&"JobDispatched"), "{:?}", names(&ev));
+    assert_eq!(sim.job_state("j1"), JobState::Dispatched);
 }
 
 #[test]

@@ -400,7 +400,8 @@ fn the_journal_alone_answers_the_audit_questions() {
     }
     assert_eq!(v["totals"]["verdict"], 2);
 
-    // 6. export: JSON Lines with secrets hidden, and an Avro container file.
+    // 6. export: JSON Lines and an Avro container file, entry for entry. (Secrets in exports:
+    // tests/secrets.rs submits one and scans both.)
     let (code, out, _) = c.cli(&["audit", "export"]);
     assert_eq!(code, 0);
     let lines: Vec<Value> = out

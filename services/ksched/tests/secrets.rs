@@ -287,6 +287,16 @@ fn a_secret_is_found_nowhere_the_scheduler_writes() {
         contains(&store_values, &sealed_token),
         "the store scan sees values"
     );
+    // Views and exports show secret values as *hidden*, not even sealed.
+    assert!(
+        !answers.contains(&sealed_token),
+        "a sealed value is in an answer"
+    );
+    let exported = std::fs::read_to_string(&jsonl).unwrap();
+    assert!(
+        exported.contains("\"$TOKEN\":\"*hidden*\""),
+        "the export names the secret, hidden"
+    );
     let journal = &topics[&format!("{prefix}journal")];
     assert!(
         contains(journal, &sealed_token),

@@ -260,15 +260,17 @@ pub async fn serve(
     api: Arc<Api>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<()> {
-    let listener = tokio::net::TcpListener::bind(listen).await.map_err(|e| {
-        crate::error::Error::Other(format!("binding the HTTP API to {listen}: {e}"))
-    })?;
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(crate::error::io(format!(
+            "binding the HTTP API to {listen}"
+        )))?;
     let Some(tls) = tls else {
         info!(listen, "HTTP API listening");
         return axum::serve(listener, router(api))
             .with_graceful_shutdown(shutdown)
             .await
-            .map_err(|e| crate::error::Error::Other(format!("HTTP API: {e}")));
+            .map_err(crate::error::io("serving the HTTP API"));
     };
     info!(listen, "HTTP API listening over TLS");
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);

@@ -98,7 +98,7 @@ pub fn rebuild(
 ) -> Result<RebuildReport> {
     let store = Store::open(into, partition_u16(src.partition)?)?;
     if store.watermark()?.is_some() {
-        return Err(Error::Other(format!(
+        return Err(Error::Audit(format!(
             "{} already holds a projection; rebuild needs an empty directory",
             into.display()
         )));
@@ -135,7 +135,7 @@ pub fn rebuild(
 }
 
 fn partition_u16(p: i32) -> Result<u16> {
-    u16::try_from(p).map_err(|_| Error::Other(format!("journal partition {p} out of range")))
+    u16::try_from(p).map_err(|_| Error::Audit(format!("journal partition {p} out of range")))
 }
 
 /// One key on which two projections disagree.
@@ -412,11 +412,11 @@ impl Alternative {
         let mut out = r.clone();
         if let Some(p) = &self.pools {
             let mut rules = ksched_core::rules::Rules::from_json(&r.rules_json)
-                .map_err(|e| Error::Other(format!("recorded rules: {e}")))?;
+                .map_err(|e| Error::Audit(format!("recorded rules: {e}")))?;
             p.apply_to(&mut rules);
             rules
                 .validate()
-                .map_err(|e| Error::Other(format!("alternative pools: {e}")))?;
+                .map_err(|e| Error::Audit(format!("alternative pools: {e}")))?;
             out.rules_json = rules.to_canonical_json();
             out.rules_id = sha256_parts([out.rules_json.as_bytes()])[..16].to_owned();
         }
@@ -677,7 +677,7 @@ pub fn export_jsonl(src: &Source, out: &mut dyn Write) -> Result<u64> {
     let mut n = 0;
     src.read(0, |rec| {
         let line = entry_json(rec.partition, rec.offset, &rec.entry);
-        writeln!(out, "{line}").map_err(|e| Error::Other(format!("writing the export: {e}")))?;
+        writeln!(out, "{line}").map_err(crate::error::io("writing the export"))?;
         n += 1;
         Ok(Flow::Continue)
     })?;
@@ -689,28 +689,28 @@ pub fn export_jsonl(src: &Source, out: &mut dyn Write) -> Result<u64> {
 pub fn export_avro(src: &Source, out: &mut dyn Write) -> Result<u64> {
     let entry_schema = ksched_codec::registry()
         .current("io.ksched.JournalEntry")
-        .ok_or_else(|| Error::Other("no JournalEntry schema".into()))?
+        .ok_or_else(|| Error::Audit("no JournalEntry schema".into()))?
         .schema;
     let mut writer = apache_avro::Writer::with_codec(
         entry_schema,
         out,
         apache_avro::Codec::Deflate(Default::default()),
     )
-    .map_err(|e| Error::Other(format!("starting the Avro export: {e}")))?;
+    .map_err(|e| Error::Audit(format!("starting the Avro export: {e}")))?;
     writer
         .add_user_metadata("ksched.journal.topic".into(), src.topic.as_bytes())
-        .map_err(|e| Error::Other(e.to_string()))?;
+        .map_err(|e| Error::Audit(e.to_string()))?;
     let mut n = 0;
     src.read(0, |rec| {
         writer
             .append_ser(rec.entry.redacted())
-            .map_err(|e| Error::Other(format!("writing the Avro export: {e}")))?;
+            .map_err(|e| Error::Audit(format!("writing the Avro export: {e}")))?;
         n += 1;
         Ok(Flow::Continue)
     })?;
     writer
         .flush()
-        .map_err(|e| Error::Other(format!("writing the Avro export: {e}")))?;
+        .map_err(|e| Error::Audit(format!("writing the Avro export: {e}")))?;
     Ok(n)
 }
 

@@ -1,4 +1,5 @@
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaErrorCode;
@@ -104,8 +105,36 @@ pub enum Error {
     #[error("input {}/{}@{} could not be processed: {detail}", .coords.0, .coords.1, .coords.2)]
     InputFailed { coords: Coords, detail: String },
 
+    /// A thread, a socket or a file the process needs could not be had.
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        source: std::io::Error,
+    },
+
+    /// Records of a transaction the broker did not acknowledge in time: the batch is retried.
+    #[error("{records} records of the transaction were not acknowledged within {timeout:?}")]
+    Unacknowledged { records: i32, timeout: Duration },
+
+    /// A topic the metadata does not list (not created yet, or deleted).
+    #[error("topic {topic} is not in the metadata")]
+    UnknownTopic { topic: String },
+
+    /// An audit question that cannot be answered as asked (a directory that is not empty, a
+    /// what-if with rules that do not hold together, an export that cannot be written).
     #[error("{0}")]
-    Other(String),
+    Audit(String),
+
+    /// A state the processor's own code should never reach (a consumer used before it was
+    /// created); retried like a transient error, and worth a bug report.
+    #[error("internal error: {0}")]
+    Invariant(&'static str),
+}
+
+/// Wraps an I/O error with what was being done.
+pub(crate) fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {
+    let context = context.into();
+    move |source| Error::Io { context, source }
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

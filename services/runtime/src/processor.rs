@@ -213,7 +213,7 @@ impl Caller {
                     call(&producer);
                 }
             })
-            .map_err(|e| Error::Other(format!("cannot start the transaction thread: {e}")))?;
+            .map_err(crate::error::io("starting the transaction thread"))?;
         Ok(Caller { calls })
     }
 
@@ -505,9 +505,9 @@ impl Processor {
     }
 
     fn consumer(&self) -> Result<&BaseConsumer<InputContext>> {
-        self.consumer
-            .as_ref()
-            .ok_or_else(|| Error::Other("processor is not subscribed".into()))
+        self.consumer.as_ref().ok_or(Error::Invariant(
+            "the processor's consumer is used before it subscribed",
+        ))
     }
 
     fn collect(&mut self, recovery: &mut Recovery) -> Result<Vec<InputRecord>> {
@@ -525,10 +525,9 @@ impl Processor {
                 seconds: stalled.as_secs(),
             });
         }
-        let consumer = self
-            .consumer
-            .as_ref()
-            .ok_or_else(|| Error::Other("processor is not subscribed".into()))?;
+        let consumer = self.consumer.as_ref().ok_or(Error::Invariant(
+            "the processor's consumer is used before it subscribed",
+        ))?;
         let mut batch = Vec::new();
         let first_wait = Duration::from_millis(100);
         let mut deadline: Option<Instant> = None;
@@ -794,9 +793,9 @@ impl Processor {
         let outcome = body(self).and_then(|offsets| {
             if let Some(tpl) = offsets {
                 let consumer = self.consumer()?;
-                let meta = consumer
-                    .group_metadata()
-                    .ok_or_else(|| Error::Other("consumer has no group metadata".into()))?;
+                let meta = consumer.group_metadata().ok_or(Error::Invariant(
+                    "the processor's consumer has no group metadata",
+                ))?;
                 self.bounded("send_offsets_to_transaction", timeout, move |p| {
                     p.send_offsets_to_transaction(&tpl, &meta, timeout)
                 })?
@@ -913,10 +912,10 @@ impl Processor {
         while self.producer.in_flight_count() > 0 {
             self.producer.poll(Duration::from_millis(1));
             if Instant::now() > deadline {
-                return Err(Error::Other(format!(
-                    "{} records of the transaction were not acknowledged within {timeout:?}",
-                    self.producer.in_flight_count()
-                )));
+                return Err(Error::Unacknowledged {
+                    records: self.producer.in_flight_count(),
+                    timeout,
+                });
             }
         }
         Ok(())

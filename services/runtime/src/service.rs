@@ -89,7 +89,7 @@ impl Scheduler {
             std::thread::Builder::new()
                 .name("ksched-processor".into())
                 .spawn(move || run_processor(c, s, st, sh))
-                .map_err(|e| Error::Other(format!("starting the processor thread: {e}")))?
+                .map_err(crate::error::io("starting the processor thread"))?
         };
         info!(
             bootstrap = %settings.kafka.bootstrap_servers,
@@ -171,7 +171,7 @@ impl Scheduler {
             }
         }
         p.join()
-            .map_err(|_| Error::Other("the processor thread panicked".into()))?
+            .map_err(|_| Error::Invariant("the processor thread panicked"))?
     }
 
     fn join_ticker(&mut self) {

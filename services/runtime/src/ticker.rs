@@ -64,7 +64,7 @@ pub fn spawn(
             }
             let _ = producer.flush(Duration::from_secs(2));
         })
-        .map_err(|e| crate::error::Error::Other(format!("starting the ticker thread: {e}")))?;
+        .map_err(crate::error::io("starting the ticker thread"))?;
     Ok(handle)
 }
 

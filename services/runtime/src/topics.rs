@@ -143,7 +143,10 @@ pub async fn ensure_topics(settings: &Settings, topics: &Topics) -> Result<()> {
             Ok(name) => info!(topic = %name, "topic created"),
             Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
             Err((name, code)) => {
-                return Err(Error::Other(format!("creating topic {name}: {code}")));
+                return Err(Error::Kafka {
+                    context: format!("creating topic {name}"),
+                    source: rdkafka::error::KafkaError::AdminOp(code),
+                });
             }
         }
     }
@@ -268,7 +271,9 @@ pub fn partition_count(settings: &Settings, topic: &str) -> Result<i32> {
             .topics()
             .iter()
             .find(|t| t.name() == topic)
-            .ok_or_else(|| Error::Other(format!("topic {topic} is not in the metadata")))?;
+            .ok_or_else(|| Error::UnknownTopic {
+                topic: topic.to_owned(),
+            })?;
         match t.error() {
             None if !t.partitions().is_empty() => {
                 return Ok(i32::try_from(t.partitions().len()).unwrap_or(i32::MAX));
