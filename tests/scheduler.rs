@@ -135,8 +135,18 @@ async fn with_no_worker_a_job_waits_and_is_dispatched_when_one_appears() {
         .await;
     assert_eq!(job.state, JobState::Pending);
     assert_eq!(job.wait_reason.as_deref(), Some("no_workers"));
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(s.job("job-wait").unwrap().state, JobState::Pending);
+    // Not a pause: the scheduler decides three more inputs (Ticks, which retry placement)
+    // and the job still waits.
+    let seen = s.store.watermark().unwrap().unwrap_or(-1);
+    wait_for(
+        "three more journal entries",
+        Duration::from_secs(30),
+        || s.store.watermark().unwrap().unwrap_or(-1) >= seen + 3,
+    )
+    .await;
+    let job = s.job("job-wait").unwrap();
+    assert_eq!(job.state, JobState::Pending);
+    assert_eq!(job.wait_reason.as_deref(), Some("no_workers"));
 
     let w = s.worker("late", |_| async { Outcome::succeeded() });
     let job = s

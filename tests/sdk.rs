@@ -41,7 +41,12 @@ async fn never_runs_more_than_max_parallel_jobs() {
                         let now = r.fetch_add(1, Ordering::SeqCst) + 1;
                         p.fetch_max(now, Ordering::SeqCst);
                         job.progress(0.5, "half").await;
-                        tokio::time::sleep(Duration::from_millis(150)).await;
+                        // Held until a second job runs beside it (bounded): a worker that
+                        // ran one job at a time would leave the peak at 1 whatever the timing.
+                        let until = std::time::Instant::now() + Duration::from_secs(2);
+                        while p.load(Ordering::SeqCst) < 2 && std::time::Instant::now() < until {
+                            tokio::time::sleep(Duration::from_millis(5)).await;
+                        }
                         r.fetch_sub(1, Ordering::SeqCst);
                         Outcome::succeeded()
                     }

@@ -18,7 +18,7 @@ use ksched_worker::{JobContext, Outcome, Worker, WorkerConfig};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use tokio_util::sync::CancellationToken;
 
-pub struct Scheduler {
+pub(crate) struct Scheduler {
     pub bootstrap: String,
     pub prefix: String,
     pub job_topic: String,
@@ -30,17 +30,17 @@ pub struct Scheduler {
 }
 
 /// Extra `KSCHED__*` settings for a test.
-pub type Env = Vec<(&'static str, String)>;
+pub(crate) type Env = Vec<(&'static str, String)>;
 
 impl Scheduler {
-    pub async fn start(env: Env) -> Scheduler {
+    pub(crate) async fn start(env: Env) -> Scheduler {
         Scheduler::try_start(env)
             .await
             .unwrap_or_else(|e| panic!("starting the scheduler: {e}"))
     }
 
     /// Starts a scheduler, or says why it would not start.
-    pub async fn try_start(env: Env) -> Result<Scheduler, String> {
+    pub(crate) async fn try_start(env: Env) -> Result<Scheduler, String> {
         let bootstrap = bootstrap_servers().unwrap_or_else(|e| panic!("{e}"));
         let prefix = format!("{}.", unique("t"));
         let job_topic = format!("{prefix}jobs");
@@ -118,17 +118,17 @@ impl Scheduler {
         .await;
     }
 
-    pub fn topic(&self, name: &str) -> String {
+    pub(crate) fn topic(&self, name: &str) -> String {
         format!("{}{name}", self.prefix)
     }
 
     /// Produces a record (single-object encoded) to `topic`.
-    pub fn produce<T: Record>(&self, topic: &str, key: &str, value: &T) {
+    pub(crate) fn produce<T: Record>(&self, topic: &str, key: &str, value: &T) {
         let bytes = ksched_codec::encode(value).unwrap();
         self.produce_raw(topic, key, &bytes);
     }
 
-    pub fn produce_raw(&self, topic: &str, key: &str, bytes: &[u8]) {
+    pub(crate) fn produce_raw(&self, topic: &str, key: &str, bytes: &[u8]) {
         let producer: BaseProducer = client_config(&self.bootstrap).create().unwrap();
         producer
             .send(BaseRecord::to(topic).key(key).payload(bytes))
@@ -137,16 +137,16 @@ impl Scheduler {
         producer.flush(Duration::from_secs(10)).unwrap();
     }
 
-    pub fn submit(&self, request: &JobRequest) {
+    pub(crate) fn submit(&self, request: &JobRequest) {
         self.produce(&self.job_topic, &request.job_id, request);
     }
 
-    pub fn job(&self, id: &str) -> Option<Job> {
+    pub(crate) fn job(&self, id: &str) -> Option<Job> {
         self.store.job(id).unwrap()
     }
 
     /// Waits until the projection's job satisfies `pred`; returns it.
-    pub async fn wait_job(&self, id: &str, what: &str, pred: impl Fn(&Job) -> bool) -> Job {
+    pub(crate) async fn wait_job(&self, id: &str, what: &str, pred: impl Fn(&Job) -> bool) -> Job {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             if let Some(j) = self.job(id)
@@ -166,7 +166,7 @@ impl Scheduler {
     }
 
     /// Starts an SDK worker of the `default` pool running `handler`.
-    pub fn worker<H, F>(&self, id: &str, handler: H) -> WorkerHandle
+    pub(crate) fn worker<H, F>(&self, id: &str, handler: H) -> WorkerHandle
     where
         H: Fn(JobContext) -> F + Send + Sync + 'static,
         F: std::future::Future<Output = Outcome> + Send + 'static,
@@ -184,7 +184,7 @@ impl Scheduler {
     }
 
     /// Waits until the scheduler knows worker `id` as alive with dispatch partitions.
-    pub async fn wait_worker(&self, id: &str) {
+    pub(crate) async fn wait_worker(&self, id: &str) {
         wait_for(
             &format!("worker {id} to be known"),
             Duration::from_secs(60),
@@ -198,13 +198,13 @@ impl Scheduler {
     }
 
     /// Every journal entry so far (read_committed, from the beginning).
-    pub fn journal(&self) -> Vec<(i64, JournalEntry)> {
+    pub(crate) fn journal(&self) -> Vec<(i64, JournalEntry)> {
         read_all(&self.bootstrap, &self.topic("journal"), |b| {
             ksched_codec::decode::<JournalEntry>(b).unwrap()
         })
     }
 
-    pub fn dead_letters(&self) -> Vec<DeadLetter> {
+    pub(crate) fn dead_letters(&self) -> Vec<DeadLetter> {
         read_all(&self.bootstrap, &self.topic("dlq"), |b| {
             ksched_codec::decode::<DeadLetter>(b).unwrap()
         })
@@ -213,7 +213,7 @@ impl Scheduler {
         .collect()
     }
 
-    pub fn dispatch_records(&self) -> Vec<AnyRecord> {
+    pub(crate) fn dispatch_records(&self) -> Vec<AnyRecord> {
         read_all(&self.bootstrap, &self.topic("dispatch.default"), |b| {
             ksched_codec::decode_any(b).unwrap()
         })
@@ -223,7 +223,7 @@ impl Scheduler {
     }
 
     /// Starts the processor again on the same store and topics (after [`Scheduler::stop`]).
-    pub async fn restart(mut self) -> Scheduler {
+    pub(crate) async fn restart(mut self) -> Scheduler {
         drop(self.running.take());
         let running = ksched_runtime::Scheduler::start_on(self.config.clone(), self.store.clone())
             .await
@@ -235,27 +235,27 @@ impl Scheduler {
         self
     }
 
-    pub fn stop(&mut self) {
+    pub(crate) fn stop(&mut self) {
         if let Some(r) = self.running.take() {
             r.stop().unwrap();
         }
     }
 }
 
-pub struct WorkerHandle {
+pub(crate) struct WorkerHandle {
     pub token: CancellationToken,
     pub handle: tokio::task::JoinHandle<ksched_worker::Result<()>>,
 }
 
 impl WorkerHandle {
-    pub async fn stop(self) {
+    pub(crate) async fn stop(self) {
         self.token.cancel();
         self.handle.await.unwrap().unwrap();
     }
 }
 
 /// Polls `cond` until it holds, or panics after `limit`.
-pub async fn wait_for(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
+pub(crate) async fn wait_for(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
     let deadline = Instant::now() + limit;
     while !cond() {
         if Instant::now() > deadline {
@@ -266,7 +266,11 @@ pub async fn wait_for(what: &str, limit: Duration, mut cond: impl FnMut() -> boo
 }
 
 /// Reads a topic from the beginning to its end as of the call, read_committed.
-pub fn read_all<T>(bootstrap: &str, topic: &str, decode: impl Fn(&[u8]) -> T) -> Vec<(i64, T)> {
+pub(crate) fn read_all<T>(
+    bootstrap: &str,
+    topic: &str,
+    decode: impl Fn(&[u8]) -> T,
+) -> Vec<(i64, T)> {
     ksched_testkit::read_to_end(bootstrap, topic)
         .unwrap_or_else(|e| panic!("reading {topic}: {e}"))
         .into_iter()
@@ -274,7 +278,7 @@ pub fn read_all<T>(bootstrap: &str, topic: &str, decode: impl Fn(&[u8]) -> T) ->
         .collect()
 }
 
-pub fn request(scheduler: &Scheduler, id: &str) -> JobRequest {
+pub(crate) fn request(scheduler: &Scheduler, id: &str) -> JobRequest {
     JobRequest {
         job_id: id.into(),
         topic: scheduler.job_topic.clone(),
@@ -285,13 +289,13 @@ pub fn request(scheduler: &Scheduler, id: &str) -> JobRequest {
     }
 }
 
-pub fn now_ms() -> i64 {
+pub(crate) fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_millis() as i64
 }
 
-pub fn data_dir(s: &Scheduler) -> PathBuf {
+pub(crate) fn data_dir(s: &Scheduler) -> PathBuf {
     s.config.settings.storage.data_dir.clone()
 }

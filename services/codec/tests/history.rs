@@ -66,3 +66,40 @@ fn every_historical_version_is_readable_by_the_current_reader() {
     }
     assert!(checked >= TOP_LEVEL.len());
 }
+
+/// A record written by an older release, with the older schema it was written with, decodes
+/// into today's type: here a Tick from before watermarks existed (its `watermark` is None).
+#[test]
+fn a_tick_written_before_watermarks_existed_decodes() {
+    use apache_avro::types::Value;
+    let old = registry()
+        .writers()
+        .find(|w| w.name == "io.ksched.Tick" && !w.json.contains("watermark"))
+        .expect("schemas/history holds the Tick schema from before watermarks");
+    assert_ne!(
+        old.fingerprint,
+        registry().current("io.ksched.Tick").unwrap().fingerprint,
+        "an older version, not the current one"
+    );
+    let datum = apache_avro::writer::datum::GenericDatumWriter::builder(old.schema)
+        .build()
+        .unwrap()
+        .write_value_to_vec(Value::Record(vec![
+            ("source".into(), Value::String("ticker-2025".into())),
+            (
+                "issued_at".into(),
+                Value::TimestampMillis(1_700_000_000_000),
+            ),
+        ]))
+        .unwrap();
+    let mut bytes = old.header().to_vec();
+    bytes.extend(datum);
+    match ksched_codec::decode_any(&bytes).unwrap() {
+        ksched_codec::AnyRecord::Tick(t) => {
+            assert_eq!(t.source, "ticker-2025");
+            assert_eq!(t.issued_at, 1_700_000_000_000);
+            assert_eq!(t.watermark, None, "the new field takes its default");
+        }
+        other => panic!("decoded as {}", other.name()),
+    }
+}

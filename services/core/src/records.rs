@@ -379,15 +379,15 @@ pub struct DeadLetter {
 pub(crate) mod serde_bytes_compat {
     use serde::{Deserializer, Serializer, de};
 
-    pub fn serialize<S: Serializer>(v: &[u8], s: S) -> Result<S::Ok, S::Error> {
+    pub(crate) fn serialize<S: Serializer>(v: &[u8], s: S) -> Result<S::Ok, S::Error> {
         s.serialize_bytes(v)
     }
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
         struct V;
         impl<'de> de::Visitor<'de> for V {
             type Value = Vec<u8>;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
                 f.write_str("bytes")
             }
             fn visit_bytes<E: de::Error>(self, v: &[u8]) -> Result<Vec<u8>, E> {

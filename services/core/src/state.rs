@@ -2,7 +2,7 @@
 //!
 //! `apply` (in `apply.rs`) is the only code that changes it. Queues, timers, tenant counts and
 //! each worker's in-flight set are indexes derived from job records; they are maintained in one
-//! place ([`State::update_job`]) so they can never disagree with the jobs they index.
+//! place (`State::update_job`) so they can never disagree with the jobs they index.
 //!
 //! The state may be partial: the runtime keeps active jobs in memory and loads terminal jobs
 //! and idempotency keys from RocksDB before deciding on an input that names them
@@ -35,7 +35,7 @@ pub struct HistoryItem {
     pub detail: String,
 }
 
-/// Most lines a job's history keeps (see [`State::write_history`]).
+/// Most lines a job's history keeps (see `State::write_history`).
 pub const HISTORY_MAX: u32 = 200;
 
 /// One line of a job's history as the owner of the state persists it: the job, the line's

@@ -26,7 +26,7 @@ use crate::cli::output::time;
 use crate::run::{Service, init_tracing, signals};
 
 /// The demo's safety policy: prod needs a human, destructive prod jobs never run.
-pub const DEV_POLICY: &str = r#"package ksched.input
+pub(crate) const DEV_POLICY: &str = r#"package ksched.input
 
 default allow := true
 
@@ -43,11 +43,11 @@ require_approval contains "jobs touching prod need a human" if {
 constraints := {"max_retries": 2} if input.job.labels.flaky == "true"
 "#;
 
-pub const CPU_TOPIC: &str = "job.dev.cpu";
-pub const GPU_TOPIC: &str = "job.dev.gpu";
+pub(crate) const CPU_TOPIC: &str = "job.dev.cpu";
+pub(crate) const GPU_TOPIC: &str = "job.dev.gpu";
 
 #[derive(Debug, Args)]
-pub struct DevArgs {
+pub(crate) struct DevArgs {
     /// Use this Kafka instead of the embedded in-memory one.
     #[arg(long)]
     pub bootstrap_servers: Option<String>,
@@ -128,7 +128,7 @@ fn dev_config(
 }
 
 /// The first wave of demo jobs and what each one shows.
-pub fn demo_jobs() -> Vec<(JobRequest, &'static str)> {
+pub(crate) fn demo_jobs() -> Vec<(JobRequest, &'static str)> {
     let job = |id: &str, topic: &str| JobRequest {
         job_id: id.into(),
         topic: topic.into(),
@@ -225,7 +225,7 @@ fn now_ms() -> i64 {
         .map_or(0, |d| d.as_millis() as i64)
 }
 
-pub fn main(args: DevArgs) -> ExitCode {
+pub(crate) fn main(args: DevArgs) -> ExitCode {
     match dev(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -479,7 +479,7 @@ fn print_journal(client: &ClientConfig, topic: &str, shutdown: &CancellationToke
 }
 
 /// One line per notable event of an entry (every event with `verbose`).
-pub fn describe(entry: &JournalEntry, verbose: bool) -> Vec<String> {
+pub(crate) fn describe(entry: &JournalEntry, verbose: bool) -> Vec<String> {
     let mut out = Vec::new();
     for e in &entry.events {
         let notable = match e {

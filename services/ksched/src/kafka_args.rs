@@ -9,7 +9,7 @@ use ksched_core::properties::parse_property;
 use ksched_runtime::settings::read_properties_file;
 
 #[derive(Debug, Clone, Default, Args)]
-pub struct KafkaArgs {
+pub(crate) struct KafkaArgs {
     /// A librdkafka property for every Kafka client, e.g. `-X security.protocol=SASL_SSL`
     /// (repeatable; over `--command-config` and the settings file).
     #[arg(short = 'X', long = "property", value_name = "KEY=VALUE", value_parser = parse_property, global = true)]
@@ -26,7 +26,7 @@ pub struct KafkaArgs {
 
 impl KafkaArgs {
     /// The properties to apply, the file's first.
-    pub fn properties(&self) -> ksched_runtime::Result<Vec<(String, String)>> {
+    pub(crate) fn properties(&self) -> ksched_runtime::Result<Vec<(String, String)>> {
         let mut out = match &self.command_config {
             Some(path) => read_properties_file(path)?,
             None => Vec::new(),

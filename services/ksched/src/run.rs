@@ -13,15 +13,15 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 /// Where `ksched run` looks for its settings by default; without it, defaults apply.
-pub const DEFAULT_CONFIG: &str = "config/ksched.yaml";
+pub(crate) const DEFAULT_CONFIG: &str = "config/ksched.yaml";
 
 /// Exit code for configuration errors (the message says what to fix).
-pub const EXIT_CONFIG: u8 = 2;
+pub(crate) const EXIT_CONFIG: u8 = 2;
 /// Exit code when the processor stops on an error.
-pub const EXIT_FAILED: u8 = 1;
+pub(crate) const EXIT_FAILED: u8 = 1;
 
 #[derive(Debug, Args)]
-pub struct RunArgs {
+pub(crate) struct RunArgs {
     /// Settings file; its directory is where pools_file and policy_dir are looked up.
     #[arg(
         long,
@@ -53,7 +53,7 @@ pub struct RunArgs {
 }
 
 impl RunArgs {
-    pub fn load(&self) -> ksched_runtime::Result<Config> {
+    pub(crate) fn load(&self) -> ksched_runtime::Result<Config> {
         let flags = Overrides {
             bootstrap_servers: self.bootstrap_servers.clone(),
             data_dir: self.data_dir.clone(),
@@ -75,7 +75,7 @@ impl RunArgs {
 
 /// Keeps trace export alive; flushes it when dropped.
 #[derive(Default)]
-pub struct Tracing {
+pub(crate) struct Tracing {
     #[cfg(feature = "otel")]
     provider: Option<opentelemetry_sdk::trace::SdkTracerProvider>,
 }
@@ -91,7 +91,7 @@ impl Drop for Tracing {
 
 /// Logs to stderr (text or JSON, filtered by `log.level` or RUST_LOG) and, with the `otel`
 /// feature and `log.otlp_endpoint`, exports spans over OTLP/HTTP.
-pub fn init_tracing(log: &LogSettings) -> anyhow::Result<Tracing> {
+pub(crate) fn init_tracing(log: &LogSettings) -> anyhow::Result<Tracing> {
     use tracing_subscriber::EnvFilter;
     use tracing_subscriber::prelude::*;
     let filter = EnvFilter::try_from_default_env()
@@ -145,7 +145,7 @@ pub fn init_tracing(log: &LogSettings) -> anyhow::Result<Tracing> {
     Ok(guard)
 }
 
-pub fn main(args: RunArgs) -> ExitCode {
+pub(crate) fn main(args: RunArgs) -> ExitCode {
     let config = match args.load() {
         Ok(c) => c,
         Err(e) => {
@@ -175,14 +175,14 @@ pub fn main(args: RunArgs) -> ExitCode {
 }
 
 /// A running scheduler and its HTTP API, on one async runtime.
-pub struct Service {
+pub(crate) struct Service {
     pub rt: tokio::runtime::Runtime,
     pub scheduler: Scheduler,
 }
 
 impl Service {
     /// Starts the scheduler (store, topics, ticker, processor) and the HTTP API.
-    pub fn start(config: Config) -> anyhow::Result<Service> {
+    pub(crate) fn start(config: Config) -> anyhow::Result<Service> {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -219,7 +219,7 @@ impl Service {
     }
 
     /// The token that stops everything.
-    pub fn shutdown(&self) -> CancellationToken {
+    pub(crate) fn shutdown(&self) -> CancellationToken {
         self.scheduler.shutdown.clone()
     }
 
@@ -227,7 +227,7 @@ impl Service {
     /// rest. An instance another one replaced keeps answering its API (not ready, and why)
     /// until it is told to stop, so a restart policy does not make two instances fence each
     /// other in turn.
-    pub fn wait(self) -> anyhow::Result<()> {
+    pub(crate) fn wait(self) -> anyhow::Result<()> {
         let Service { rt, scheduler } = self;
         let shutdown = scheduler.shutdown.clone();
         let status = scheduler.status.clone();
@@ -254,7 +254,7 @@ impl Service {
 }
 
 /// Starts everything and blocks until a signal (or a fatal error) stops it.
-pub fn serve(config: Config) -> anyhow::Result<()> {
+pub(crate) fn serve(config: Config) -> anyhow::Result<()> {
     let service = Service::start(config)?;
     service.rt.spawn(signals(service.shutdown()));
     service.wait()
@@ -262,7 +262,7 @@ pub fn serve(config: Config) -> anyhow::Result<()> {
 
 /// First SIGINT/SIGTERM: finish the open batch and stop (within `shutdown_grace_ms`).
 /// Second: exit at once.
-pub async fn signals(shutdown: CancellationToken) {
+pub(crate) async fn signals(shutdown: CancellationToken) {
     use tokio::signal::unix::{SignalKind, signal};
     let (Ok(mut int), Ok(mut term)) = (
         signal(SignalKind::interrupt()),

@@ -55,7 +55,7 @@ pub struct Recovery {
     /// Inputs to dead-letter as `processing_failed` instead of deciding on them, with what
     /// failed.
     pub set_aside: BTreeMap<Coords, String>,
-    /// When isolation began; it ends after [`ISOLATION_LIMIT`] whatever happens.
+    /// When isolation began; it ends after `ISOLATION_LIMIT` whatever happens.
     pub isolating_since: Option<Instant>,
 }
 

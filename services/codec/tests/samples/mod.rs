@@ -12,7 +12,7 @@ fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         .collect()
 }
 
-pub fn template() -> JobTemplate {
+pub(crate) fn template() -> JobTemplate {
     JobTemplate {
         topic: "job.default".into(),
         priority: Priority::Interactive,
@@ -27,7 +27,7 @@ pub fn template() -> JobTemplate {
     }
 }
 
-pub fn job_request() -> JobRequest {
+pub(crate) fn job_request() -> JobRequest {
     JobRequest {
         job_id: "job-1".into(),
         topic: "job.default".into(),
@@ -55,7 +55,7 @@ pub fn job_request() -> JobRequest {
     }
 }
 
-pub fn job_started() -> JobStarted {
+pub(crate) fn job_started() -> JobStarted {
     JobStarted {
         job_id: "job-1".into(),
         attempt: 1,
@@ -64,7 +64,7 @@ pub fn job_started() -> JobStarted {
     }
 }
 
-pub fn job_progress() -> JobProgress {
+pub(crate) fn job_progress() -> JobProgress {
     JobProgress {
         job_id: "job-1".into(),
         attempt: 1,
@@ -75,7 +75,7 @@ pub fn job_progress() -> JobProgress {
     }
 }
 
-pub fn job_result() -> JobResult {
+pub(crate) fn job_result() -> JobResult {
     JobResult {
         job_id: "job-1".into(),
         attempt: 1,
@@ -94,7 +94,7 @@ pub fn job_result() -> JobResult {
     }
 }
 
-pub fn heartbeat() -> Heartbeat {
+pub(crate) fn heartbeat() -> Heartbeat {
     Heartbeat {
         worker_id: "w-1".into(),
         pool: "default".into(),
@@ -113,7 +113,7 @@ pub fn heartbeat() -> Heartbeat {
     }
 }
 
-pub fn cancel_job() -> CancelJob {
+pub(crate) fn cancel_job() -> CancelJob {
     CancelJob {
         job_id: "job-1".into(),
         tenant_id: Some("acme".into()),
@@ -123,7 +123,7 @@ pub fn cancel_job() -> CancelJob {
     }
 }
 
-pub fn approve_job() -> ApproveJob {
+pub(crate) fn approve_job() -> ApproveJob {
     ApproveJob {
         job_id: "job-1".into(),
         job_hash: "ab".repeat(32),
@@ -134,7 +134,7 @@ pub fn approve_job() -> ApproveJob {
     }
 }
 
-pub fn reject_job() -> RejectJob {
+pub(crate) fn reject_job() -> RejectJob {
     RejectJob {
         job_id: "job-1".into(),
         approver: "bob".into(),
@@ -143,7 +143,7 @@ pub fn reject_job() -> RejectJob {
     }
 }
 
-pub fn tick() -> Tick {
+pub(crate) fn tick() -> Tick {
     Tick {
         source: "ticker-1".into(),
         issued_at: 1_700_000_001_000,
@@ -151,7 +151,7 @@ pub fn tick() -> Tick {
     }
 }
 
-pub fn constraints() -> Constraints {
+pub(crate) fn constraints() -> Constraints {
     Constraints {
         max_retries: Some(2),
         max_concurrent_jobs: Some(10),
@@ -161,7 +161,7 @@ pub fn constraints() -> Constraints {
     }
 }
 
-pub fn dispatch() -> Dispatch {
+pub(crate) fn dispatch() -> Dispatch {
     Dispatch {
         job: job_request(),
         attempt: 2,
@@ -173,7 +173,7 @@ pub fn dispatch() -> Dispatch {
     }
 }
 
-pub fn cancel_dispatch() -> CancelDispatch {
+pub(crate) fn cancel_dispatch() -> CancelDispatch {
     CancelDispatch {
         job_id: "job-1".into(),
         attempt: 2,
@@ -184,7 +184,7 @@ pub fn cancel_dispatch() -> CancelDispatch {
     }
 }
 
-pub fn dead_letter() -> DeadLetter {
+pub(crate) fn dead_letter() -> DeadLetter {
     DeadLetter {
         job_id: "job-1".into(),
         topic: "job.default".into(),
@@ -211,7 +211,7 @@ fn candidate(score: Option<f64>) -> Candidate {
     }
 }
 
-pub fn reconfigure() -> Reconfigure {
+pub(crate) fn reconfigure() -> Reconfigure {
     Reconfigure {
         rules_json: "{\"pools\":{}}".into(),
         policy_modules: map(&[("input.rego", "package ksched.input\nallow := true\n")]),
@@ -222,7 +222,7 @@ pub fn reconfigure() -> Reconfigure {
 }
 
 /// One of every event, in union order.
-pub fn every_event() -> Vec<Event> {
+pub(crate) fn every_event() -> Vec<Event> {
     vec![
         Event::JobAccepted(JobAccepted {
             job_id: "job-1".into(),
@@ -422,7 +422,7 @@ pub fn every_event() -> Vec<Event> {
 }
 
 /// One of every input, in union order.
-pub fn every_input() -> Vec<Input> {
+pub(crate) fn every_input() -> Vec<Input> {
     vec![
         Input::Submit(job_request()),
         Input::Started(job_started()),

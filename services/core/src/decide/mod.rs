@@ -3,7 +3,7 @@
 //! A handler reads the state, emits an event, and the event is applied at once, so the next
 //! decision in the same input (placing the second of two queued jobs, say) sees the first.
 //! This is the same as computing all events first and applying them after, as long as every
-//! state change goes through an event, which [`Decider::emit`] guarantees: handlers only get
+//! state change goes through an event, which `Decider::emit` guarantees: handlers only get
 //! `&State`. The journal entry for the input is the input plus these events; replaying the
 //! entry with [`crate::apply::apply_entry`] yields the same state.
 //!

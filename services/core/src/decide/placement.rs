@@ -20,9 +20,9 @@ use crate::state::{Job, QueueKey, State, Worker};
 use crate::strategy::{Assessment, Eligible, for_kind};
 
 /// Label naming the worker a job would like (SPEC §3.4).
-pub const LABEL_PREFERRED_WORKER: &str = "preferred_worker_id";
+pub(super) const LABEL_PREFERRED_WORKER: &str = "preferred_worker_id";
 /// Job label prefixes that must equal the worker's label of the same name (SPEC §3.5).
-pub const PLACEMENT_PREFIXES: &[&str] = &["placement.", "constraint.", "node."];
+pub(super) const PLACEMENT_PREFIXES: &[&str] = &["placement.", "constraint.", "node."];
 
 /// Most candidates a placement event lists; the rest are counted (a pool of thousands of
 /// workers must not make every placement event thousands of entries long).

@@ -6,9 +6,9 @@ use crate::events::*;
 use crate::records::JobRequest;
 
 /// Label marking a compensation job.
-pub const LABEL_SAGA_COMPENSATION: &str = "saga_compensation";
+pub(super) const LABEL_SAGA_COMPENSATION: &str = "saga_compensation";
 /// Label naming the workflow a compensation job belongs to.
-pub const LABEL_SAGA_WORKFLOW: &str = "saga_workflow_id";
+pub(super) const LABEL_SAGA_WORKFLOW: &str = "saga_workflow_id";
 
 /// The workflow a job belongs to, as a step or as a compensation.
 pub fn workflow_of(request: &JobRequest) -> Option<&str> {

@@ -10,7 +10,7 @@ use crate::rules::{Limits, Rules};
 use crate::state::{Job, State};
 
 /// Label naming the one pool a job would like (SPEC §3.3).
-pub const LABEL_PREFERRED_POOL: &str = "preferred_pool";
+pub(super) const LABEL_PREFERRED_POOL: &str = "preferred_pool";
 
 impl Decider<'_, '_> {
     pub(super) fn submit(&mut self, input: &JobRequest) {
@@ -185,7 +185,7 @@ impl Decider<'_, '_> {
 }
 
 /// Longest job or tenant id, in bytes (ids key records, logs and terminals).
-pub const MAX_ID_BYTES: usize = 256;
+pub(super) const MAX_ID_BYTES: usize = 256;
 
 /// Why a decodable request still cannot be scheduled, if it cannot: `record_too_large` for
 /// what exceeds the configured limits, `malformed_record` for the rest.

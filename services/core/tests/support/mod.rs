@@ -21,7 +21,7 @@ type OutputRule = Box<dyn Fn(&Value) -> Option<OutputDecision>>;
 /// A policy engine scripted by closures over the input document; the first rule that answers
 /// wins, otherwise allow. Deterministic, like the real one.
 #[derive(Default)]
-pub struct ScriptPolicy {
+pub(crate) struct ScriptPolicy {
     pub input: Vec<InputRule>,
     pub output: Vec<OutputRule>,
     pub calls: RefCell<u32>,
@@ -40,11 +40,11 @@ impl PolicyEngine for ScriptPolicy {
     }
 }
 
-pub const T0: i64 = 1_700_000_000_000;
+pub(crate) const T0: i64 = 1_700_000_000_000;
 
 /// What the processor keeps on disk, as maps: the partial state loads from it.
 #[derive(Default)]
-pub struct ColdMap {
+pub(crate) struct ColdMap {
     pub jobs: BTreeMap<String, Job>,
     pub sagas: BTreeMap<String, Saga>,
     pub idempotency: BTreeMap<(String, String), IdempotencyEntry>,
@@ -96,7 +96,7 @@ impl ColdMap {
 
 /// Rules with one `default` pool for topic `job.default`, a `gpu` pool requiring gpu for
 /// `job.gpu`, and `job.multi` mapped to [a, b].
-pub fn rules() -> Rules {
+pub(crate) fn rules() -> Rules {
     let mut r = Rules::default();
     r.topics
         .insert("job.default".into(), vec!["default".into()]);
@@ -117,7 +117,7 @@ pub fn rules() -> Rules {
     r
 }
 
-pub fn reconfigure(rules: &Rules, snapshot: &str) -> Reconfigure {
+pub(crate) fn reconfigure(rules: &Rules, snapshot: &str) -> Reconfigure {
     Reconfigure {
         rules_json: rules.to_canonical_json(),
         policy_modules: BTreeMap::new(),
@@ -127,7 +127,7 @@ pub fn reconfigure(rules: &Rules, snapshot: &str) -> Reconfigure {
     }
 }
 
-pub fn job(id: &str) -> JobRequest {
+pub(crate) fn job(id: &str) -> JobRequest {
     JobRequest {
         job_id: id.into(),
         topic: "job.default".into(),
@@ -138,7 +138,7 @@ pub fn job(id: &str) -> JobRequest {
     }
 }
 
-pub fn hb(worker: &str, pool: &str) -> Heartbeat {
+pub(crate) fn hb(worker: &str, pool: &str) -> Heartbeat {
     Heartbeat {
         worker_id: worker.into(),
         pool: pool.into(),
@@ -148,7 +148,7 @@ pub fn hb(worker: &str, pool: &str) -> Heartbeat {
     }
 }
 
-pub struct Sim {
+pub(crate) struct Sim {
     pub state: State,
     /// The same inputs on a partial state that evicts cold records after every input and
     /// loads them back on demand, as the processor does.
@@ -170,20 +170,20 @@ pub struct Sim {
 }
 
 /// The ticker's interval in scenarios (the default `tick_interval_ms`).
-pub const TICK_MS: i64 = 1_000;
+pub(crate) const TICK_MS: i64 = 1_000;
 /// How often keep-alive workers heartbeat in scenarios.
-pub const HEARTBEAT_MS: i64 = 3_000;
+pub(crate) const HEARTBEAT_MS: i64 = 3_000;
 
 impl Sim {
-    pub fn new() -> Sim {
+    pub(crate) fn new() -> Sim {
         Sim::with_rules(rules())
     }
 
-    pub fn with_rules(rules: Rules) -> Sim {
+    pub(crate) fn with_rules(rules: Rules) -> Sim {
         Sim::with_policy(rules, ScriptPolicy::default())
     }
 
-    pub fn with_policy(rules: Rules, policy: ScriptPolicy) -> Sim {
+    pub(crate) fn with_policy(rules: Rules, policy: ScriptPolicy) -> Sim {
         let mut sim = Sim {
             state: State::new(),
             partial: State::tracking_changes(),
@@ -203,7 +203,7 @@ impl Sim {
         sim
     }
 
-    pub fn reconfigure(&mut self, rules: &Rules, snapshot: &str) -> Vec<Event> {
+    pub(crate) fn reconfigure(&mut self, rules: &Rules, snapshot: &str) -> Vec<Event> {
         self.input(
             "ksched.control",
             Input::Reconfigure(reconfigure(rules, snapshot)),
@@ -211,7 +211,7 @@ impl Sim {
     }
 
     /// Processes one input read from `topic` at the current time; returns its events.
-    pub fn input(&mut self, topic: &str, input: Input) -> Vec<Event> {
+    pub(crate) fn input(&mut self, topic: &str, input: Input) -> Vec<Event> {
         let cause = Cause {
             topic: topic.into(),
             partition: 0,
@@ -272,7 +272,7 @@ impl Sim {
 
     /// Applies the journal event by event, calling `each` after every event with the state
     /// and the event (for checks of every intermediate state).
-    pub fn replay_each(&self, mut each: impl FnMut(&State, &Event)) {
+    pub(crate) fn replay_each(&self, mut each: impl FnMut(&State, &Event)) {
         let mut replay = State::new();
         for entry in &self.journal {
             ksched_core::apply::apply_entry(
@@ -295,7 +295,7 @@ impl Sim {
     }
 
     /// Replay == live and index consistency, after every input.
-    pub fn check(&self) {
+    pub(crate) fn check(&self) {
         let mut replayed = State::new();
         for e in &self.journal {
             ksched_core::apply_entry(&mut replayed, e);
@@ -334,25 +334,25 @@ impl Sim {
         assert_eq!(self.partial.breakers, self.state.breakers);
     }
 
-    pub fn submit(&mut self, req: JobRequest) -> Vec<Event> {
+    pub(crate) fn submit(&mut self, req: JobRequest) -> Vec<Event> {
         let topic = req.topic.clone();
         self.input(&topic, Input::Submit(req))
     }
 
-    pub fn heartbeat(&mut self, hb: Heartbeat) -> Vec<Event> {
+    pub(crate) fn heartbeat(&mut self, hb: Heartbeat) -> Vec<Event> {
         let mut hb = hb;
         hb.sent_at = self.now;
         self.input("ksched.heartbeats", Input::Heartbeat(hb))
     }
 
-    pub fn worker(&mut self, worker: &str, pool: &str) -> Vec<Event> {
+    pub(crate) fn worker(&mut self, worker: &str, pool: &str) -> Vec<Event> {
         self.heartbeat(hb(worker, pool))
     }
 
     /// Lets `ms` pass as in production: the ticker appends a Tick every [`TICK_MS`], each
     /// judged at its own time, and workers named by [`Sim::keep_alive`] heartbeat every
     /// [`HEARTBEAT_MS`]. Ends with a Tick at the new time; returns the events of every input.
-    pub fn tick_after(&mut self, ms: i64) -> Vec<Event> {
+    pub(crate) fn tick_after(&mut self, ms: i64) -> Vec<Event> {
         let mut events = self.elapse(ms);
         events.extend(self.tick_now());
         events
@@ -361,19 +361,19 @@ impl Sim {
     /// Lets `ms` pass as in production (Ticks and keep-alive heartbeats, as in
     /// [`Sim::tick_after`]) without a Tick at the end, so the next input is read at the new
     /// time. Returns what happened meanwhile.
-    pub fn advance(&mut self, ms: i64) -> Vec<Event> {
+    pub(crate) fn advance(&mut self, ms: i64) -> Vec<Event> {
         self.elapse(ms)
     }
 
     /// Time jumps by `ms` with nothing read meanwhile (a broker outage, the scheduler down):
     /// the next Tick sees a gap.
-    pub fn gap(&mut self, ms: i64) {
+    pub(crate) fn gap(&mut self, ms: i64) {
         self.now += ms;
         self.last_beat = self.now;
     }
 
     /// Workers that keep heartbeating (as `hb(worker, pool)`) while time passes.
-    pub fn keep_alive(&mut self, workers: &[(&str, &str)]) {
+    pub(crate) fn keep_alive(&mut self, workers: &[(&str, &str)]) {
         self.alive = workers
             .iter()
             .map(|(w, p)| ((*w).to_owned(), (*p).to_owned()))
@@ -406,7 +406,7 @@ impl Sim {
     }
 
     /// A Tick at the current time, judged at it.
-    pub fn tick_now(&mut self) -> Vec<Event> {
+    pub(crate) fn tick_now(&mut self) -> Vec<Event> {
         self.last_tick = self.now;
         self.input(
             "ksched.control",
@@ -418,7 +418,7 @@ impl Sim {
         )
     }
 
-    pub fn started(&mut self, job_id: &str, attempt: i32, worker: &str) -> Vec<Event> {
+    pub(crate) fn started(&mut self, job_id: &str, attempt: i32, worker: &str) -> Vec<Event> {
         self.input(
             "ksched.results",
             Input::Started(JobStarted {
@@ -430,7 +430,7 @@ impl Sim {
         )
     }
 
-    pub fn result(
+    pub(crate) fn result(
         &mut self,
         job_id: &str,
         attempt: i32,
@@ -440,7 +440,7 @@ impl Sim {
         self.result_with(job_id, attempt, worker, status, None)
     }
 
-    pub fn result_with(
+    pub(crate) fn result_with(
         &mut self,
         job_id: &str,
         attempt: i32,
@@ -465,7 +465,7 @@ impl Sim {
         )
     }
 
-    pub fn cancel(&mut self, job_id: &str, tenant: Option<&str>) -> Vec<Event> {
+    pub(crate) fn cancel(&mut self, job_id: &str, tenant: Option<&str>) -> Vec<Event> {
         self.input(
             "ksched.control",
             Input::Cancel(CancelJob {
@@ -478,7 +478,7 @@ impl Sim {
         )
     }
 
-    pub fn job(&self, id: &str) -> &Job {
+    pub(crate) fn job(&self, id: &str) -> &Job {
         self.state
             .jobs
             .get(id)
@@ -486,7 +486,7 @@ impl Sim {
     }
 
     /// A job's history as the store keeps it (the job itself holds only counters).
-    pub fn history(&self, id: &str) -> Vec<HistoryItem> {
+    pub(crate) fn history(&self, id: &str) -> Vec<HistoryItem> {
         self.cold
             .history
             .range((id.to_owned(), 0)..=(id.to_owned(), u32::MAX))
@@ -495,15 +495,15 @@ impl Sim {
     }
 
     /// A job's payload as the store keeps it.
-    pub fn payload(&self, id: &str) -> Vec<u8> {
+    pub(crate) fn payload(&self, id: &str) -> Vec<u8> {
         self.cold.payloads.get(id).cloned().unwrap_or_default()
     }
 
-    pub fn job_state(&self, id: &str) -> JobState {
+    pub(crate) fn job_state(&self, id: &str) -> JobState {
         self.job(id).state
     }
 
-    pub fn dead_letters(&self) -> Vec<&DeadLetter> {
+    pub(crate) fn dead_letters(&self) -> Vec<&DeadLetter> {
         self.outputs
             .iter()
             .filter_map(|o| match o {
@@ -513,7 +513,7 @@ impl Sim {
             .collect()
     }
 
-    pub fn dispatches(&self) -> Vec<&Dispatch> {
+    pub(crate) fn dispatches(&self) -> Vec<&Dispatch> {
         self.outputs
             .iter()
             .filter_map(|o| match o {
@@ -523,7 +523,7 @@ impl Sim {
             .collect()
     }
 
-    pub fn cancel_dispatches(&self) -> Vec<&CancelDispatch> {
+    pub(crate) fn cancel_dispatches(&self) -> Vec<&CancelDispatch> {
         self.outputs
             .iter()
             .filter_map(|o| match o {
@@ -535,39 +535,39 @@ impl Sim {
 }
 
 /// Names of events, for compact assertions.
-pub fn names(events: &[Event]) -> Vec<&'static str> {
+pub(crate) fn names(events: &[Event]) -> Vec<&'static str> {
     events.iter().map(Event::name).collect()
 }
 
-pub fn find<'e, T>(events: &'e [Event], pick: impl Fn(&'e Event) -> Option<&'e T>) -> &'e T {
+pub(crate) fn find<'e, T>(events: &'e [Event], pick: impl Fn(&'e Event) -> Option<&'e T>) -> &'e T {
     events
         .iter()
         .find_map(pick)
         .unwrap_or_else(|| panic!("event not found in {:?}", names(events)))
 }
 
-pub fn scheduled(events: &[Event]) -> &JobScheduled {
+pub(crate) fn scheduled(events: &[Event]) -> &JobScheduled {
     find(events, |e| match e {
         Event::JobScheduled(s) => Some(s),
         _ => None,
     })
 }
 
-pub fn waiting(events: &[Event]) -> &JobWaiting {
+pub(crate) fn waiting(events: &[Event]) -> &JobWaiting {
     find(events, |e| match e {
         Event::JobWaiting(s) => Some(s),
         _ => None,
     })
 }
 
-pub fn rejected(events: &[Event]) -> &CommandRejected {
+pub(crate) fn rejected(events: &[Event]) -> &CommandRejected {
     find(events, |e| match e {
         Event::CommandRejected(s) => Some(s),
         _ => None,
     })
 }
 
-pub fn dead_lettered(events: &[Event]) -> &DeadLetter {
+pub(crate) fn dead_lettered(events: &[Event]) -> &DeadLetter {
     &find(events, |e| match e {
         Event::DeadLettered(s) => Some(s),
         _ => None,

@@ -11,7 +11,7 @@ use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
 #[derive(Debug, Clone, serde::Serialize)]
-pub struct Baseline {
+pub(super) struct Baseline {
     /// Input records piped per second.
     pub records_per_sec: f64,
     /// Records consumed plus produced per second (what the ratio compares with).
@@ -25,7 +25,7 @@ pub struct Baseline {
 
 impl Baseline {
     /// The run with the median throughput, listing all runs' figures.
-    pub fn median(mut runs: Vec<Baseline>) -> Baseline {
+    pub(super) fn median(mut runs: Vec<Baseline>) -> Baseline {
         runs.sort_by(|a, b| a.records_per_sec.total_cmp(&b.records_per_sec));
         let all: Vec<f64> = runs.iter().map(|b| b.records_per_sec).collect();
         let mut b = runs.swap_remove(runs.len() / 2);
@@ -34,7 +34,7 @@ impl Baseline {
     }
 }
 
-pub fn run(
+pub(super) fn run(
     client: &ClientConfig,
     input: &str,
     output: &str,

@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 /// Latency percentiles in milliseconds.
 #[derive(Debug, Clone, Default, serde::Serialize)]
-pub struct Percentiles {
+pub(super) struct Percentiles {
     pub p50: f64,
     pub p99: f64,
     pub p999: f64,
@@ -28,7 +28,7 @@ pub struct Percentiles {
 }
 
 impl Percentiles {
-    pub fn of(mut v: Vec<f64>) -> Percentiles {
+    pub(super) fn of(mut v: Vec<f64>) -> Percentiles {
         if v.is_empty() {
             return Percentiles::default();
         }
@@ -44,7 +44,7 @@ impl Percentiles {
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
-pub struct Level {
+pub(super) struct Level {
     /// Fraction of saturation offered.
     pub load: f64,
     pub offered_jobs_per_sec: f64,
@@ -55,7 +55,7 @@ pub struct Level {
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
-pub struct Saturation {
+pub(super) struct Saturation {
     pub jobs: u64,
     pub seconds: f64,
     pub jobs_per_sec: f64,
@@ -77,7 +77,7 @@ struct Times {
 }
 
 /// A running scheduler with workers, a tailer and a submitter.
-pub struct Rig {
+pub(super) struct Rig {
     config: Config,
     scheduler: Option<Scheduler>,
     status: Arc<Status>,
@@ -100,7 +100,12 @@ fn now_ms(epoch: Instant) -> f64 {
 impl Rig {
     /// Starts the scheduler (on `config`, whose data directory may hold history), `workers`
     /// SDK workers and the journal tailer.
-    pub fn start(config: Config, client: ClientConfig, workers: usize, label: &str) -> Result<Rig> {
+    pub(super) fn start(
+        config: Config,
+        client: ClientConfig,
+        workers: usize,
+        label: &str,
+    ) -> Result<Rig> {
         let settings = config.settings.clone();
         let topics = ksched_runtime::topics_of(&config);
         let rt = tokio::runtime::Builder::new_multi_thread()
@@ -266,7 +271,7 @@ impl Rig {
     }
 
     /// As many jobs as fast as possible: the completion rate is the saturation throughput.
-    pub fn saturation(&mut self, jobs: u64) -> Result<Saturation> {
+    pub(super) fn saturation(&mut self, jobs: u64) -> Result<Saturation> {
         let before = self.io_records();
         let m = &self.status.metrics;
         let (b0, n0, c0) = (
@@ -296,7 +301,7 @@ impl Rig {
     }
 
     /// An open-loop load of `load` x `saturation` jobs/s for `seconds`.
-    pub fn level(&mut self, load: f64, saturation: f64, seconds: f64) -> Result<Level> {
+    pub(super) fn level(&mut self, load: f64, saturation: f64, seconds: f64) -> Result<Level> {
         let rate = (load * saturation).max(1.0);
         let n = (rate * seconds).ceil().max(1.0) as u64;
         let t0 = now_ms(self.epoch);
@@ -326,7 +331,7 @@ impl Rig {
         })
     }
 
-    pub fn stop(mut self) -> Result<()> {
+    pub(super) fn stop(mut self) -> Result<()> {
         self.workers_stop.cancel();
         let handles = std::mem::take(&mut self.workers);
         self.rt.block_on(async {

@@ -18,7 +18,7 @@ use rdkafka::ClientConfig;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 
 #[derive(Debug, Clone, serde::Serialize)]
-pub struct History {
+pub(super) struct History {
     pub jobs: u64,
     pub entries: u64,
     pub events: u64,
@@ -27,11 +27,11 @@ pub struct History {
     pub rebuild_events_per_sec: f64,
 }
 
-pub const WORKERS: usize = 4;
+pub(super) const WORKERS: usize = 4;
 
 /// Writes a journal for `jobs` jobs to `config`'s journal topic and rebuilds it into
 /// `data_dir`.
-pub fn build(
+pub(super) fn build(
     client: &ClientConfig,
     config: &Config,
     jobs: u64,

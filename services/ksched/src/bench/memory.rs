@@ -17,7 +17,7 @@ use ksched_store::Store;
 use serde::Serialize;
 
 #[derive(Debug, Serialize)]
-pub struct Memory {
+pub(super) struct Memory {
     pub pending_jobs: u64,
     pub payload_bytes: usize,
     pub rss_before_mib: f64,
@@ -30,7 +30,7 @@ pub struct Memory {
 }
 
 /// Resident memory of this process, in bytes (Linux).
-pub fn rss_bytes() -> u64 {
+pub(super) fn rss_bytes() -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
@@ -44,7 +44,7 @@ pub fn rss_bytes() -> u64 {
 
 const MIB: f64 = 1024.0 * 1024.0;
 
-pub fn run(config: &Config, jobs: u64, payload_bytes: usize, dir: &Path) -> Result<Memory> {
+pub(super) fn run(config: &Config, jobs: u64, payload_bytes: usize, dir: &Path) -> Result<Memory> {
     let before = rss_bytes();
     let started = Instant::now();
     let topic = config
@@ -142,7 +142,7 @@ pub fn run(config: &Config, jobs: u64, payload_bytes: usize, dir: &Path) -> Resu
 
 /// What a fresh process measured loading a backlog.
 #[derive(Debug, Serialize, serde::Deserialize)]
-pub struct Loaded {
+pub(super) struct Loaded {
     pub pending: u64,
     pub rss_before: u64,
     pub rss_after: u64,
@@ -150,7 +150,7 @@ pub struct Loaded {
 }
 
 /// Loads the store at `dir` as a restarting processor does and prints what it cost (JSON).
-pub fn load(dir: &Path) -> Result<()> {
+pub(super) fn load(dir: &Path) -> Result<()> {
     let rss_before = rss_bytes();
     let started = Instant::now();
     let store = Store::open(dir, 0)?;

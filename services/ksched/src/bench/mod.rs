@@ -27,7 +27,7 @@ use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use serde::Serialize;
 
 #[derive(Debug, Args)]
-pub struct BenchArgs {
+pub(crate) struct BenchArgs {
     /// The broker to measure against.
     #[arg(
         long,
@@ -41,7 +41,7 @@ pub struct BenchArgs {
     /// Write the results as JSON here.
     #[arg(long, default_value = "bench-results.json")]
     pub out: PathBuf,
-    /// Scratch directory for projections [default: a temporary directory].
+    /// Scratch directory for projections (default: a temporary directory).
     #[arg(long)]
     pub work_dir: Option<PathBuf>,
     /// SDK workers in the end-to-end runs.
@@ -245,7 +245,7 @@ fn machine() -> String {
     format!("{cpus} cores ({model}), {mem_gib:.0} GiB, broker on the same machine")
 }
 
-pub fn main(args: BenchArgs) -> ExitCode {
+pub(crate) fn main(args: BenchArgs) -> ExitCode {
     match bench(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

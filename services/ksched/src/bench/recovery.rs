@@ -15,7 +15,7 @@ use rdkafka::message::Message;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 
 #[derive(Debug, Clone, serde::Serialize)]
-pub struct Recovery {
+pub(super) struct Recovery {
     pub history_jobs: u64,
     /// Start to ready on a clean projection.
     pub cold_start_seconds: f64,
@@ -112,7 +112,7 @@ impl Journal {
     }
 }
 
-pub fn run(
+pub(super) fn run(
     client: &ClientConfig,
     config_file: &Path,
     api: &str,

@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 
 /// A Kafka cluster managed through `deploy/kafka.sh`.
 #[derive(Debug)]
-pub struct Cluster {
+pub(super) struct Cluster {
     script: PathBuf,
     home: PathBuf,
     pub base_port: u16,
@@ -21,7 +21,7 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    pub fn new(
+    pub(super) fn new(
         repo: &Path,
         home: &Path,
         base_port: u16,
@@ -60,33 +60,33 @@ impl Cluster {
     }
 
     /// Starts from empty storage (a fresh cluster for each fault: no state leaks between).
-    pub fn fresh(&self) -> Result<()> {
+    pub(super) fn fresh(&self) -> Result<()> {
         self.run(&["reset"])?;
         self.run(&["start", "--brokers", &self.brokers.to_string()])
     }
 
-    pub fn stop(&self) -> Result<()> {
+    pub(super) fn stop(&self) -> Result<()> {
         self.run(&["stop"])
     }
 
-    pub fn start(&self) -> Result<()> {
+    pub(super) fn start(&self) -> Result<()> {
         self.run(&["start", "--brokers", &self.brokers.to_string()])
     }
 
-    pub fn kill_node(&self, node: u8) -> Result<()> {
+    pub(super) fn kill_node(&self, node: u8) -> Result<()> {
         self.run(&["kill-node", &node.to_string()])
     }
 
-    pub fn start_node(&self, node: u8) -> Result<()> {
+    pub(super) fn start_node(&self, node: u8) -> Result<()> {
         self.run(&["start-node", &node.to_string()])
     }
 
-    pub fn reset(&self) -> Result<()> {
+    pub(super) fn reset(&self) -> Result<()> {
         self.run(&["reset"])
     }
 
     /// Bootstrap servers for clients that talk to the brokers directly.
-    pub fn direct(&self) -> String {
+    pub(super) fn direct(&self) -> String {
         (0..self.brokers)
             .map(|i| format!("127.0.0.1:{}", self.base_port + 10 * u16::from(i)))
             .collect::<Vec<_>>()
@@ -94,12 +94,12 @@ impl Cluster {
     }
 
     /// Bootstrap servers through the proxy (the proxied listener's advertised address).
-    pub fn proxied(&self) -> Option<String> {
+    pub(super) fn proxied(&self) -> Option<String> {
         self.proxy_port.map(|p| format!("127.0.0.1:{p}"))
     }
 
     /// The broker side of the proxied listener.
-    pub fn proxied_upstream(&self) -> Option<String> {
+    pub(super) fn proxied_upstream(&self) -> Option<String> {
         self.proxy_port
             .map(|_| format!("127.0.0.1:{}", self.base_port + 2))
     }
@@ -107,7 +107,7 @@ impl Cluster {
 
 /// toxiproxy (github.com/Shopify/toxiproxy/v2) on loopback, driven through its HTTP API.
 #[derive(Debug)]
-pub struct Toxiproxy {
+pub(super) struct Toxiproxy {
     child: Child,
     api: String,
     agent: ureq::Agent,
@@ -116,7 +116,7 @@ pub struct Toxiproxy {
 impl Toxiproxy {
     /// Finds `toxiproxy-server` (PATH, then ~/.cache/ksched/bin, where scripts/setup.sh puts
     /// it) and starts it on `api_port`.
-    pub fn start(api_port: u16, log: &Path) -> Result<Toxiproxy> {
+    pub(super) fn start(api_port: u16, log: &Path) -> Result<Toxiproxy> {
         let bin = find_toxiproxy().context(
             "toxiproxy-server not found: `source scripts/setup.sh` installs it (go install github.com/Shopify/toxiproxy/v2/cmd/server@v2.5.0)",
         )?;
@@ -162,7 +162,7 @@ impl Toxiproxy {
         Ok(serde_json::from_str(&text).unwrap_or(Value::Null))
     }
 
-    pub fn proxy(&self, name: &str, listen: &str, upstream: &str) -> Result<()> {
+    pub(super) fn proxy(&self, name: &str, listen: &str, upstream: &str) -> Result<()> {
         self.call(
             "POST",
             "/proxies",
@@ -172,7 +172,13 @@ impl Toxiproxy {
     }
 
     /// Adds a toxic to both directions of `proxy`.
-    pub fn toxic(&self, proxy: &str, name: &str, kind: &str, attributes: Value) -> Result<()> {
+    pub(super) fn toxic(
+        &self,
+        proxy: &str,
+        name: &str,
+        kind: &str,
+        attributes: Value,
+    ) -> Result<()> {
         for stream in ["downstream", "upstream"] {
             self.call(
                 "POST",
@@ -189,7 +195,7 @@ impl Toxiproxy {
         Ok(())
     }
 
-    pub fn remove_toxic(&self, proxy: &str, name: &str) -> Result<()> {
+    pub(super) fn remove_toxic(&self, proxy: &str, name: &str) -> Result<()> {
         for stream in ["downstream", "upstream"] {
             self.call(
                 "DELETE",
@@ -225,14 +231,14 @@ fn find_toxiproxy() -> Option<PathBuf> {
 
 /// A `ksched run` child process with its own log.
 #[derive(Debug)]
-pub struct Ksched {
+pub(super) struct Ksched {
     pub child: Child,
     pub log: PathBuf,
     pub api: String,
 }
 
 impl Ksched {
-    pub fn spawn(config: &Path, log: &Path, http_port: u16) -> Result<Ksched> {
+    pub(super) fn spawn(config: &Path, log: &Path, http_port: u16) -> Result<Ksched> {
         let file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -254,7 +260,7 @@ impl Ksched {
     }
 
     /// `/health/ready`: status code and body.
-    pub fn ready(&self) -> Option<(u16, Value)> {
+    pub(super) fn ready(&self) -> Option<(u16, Value)> {
         let agent: ureq::Agent = ureq::Agent::config_builder()
             .http_status_as_error(false)
             .timeout_global(Some(Duration::from_secs(3)))
@@ -269,7 +275,7 @@ impl Ksched {
         Some((code, serde_json::from_str(&body).unwrap_or(Value::Null)))
     }
 
-    pub fn wait_ready(&mut self, limit: Duration) -> Result<Duration> {
+    pub(super) fn wait_ready(&mut self, limit: Duration) -> Result<Duration> {
         let started = Instant::now();
         loop {
             if self.ready().is_some_and(|(code, _)| code == 200) {
@@ -290,13 +296,13 @@ impl Ksched {
         }
     }
 
-    pub fn kill(&mut self) {
+    pub(super) fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
 
     /// SIGTERM, then wait (SIGKILL after `limit`).
-    pub fn stop(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+    pub(super) fn stop(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
         let _ = Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
             .status();
@@ -311,7 +317,7 @@ impl Ksched {
         None
     }
 
-    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+    pub(super) fn exited(&mut self) -> Option<std::process::ExitStatus> {
         self.child.try_wait().ok().flatten()
     }
 }
@@ -323,7 +329,7 @@ impl Drop for Ksched {
 }
 
 /// The last `n` lines of a log file.
-pub fn tail(path: &Path, n: usize) -> String {
+pub(super) fn tail(path: &Path, n: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(n)..].join("\n")
@@ -331,12 +337,12 @@ pub fn tail(path: &Path, n: usize) -> String {
 
 /// The Python worker (examples/python-worker), if Python with its packages is here.
 #[derive(Debug)]
-pub struct PyWorker {
+pub(super) struct PyWorker {
     child: Child,
 }
 
 impl PyWorker {
-    pub fn python() -> Option<String> {
+    pub(super) fn python() -> Option<String> {
         let candidates = [
             std::env::var("KSCHED_PYTHON").ok(),
             std::env::var_os("HOME").map(|h| {
@@ -354,7 +360,7 @@ impl PyWorker {
         })
     }
 
-    pub fn spawn(
+    pub(super) fn spawn(
         python: &str,
         repo: &Path,
         bootstrap: &str,
@@ -381,7 +387,7 @@ impl PyWorker {
         Ok(PyWorker { child })
     }
 
-    pub fn alive(&mut self) -> bool {
+    pub(super) fn alive(&mut self) -> bool {
         self.child.try_wait().ok().flatten().is_none()
     }
 }
@@ -403,14 +409,14 @@ impl Drop for PyWorker {
     }
 }
 
-pub fn free_port() -> Result<u16> {
+pub(super) fn free_port() -> Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port())
 }
 
 /// A tmpfs of `mib` MiB at `dir` (root only); None when it cannot be mounted.
-pub fn mount_tmpfs(dir: &Path, mib: u32) -> Result<bool> {
+pub(super) fn mount_tmpfs(dir: &Path, mib: u32) -> Result<bool> {
     std::fs::create_dir_all(dir)?;
     let ok = Command::new("mount")
         .args(["-t", "tmpfs", "-o", &format!("size={mib}m"), "tmpfs"])
@@ -420,6 +426,6 @@ pub fn mount_tmpfs(dir: &Path, mib: u32) -> Result<bool> {
     Ok(ok)
 }
 
-pub fn unmount(dir: &Path) {
+pub(super) fn unmount(dir: &Path) {
     let _ = Command::new("umount").arg(dir).output();
 }

@@ -40,11 +40,11 @@ use serde::Serialize;
 use serde_json::json;
 
 #[derive(Debug, Args)]
-pub struct ChaosArgs {
+pub(crate) struct ChaosArgs {
     /// Seconds-long versions of every fault (what CI runs).
     #[arg(long)]
     pub short: bool,
-    /// Faults to run, comma-separated [default: all].
+    /// Faults to run, comma-separated (default: all).
     #[arg(long, value_delimiter = ',')]
     pub faults: Vec<Fault>,
     /// The repository (deploy/kafka.sh, examples/python-worker, docs/).
@@ -66,7 +66,7 @@ pub struct ChaosArgs {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, ValueEnum)]
-pub enum Fault {
+pub(crate) enum Fault {
     Kill,
     BrokerRestart,
     BrokerKill,
@@ -102,7 +102,7 @@ impl Fault {
 
 /// One fault's outcome.
 #[derive(Debug, Clone, Serialize)]
-pub struct Verdict {
+pub(crate) struct Verdict {
     pub fault: String,
     pub what: String,
     pub jobs: usize,
@@ -140,7 +140,7 @@ impl Env {
     }
 }
 
-pub fn main(args: ChaosArgs) -> ExitCode {
+pub(crate) fn main(args: ChaosArgs) -> ExitCode {
     match suite(&args) {
         Ok(verdicts) => {
             if verdicts.iter().all(|v| v.passed || v.skipped) {

@@ -18,7 +18,7 @@ use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::{Offset, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
 
-pub fn now_ms() -> i64 {
+pub(super) fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
@@ -26,7 +26,7 @@ pub fn now_ms() -> i64 {
 
 /// What the journal says so far.
 #[derive(Debug, Default)]
-pub struct Seen {
+pub(super) struct Seen {
     pub accepted: BTreeSet<String>,
     /// Terminal events per job (more than one is a bug).
     pub terminal: BTreeMap<String, Vec<JobState>>,
@@ -43,14 +43,14 @@ pub struct Seen {
 
 /// Follows a journal from offset 0 on a thread.
 #[derive(Debug)]
-pub struct JournalWatch {
+pub(super) struct JournalWatch {
     pub seen: Arc<Mutex<Seen>>,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl JournalWatch {
-    pub fn start(bootstrap: &str, topic: &str) -> Result<JournalWatch> {
+    pub(super) fn start(bootstrap: &str, topic: &str) -> Result<JournalWatch> {
         let consumer: BaseConsumer = ClientConfig::new()
             .set("bootstrap.servers", bootstrap)
             .set("group.id", format!("{topic}-chaos-watch"))
@@ -87,7 +87,7 @@ impl JournalWatch {
         })
     }
 
-    pub fn with<R>(&self, f: impl FnOnce(&Seen) -> R) -> R {
+    pub(super) fn with<R>(&self, f: impl FnOnce(&Seen) -> R) -> R {
         let s = self.seen.lock().unwrap_or_else(|p| p.into_inner());
         f(&s)
     }
@@ -161,7 +161,7 @@ fn note(s: &mut Seen, entry: &JournalEntry) {
 
 /// Jobs produced at a steady rate on a thread until stopped.
 #[derive(Debug)]
-pub struct Load {
+pub(super) struct Load {
     pub ids: Arc<Mutex<Vec<String>>>,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -169,7 +169,7 @@ pub struct Load {
 
 impl Load {
     /// `rate` jobs per second to `topic`; `extra(n)` may add a poison record after job n.
-    pub fn start(
+    pub(super) fn start(
         bootstrap: &str,
         topic: &str,
         prefix: &str,
@@ -241,7 +241,7 @@ impl Load {
     }
 
     /// Stops producing and waits until everything produced is acknowledged.
-    pub fn finish(&mut self) -> Vec<String> {
+    pub(super) fn finish(&mut self) -> Vec<String> {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
@@ -252,14 +252,14 @@ impl Load {
 
 /// SDK workers of the `default` pool; each run of a job is counted.
 #[derive(Debug)]
-pub struct SdkWorkers {
+pub(super) struct SdkWorkers {
     pub runs: Arc<Mutex<BTreeMap<String, u32>>>,
     token: CancellationToken,
     handles: Vec<tokio::task::JoinHandle<ksched_worker::Result<()>>>,
 }
 
 impl SdkWorkers {
-    pub fn start(
+    pub(super) fn start(
         rt: &tokio::runtime::Runtime,
         bootstrap: &str,
         prefix: &str,
@@ -308,7 +308,7 @@ impl SdkWorkers {
     /// Drains and stops; returns workers that ended in an error.
     /// Stops the workers; what went wrong, including a worker that did not stop within a
     /// minute (its drain is bounded by the grace period and the report timeout).
-    pub fn stop(self, rt: &tokio::runtime::Runtime) -> Vec<String> {
+    pub(super) fn stop(self, rt: &tokio::runtime::Runtime) -> Vec<String> {
         self.token.cancel();
         rt.block_on(async {
             let mut errors = Vec::new();

@@ -17,13 +17,13 @@ use super::output::{Format, table, time};
 use super::{CliResult, EXIT_BAD_INPUT, EXIT_FAILED, Failure, Target};
 
 /// Exit code when an audit finds a difference (rebuild != live, a divergence in verify).
-pub const EXIT_MISMATCH: u8 = 6;
+pub(crate) const EXIT_MISMATCH: u8 = 6;
 
 #[derive(Debug, Args)]
-pub struct AuditArgs {
+pub(crate) struct AuditArgs {
     #[command(subcommand)]
     pub command: AuditCommand,
-    /// Journal topic [default: <prefix>journal].
+    /// Journal topic (default: `<prefix>journal`).
     #[arg(long, global = true)]
     pub journal_topic: Option<String>,
     /// Journal partition.
@@ -32,12 +32,12 @@ pub struct AuditArgs {
 }
 
 #[derive(Debug, Subcommand)]
-pub enum AuditCommand {
+pub(crate) enum AuditCommand {
     /// Replay the journal from offset 0 into a fresh RocksDB with the processor's apply, and
     /// compare with a live projection (a stopped scheduler's data directory or a checkpoint
     /// from POST /api/v1/admin/checkpoint).
     Rebuild {
-        /// Where to build [default: a temporary directory, removed afterwards].
+        /// Where to build (default: a temporary directory, removed afterwards).
         #[arg(long)]
         into: Option<PathBuf>,
         /// Compare with this projection, replaying up to its journal watermark.
@@ -82,14 +82,14 @@ pub enum AuditCommand {
     Export {
         #[arg(long, value_enum, default_value_t = ExportFormat::Jsonl)]
         format: ExportFormat,
-        /// Output file [default: standard output].
+        /// Output file (default: standard output).
         #[arg(long)]
         out: Option<PathBuf>,
     },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum ExportFormat {
+pub(crate) enum ExportFormat {
     /// One JSON object per entry.
     Jsonl,
     /// An Avro object container file (schema io.ksched.JournalEntry).
@@ -160,7 +160,7 @@ fn scratch(given: Option<PathBuf>) -> Result<Scratch, Failure> {
 }
 
 /// Parses `2026-11-30T03:12:00Z`, `2026-11-30 03:12:00.250` (UTC) or milliseconds.
-pub fn parse_time(s: &str) -> Option<i64> {
+pub(crate) fn parse_time(s: &str) -> Option<i64> {
     if let Ok(ms) = s.parse::<i64>() {
         return Some(ms);
     }
@@ -190,7 +190,7 @@ pub fn parse_time(s: &str) -> Option<i64> {
     Some(((days * 86_400 + h * 3_600 + mi * 60 + sec) * 1_000) + millis)
 }
 
-pub fn audit(t: &Target, args: AuditArgs) -> CliResult {
+pub(crate) fn audit(t: &Target, args: AuditArgs) -> CliResult {
     t.check_credentials()?;
     let client = t.client_config();
     let src = Source {

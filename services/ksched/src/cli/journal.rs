@@ -13,7 +13,7 @@ use super::output::{Format, time};
 use super::{CliResult, EXIT_FAILED, Failure, Target};
 
 #[derive(Debug, Args)]
-pub struct TailArgs {
+pub(crate) struct TailArgs {
     /// Keep printing new entries as they are committed.
     #[arg(long, short = 'f')]
     pub follow: bool,
@@ -44,7 +44,7 @@ fn concerns(entry: &JournalEntry, job: &str) -> bool {
     entry.input.job_id() == Some(job) || entry.events.iter().any(|e| e.job_id() == Some(job))
 }
 
-pub fn tail(t: &Target, args: TailArgs) -> CliResult {
+pub(crate) fn tail(t: &Target, args: TailArgs) -> CliResult {
     t.check_credentials()?;
     let topic = format!("{}journal", t.prefix);
     let fail =

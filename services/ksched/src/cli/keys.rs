@@ -11,7 +11,7 @@ use super::output::{self, Format};
 use super::{CliResult, EXIT_BAD_INPUT, EXIT_FAILED, EXIT_USAGE, Failure};
 
 #[derive(Debug, Args)]
-pub struct KeysArgs {
+pub(crate) struct KeysArgs {
     /// The keyring file (JSON, mode 600; created by the first `rotate`).
     #[arg(long, env = "KSCHED_KEYRING", value_name = "FILE")]
     pub keyring: PathBuf,
@@ -22,7 +22,7 @@ pub struct KeysArgs {
 }
 
 #[derive(Debug, Subcommand)]
-pub enum KeysCommand {
+pub(crate) enum KeysCommand {
     /// Add a fresh key for a tenant and seal with it from now on (creates the file and the
     /// tenant when needed). Values sealed with older keys still open.
     Rotate {
@@ -63,7 +63,7 @@ fn save(keyring: &Keyring, path: &Path) -> CliResult {
         .map_err(|e| Failure::new(EXIT_FAILED, e.to_string()))
 }
 
-pub fn keys(args: KeysArgs) -> CliResult {
+pub(crate) fn keys(args: KeysArgs) -> CliResult {
     let path = args.keyring.as_path();
     let said = match args.command {
         KeysCommand::Rotate { tenant } => {

@@ -8,11 +8,11 @@
 //! 4 conflict (e.g. the job is not awaiting approval), 5 rejected input, 6 not authenticated
 //! or not allowed.
 
-pub mod audit;
-pub mod journal;
-pub mod keys;
-pub mod output;
-pub mod submit;
+pub(crate) mod audit;
+pub(crate) mod journal;
+pub(crate) mod keys;
+pub(crate) mod output;
+pub(crate) mod submit;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -23,19 +23,19 @@ use serde_json::{Value, json};
 
 use output::{Format, cell, table, time_cell};
 
-pub const EXIT_FAILED: u8 = 1;
-pub const EXIT_USAGE: u8 = 2;
-pub const EXIT_NOT_FOUND: u8 = 3;
-pub const EXIT_CONFLICT: u8 = 4;
-pub const EXIT_BAD_INPUT: u8 = 5;
-pub const EXIT_DENIED: u8 = 6;
+pub(crate) const EXIT_FAILED: u8 = 1;
+pub(crate) const EXIT_USAGE: u8 = 2;
+pub(crate) const EXIT_NOT_FOUND: u8 = 3;
+pub(crate) const EXIT_CONFLICT: u8 = 4;
+pub(crate) const EXIT_BAD_INPUT: u8 = 5;
+pub(crate) const EXIT_DENIED: u8 = 6;
 
 /// Where the tools connect, shared by every operator command.
 #[derive(Debug, Clone, Args)]
-pub struct Connection {
+pub(crate) struct Connection {
     /// Settings file to take Kafka, the topic prefix and the HTTP address from, layered with
-    /// `KSCHED__*` variables and flags exactly as `ksched run` does [default:
-    /// config/ksched.yaml when it exists].
+    /// `KSCHED__*` variables and flags exactly as `ksched run` does (default:
+    /// config/ksched.yaml when it exists).
     #[arg(long, global = true, env = "KSCHED_CONFIG")]
     pub config: Option<PathBuf>,
     /// Kafka bootstrap servers (default: from the settings).
@@ -70,7 +70,7 @@ pub struct Connection {
 
 /// Resolved connection settings.
 #[derive(Debug, Clone)]
-pub struct Target {
+pub(crate) struct Target {
     /// The effective settings (file, then environment, then flags).
     pub settings: ksched_runtime::Settings,
     pub bootstrap: String,
@@ -84,13 +84,13 @@ pub struct Target {
 
 impl Target {
     /// A Kafka client configuration with every property of the settings and flags.
-    pub fn client_config(&self) -> rdkafka::ClientConfig {
+    pub(crate) fn client_config(&self) -> rdkafka::ClientConfig {
         ksched_runtime::topics::client_config(&self.settings)
     }
 
     /// Fails with a clear message when the brokers refuse this client's credentials or the
     /// client does not trust their certificate (instead of a timeout later).
-    pub fn check_credentials(&self) -> Result<(), Failure> {
+    pub(crate) fn check_credentials(&self) -> Result<(), Failure> {
         ksched_runtime::topics::check_credentials(&self.settings)
             .map_err(|e| Failure::new(EXIT_FAILED, e.to_string()))
     }
@@ -99,7 +99,7 @@ impl Target {
 impl Connection {
     /// Loads the settings as `ksched run` does; a settings file that was asked for and is
     /// missing, or that does not parse, is an error (exit 2), never a silent default.
-    pub fn resolve(&self) -> Result<Target, Failure> {
+    pub(crate) fn resolve(&self) -> Result<Target, Failure> {
         let bad = |e: ksched_runtime::Error| Failure::new(EXIT_USAGE, e.to_string());
         let default = std::path::Path::new(crate::run::DEFAULT_CONFIG);
         let path = match &self.config {
@@ -188,13 +188,13 @@ impl Connection {
 
 /// A failure with the exit code that says what kind.
 #[derive(Debug)]
-pub struct Failure {
+pub(crate) struct Failure {
     pub code: u8,
     pub message: String,
 }
 
 impl Failure {
-    pub fn new(code: u8, message: impl Into<String>) -> Failure {
+    pub(crate) fn new(code: u8, message: impl Into<String>) -> Failure {
         Failure {
             code,
             message: message.into(),
@@ -202,10 +202,10 @@ impl Failure {
     }
 }
 
-pub type CliResult = Result<(), Failure>;
+pub(crate) type CliResult = Result<(), Failure>;
 
 /// Runs a command, printing a failure and returning its exit code.
-pub fn finish(r: CliResult) -> ExitCode {
+pub(crate) fn finish(r: CliResult) -> ExitCode {
     match r {
         Ok(()) => ExitCode::SUCCESS,
         Err(f) => {
@@ -216,7 +216,12 @@ pub fn finish(r: CliResult) -> ExitCode {
 }
 
 /// Calls the HTTP API; maps statuses to exit codes.
-pub fn call(t: &Target, method: &str, path: &str, body: Option<Value>) -> Result<Value, Failure> {
+pub(crate) fn call(
+    t: &Target,
+    method: &str,
+    path: &str,
+    body: Option<Value>,
+) -> Result<Value, Failure> {
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .tls_config(t.api_tls.clone())
         .http_status_as_error(false)
@@ -287,7 +292,7 @@ pub fn call(t: &Target, method: &str, path: &str, body: Option<Value>) -> Result
 
 /// `ksched jobs ...`
 #[derive(Debug, Subcommand)]
-pub enum JobsCommand {
+pub(crate) enum JobsCommand {
     /// Show one job.
     Get { job_id: String },
     /// List jobs (filters combine).
@@ -332,7 +337,7 @@ fn urlencode(s: &str) -> String {
         .collect()
 }
 
-pub fn jobs(t: &Target, cmd: JobsCommand) -> CliResult {
+pub(crate) fn jobs(t: &Target, cmd: JobsCommand) -> CliResult {
     match cmd {
         JobsCommand::Get { job_id } => {
             let v = call(
@@ -469,7 +474,7 @@ pub fn jobs(t: &Target, cmd: JobsCommand) -> CliResult {
     Ok(())
 }
 
-pub fn workers_list(t: &Target) -> CliResult {
+pub(crate) fn workers_list(t: &Target) -> CliResult {
     let v = call(t, "GET", "/api/v1/workers", None)?;
     match t.output {
         Format::Json => output::json(&v),
@@ -515,7 +520,7 @@ pub fn workers_list(t: &Target) -> CliResult {
     Ok(())
 }
 
-pub fn control(t: &Target, action: &str, job_id: &str, body: Value) -> CliResult {
+pub(crate) fn control(t: &Target, action: &str, job_id: &str, body: Value) -> CliResult {
     let v = call(
         t,
         "POST",
@@ -531,7 +536,7 @@ pub fn control(t: &Target, action: &str, job_id: &str, body: Value) -> CliResult
 
 /// `ksched dlq ...`
 #[derive(Debug, Subcommand)]
-pub enum DlqCommand {
+pub(crate) enum DlqCommand {
     /// Dead letters, newest first.
     List {
         /// Only this reason code.
@@ -544,7 +549,7 @@ pub enum DlqCommand {
     Show { job_id: String },
 }
 
-pub fn dlq(t: &Target, cmd: DlqCommand) -> CliResult {
+pub(crate) fn dlq(t: &Target, cmd: DlqCommand) -> CliResult {
     let (q, show) = match &cmd {
         DlqCommand::List { reason, limit } => (
             query(&[

@@ -4,7 +4,7 @@ use serde_json::Value;
 
 /// How results are printed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Format {
+pub(crate) enum Format {
     /// Aligned columns for people.
     Table,
     /// JSON for scripts.
@@ -12,7 +12,7 @@ pub enum Format {
 }
 
 /// Prints rows under headers, each column as wide as its widest cell.
-pub fn table(headers: &[&str], rows: &[Vec<String>]) {
+pub(crate) fn table(headers: &[&str], rows: &[Vec<String>]) {
     let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
     for r in rows {
         for (i, c) in r.iter().enumerate() {
@@ -41,7 +41,7 @@ pub fn table(headers: &[&str], rows: &[Vec<String>]) {
     }
 }
 
-pub fn json(v: &Value) {
+pub(crate) fn json(v: &Value) {
     println!(
         "{}",
         serde_json::to_string_pretty(v).unwrap_or_else(|_| v.to_string())
@@ -49,7 +49,7 @@ pub fn json(v: &Value) {
 }
 
 /// A JSON value as a table cell: strings bare, null as "-".
-pub fn cell(v: &Value) -> String {
+pub(crate) fn cell(v: &Value) -> String {
     match v {
         Value::Null => "-".into(),
         Value::String(s) => s.clone(),
@@ -58,7 +58,7 @@ pub fn cell(v: &Value) -> String {
 }
 
 /// Milliseconds since the epoch as `YYYY-MM-DD HH:MM:SS.mmm` (UTC).
-pub fn time(ms: i64) -> String {
+pub(crate) fn time(ms: i64) -> String {
     let secs = ms.div_euclid(1000);
     let millis = ms.rem_euclid(1000);
     let days = secs.div_euclid(86_400);
@@ -82,7 +82,7 @@ pub fn time(ms: i64) -> String {
     )
 }
 
-pub fn time_cell(v: &Value) -> String {
+pub(crate) fn time_cell(v: &Value) -> String {
     v.as_i64().map_or_else(|| "-".into(), time)
 }
 

@@ -14,23 +14,23 @@ use super::output::{self, Format};
 use super::{CliResult, EXIT_BAD_INPUT, EXIT_FAILED, Failure, Target};
 
 #[derive(Debug, Args)]
-pub struct SubmitArgs {
+pub(crate) struct SubmitArgs {
     /// A JSON job description (fields as in the JobRequest schema; payload as a string).
     /// Flags given as well override its fields.
     #[arg(long, short = 'f')]
     pub file: Option<PathBuf>,
-    /// Job topic [default: job.default].
+    /// Job topic (default: job.default).
     #[arg(long)]
     pub topic: Option<String>,
-    /// Job id [default: generated, `<tenant>:job-<uuid>`].
+    /// Job id (default: generated, `<tenant>:job-<uuid>`).
     #[arg(long)]
     pub job_id: Option<String>,
-    /// Tenant [default: default].
+    /// Tenant (default: default).
     #[arg(long)]
     pub tenant: Option<String>,
     #[arg(long)]
     pub principal: Option<String>,
-    /// critical, interactive or batch [default: batch].
+    /// critical, interactive or batch (default: batch).
     #[arg(long)]
     pub priority: Option<String>,
     /// Label KEY=VALUE (repeatable).
@@ -116,7 +116,7 @@ fn priority(s: &str) -> Result<Priority, Failure> {
 }
 
 /// Builds the request from the file and the flags.
-pub fn build(args: &SubmitArgs, now_ms: i64) -> Result<JobRequest, Failure> {
+pub(crate) fn build(args: &SubmitArgs, now_ms: i64) -> Result<JobRequest, Failure> {
     let file: JobFile = match &args.file {
         Some(p) => {
             let text = std::fs::read_to_string(p).map_err(|e| {
@@ -192,7 +192,7 @@ pub fn build(args: &SubmitArgs, now_ms: i64) -> Result<JobRequest, Failure> {
 
 /// Seals the request's secrets with the keyring; without one, a secret is an error (the
 /// scheduler would refuse it unsealed, `secret_in_clear`).
-pub fn seal(args: &SubmitArgs, request: &mut JobRequest) -> Result<(), Failure> {
+pub(crate) fn seal(args: &SubmitArgs, request: &mut JobRequest) -> Result<(), Failure> {
     let Some(path) = &args.keyring else {
         let unsealed = ksched_secrets::unsealed_secrets(request);
         if unsealed.is_empty() {
@@ -218,7 +218,7 @@ pub fn seal(args: &SubmitArgs, request: &mut JobRequest) -> Result<(), Failure> 
     Ok(())
 }
 
-pub fn submit(t: &Target, args: SubmitArgs) -> CliResult {
+pub(crate) fn submit(t: &Target, args: SubmitArgs) -> CliResult {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64);

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use ksched_testkit::{TEST_POLICY, bootstrap_servers, unique};
 
-pub struct RunningScheduler {
+pub(crate) struct RunningScheduler {
     pub child: Child,
     pub bootstrap: String,
     pub prefix: String,
@@ -23,14 +23,14 @@ pub struct RunningScheduler {
 
 /// How the tests reach an API served over TLS.
 #[derive(Debug, Clone)]
-pub struct ApiTls {
+pub(crate) struct ApiTls {
     pub ca: PathBuf,
     pub client: Option<(PathBuf, PathBuf)>,
 }
 
 impl ApiTls {
     /// `ksched` flags for it.
-    pub fn cli_args(&self) -> Vec<String> {
+    pub(crate) fn cli_args(&self) -> Vec<String> {
         let mut a = vec!["--api-ca".to_owned(), path_str(&self.ca)];
         if let Some((cert, key)) = &self.client {
             a.extend(["--api-cert".to_owned(), path_str(cert)]);
@@ -40,7 +40,7 @@ impl ApiTls {
     }
 
     /// GET `url` over TLS; the status, or None when no answer came.
-    pub fn get(&self, url: &str) -> Option<u16> {
+    pub(crate) fn get(&self, url: &str) -> Option<u16> {
         use ureq::tls::{Certificate, ClientCert, PemItem, PrivateKey, RootCerts, TlsConfig};
         let certs = |p: &Path| -> Vec<Certificate<'static>> {
             let pem = std::fs::read(p).unwrap();
@@ -66,7 +66,7 @@ impl ApiTls {
     }
 }
 
-pub fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -74,14 +74,14 @@ pub fn free_port() -> u16 {
         .port()
 }
 
-pub fn bin() -> &'static str {
+pub(crate) fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_ksched")
 }
 
 impl RunningScheduler {
     /// An SDK worker's configuration for this scheduler's `default` pool: quick heartbeats,
     /// no host load reports (so a busy test machine never counts as overloaded).
-    pub fn worker_config(&self, id: &str) -> ksched_worker::WorkerConfig {
+    pub(crate) fn worker_config(&self, id: &str) -> ksched_worker::WorkerConfig {
         let mut cfg = ksched_worker::WorkerConfig::new(&self.bootstrap, id, "default");
         cfg.topic_prefix = self.prefix.clone();
         cfg.heartbeat_interval = Duration::from_millis(300);
@@ -90,19 +90,19 @@ impl RunningScheduler {
     }
 
     /// Writes a configuration and starts `ksched run`; returns once /health/ready says so.
-    pub fn start(extra: &str) -> RunningScheduler {
+    pub(crate) fn start(extra: &str) -> RunningScheduler {
         RunningScheduler::start_with_topics(extra, &["jobs"])
     }
 
     /// Like [`RunningScheduler::start`], with job topics `<prefix><name>` for each name, all
     /// routed to pool `default` (the first is `job_topic`).
-    pub fn start_with_topics(extra: &str, topics: &[&str]) -> RunningScheduler {
+    pub(crate) fn start_with_topics(extra: &str, topics: &[&str]) -> RunningScheduler {
         RunningScheduler::start_full(extra, topics, None)
     }
 
     /// Like [`RunningScheduler::start`], with the API over TLS (`extra` configures
     /// `http.tls`); `tls` says how to reach it.
-    pub fn start_tls(extra: &str, tls: ApiTls) -> RunningScheduler {
+    pub(crate) fn start_tls(extra: &str, tls: ApiTls) -> RunningScheduler {
         RunningScheduler::start_full(extra, &["jobs"], Some(tls))
     }
 
@@ -162,7 +162,7 @@ impl RunningScheduler {
         c
     }
 
-    pub fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("ksched.log")).unwrap_or_default()
     }
 
@@ -187,7 +187,7 @@ impl RunningScheduler {
     }
 
     /// Runs `ksched <args>` against this scheduler; returns (exit code, stdout, stderr).
-    pub fn cli(&self, args: &[&str]) -> (i32, String, String) {
+    pub(crate) fn cli(&self, args: &[&str]) -> (i32, String, String) {
         let out: Output = Command::new(bin())
             .args(args)
             .args([
@@ -210,7 +210,7 @@ impl RunningScheduler {
         )
     }
 
-    pub fn stop(mut self) {
+    pub(crate) fn stop(mut self) {
         let _ = Command::new("kill")
             .arg("-TERM")
             .arg(self.child.id().to_string())
@@ -223,13 +223,13 @@ impl RunningScheduler {
         );
     }
 
-    pub fn data_dir(&self) -> PathBuf {
+    pub(crate) fn data_dir(&self) -> PathBuf {
         self.dir.path().join("data")
     }
 
     /// Stops the scheduler like [`RunningScheduler::stop`] and hands over its directory
     /// (settings, log, RocksDB data), to look at what it left behind.
-    pub fn stop_keeping_dir(mut self) -> tempfile::TempDir {
+    pub(crate) fn stop_keeping_dir(mut self) -> tempfile::TempDir {
         let dir = std::mem::replace(&mut self.dir, tempfile::tempdir().unwrap());
         let _ = Command::new("kill")
             .arg("-TERM")
@@ -253,12 +253,12 @@ impl Drop for RunningScheduler {
 }
 
 /// A minimal HTTP/1.1 client (status, body), so the tests check the server, not a library.
-pub fn http(url: &str, method: &str, body: Option<&str>) -> std::io::Result<(u16, String)> {
+pub(crate) fn http(url: &str, method: &str, body: Option<&str>) -> std::io::Result<(u16, String)> {
     http_with(url, method, &[], body)
 }
 
 /// [`http`] with headers: `Host` and `Content-Type` (JSON by default) are replaced when given.
-pub fn http_with(
+pub(crate) fn http_with(
     url: &str,
     method: &str,
     headers: &[(&str, &str)],
@@ -317,14 +317,14 @@ fn dechunk(mut s: &str) -> String {
     out
 }
 
-pub fn json(url: &str) -> serde_json::Value {
+pub(crate) fn json(url: &str) -> serde_json::Value {
     let (code, body) = http(url, "GET", None).unwrap();
     assert_eq!(code, 200, "GET {url}: {body}");
     serde_json::from_str(&body).unwrap()
 }
 
 /// Polls `cond` until it holds or panics after `secs`.
-pub fn wait_until(what: &str, secs: u64, mut cond: impl FnMut() -> bool) {
+pub(crate) fn wait_until(what: &str, secs: u64, mut cond: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(secs);
     while !cond() {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
@@ -332,7 +332,7 @@ pub fn wait_until(what: &str, secs: u64, mut cond: impl FnMut() -> bool) {
     }
 }
 
-pub fn job_state(api: &str, id: &str) -> Option<String> {
+pub(crate) fn job_state(api: &str, id: &str) -> Option<String> {
     let (code, body) = http(&format!("{api}/api/v1/jobs/{id}"), "GET", None).ok()?;
     (code == 200).then(|| {
         let v: serde_json::Value = serde_json::from_str(&body).unwrap();
@@ -340,12 +340,12 @@ pub fn job_state(api: &str, id: &str) -> Option<String> {
     })
 }
 
-pub fn wait_state(api: &str, id: &str, state: &str) {
+pub(crate) fn wait_state(api: &str, id: &str, state: &str) {
     wait_until(&format!("{id} to be {state}"), 60, || {
         job_state(api, id).as_deref() == Some(state)
     });
 }
 
-pub fn path_str(p: &Path) -> String {
+pub(crate) fn path_str(p: &Path) -> String {
     p.display().to_string()
 }
