@@ -24,10 +24,9 @@ use ksched_store::{CFS, Store};
 use rdkafka::ClientConfig;
 use serde_json::{Value, json};
 
+use crate::engine::Engine;
 use crate::error::{Error, Result};
-use crate::replay::{
-    Flow, JournalRecord, PERSIST_EVERY, Replayer, journal_watermarks, read_journal,
-};
+use crate::replay::{Flow, JournalRecord, Replayer, journal_watermarks, read_journal};
 use crate::settings::PoolsFile;
 
 /// Where the journal is.
@@ -105,7 +104,8 @@ pub fn rebuild(
     }
     let end = src.end()?;
     let started = Instant::now();
-    let mut r = Replayer::new(store)?;
+    let mut engine = Engine::open(store)?;
+    let mut r = Replayer::new(&mut engine);
     let mut last_report = Instant::now();
     src.read(0, |rec| {
         if until.is_some_and(|u| rec.offset > u) {
@@ -125,13 +125,14 @@ pub fn rebuild(
         Ok(Flow::Continue)
     })?;
     r.persist()?;
-    r.store.flush()?;
-    Ok(RebuildReport {
+    let report = RebuildReport {
         entries: r.applied,
         events: r.events,
         last_offset: r.last_offset,
         elapsed: started.elapsed(),
-    })
+    };
+    engine.store().flush()?;
+    Ok(report)
 }
 
 fn partition_u16(p: i32) -> Result<u16> {
@@ -242,7 +243,7 @@ pub fn verify(
     let store = Store::open(scratch, partition_u16(src.partition)?)?;
     let end = src.end()?;
     let started = Instant::now();
-    let mut state = store.load_state()?;
+    let mut engine = Engine::open(store)?;
     let mut since_persist: Vec<JournalEntry> = Vec::new();
     let mut entries = 0u64;
     let mut events = 0u64;
@@ -252,16 +253,7 @@ pub fn verify(
     let ctx = Ctx { policy };
     src.read(0, |rec| {
         let recorded = &rec.entry;
-        state.load_for_input(&recorded.input, &store)?;
-        state.load_for_entry(recorded, &store)?;
-        let recomputed = process(
-            &mut state,
-            &ctx,
-            recorded.cause.clone(),
-            recorded.log_time,
-            recorded.input.clone(),
-        )
-        .entry;
+        let recomputed = engine.decide_again(&ctx, recorded)?;
         let writer_is_current = ksched_codec::registry()
             .split(&rec.raw)
             .ok()
@@ -289,20 +281,17 @@ pub fn verify(
                 detail: first_difference(recorded, &recomputed),
             });
             // Continue from what the journal says happened, not from what we recomputed.
-            state = store.load_state()?;
+            engine.reload()?;
             for e in since_persist.iter().chain(std::iter::once(recorded)) {
-                state.load_for_entry(e, &store)?;
-                apply_entry(&mut state, e);
+                engine.fold(e)?;
             }
         }
         since_persist.push(recorded.clone());
         entries += 1;
         events += recorded.events.len() as u64;
         last_offset = Some(rec.offset);
-        if since_persist.len() as u64 >= PERSIST_EVERY {
-            let dirty = state.take_dirty();
-            store.persist(&state, dirty, last_offset)?;
-            state.evict_cold();
+        if engine.checkpoint_due() {
+            engine.checkpoint(last_offset)?;
             since_persist.clear();
         }
         if last_report.elapsed() >= Duration::from_millis(500) {
@@ -380,7 +369,8 @@ pub fn replay_until(
     until: Until,
 ) -> Result<(Store, Option<(i64, i64)>)> {
     let store = Store::open(into, partition_u16(src.partition)?)?;
-    let mut r = Replayer::new(store)?;
+    let mut engine = Engine::open(store)?;
+    let mut r = Replayer::new(&mut engine);
     let mut last = None;
     src.read(0, |rec| {
         let past = match until {
@@ -395,7 +385,7 @@ pub fn replay_until(
         Ok(Flow::Continue)
     })?;
     r.persist()?;
-    Ok((r.store, last))
+    Ok((engine.into_store(), last))
 }
 
 /// What to decide under instead of what was in force.

@@ -4,6 +4,7 @@
 pub mod api;
 pub mod audit;
 pub mod auth;
+pub mod engine;
 pub mod error;
 pub mod inputs;
 pub mod metrics;
@@ -24,6 +25,7 @@ use ksched_store::Store;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, warn};
 
+pub use engine::Engine;
 pub use error::{Error, Result};
 pub use processor::{Processor, Recovery};
 pub use service::Scheduler;

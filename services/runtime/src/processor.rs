@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ksched_codec::{Record, encode};
-use ksched_core::decide::{Ctx, continuation, process};
+use ksched_core::decide::Ctx;
 use ksched_core::events::{Cause, Input, JournalEntry};
 use ksched_core::outputs::Output;
 use ksched_core::state::State;
@@ -31,6 +31,7 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
+use crate::engine::Engine;
 use crate::error::{Coords, Error, Result, kafka, refused_for_what_it_is};
 use crate::inputs::{
     InputRecord, ReadThrough, Taken, Unreadable, set_aside, skips_records, take, unreadable_input,
@@ -173,8 +174,8 @@ impl rdkafka::consumer::ConsumerContext for InputContext {}
 pub struct Processor {
     config: Config,
     topics: Topics,
-    store: Store,
-    state: State,
+    /// The state over its projection: every decision, fold and checkpoint goes through it.
+    engine: Engine,
     policy: Arc<RegoEngine>,
     /// Shared with a thread only while a transactional call that may hang runs there
     /// ([`Processor::bounded`]).
@@ -321,12 +322,11 @@ impl Processor {
         })?;
         let producer = Arc::new(producer);
         let caller = Caller::start(producer.clone())?;
-        let state = store.load_state()?;
+        let engine = Engine::open(store)?;
         let mut p = Processor {
             config,
             topics,
-            store,
-            state,
+            engine,
             policy,
             producer,
             caller,
@@ -344,7 +344,7 @@ impl Processor {
         p.catch_up()?;
         p.reconfigure()?;
         p.subscribe()?;
-        p.status.metrics.gauges(&p.state);
+        p.status.metrics.gauges(p.engine.state());
         p.status.set_caught_up(true);
         Ok(p)
     }
@@ -356,7 +356,7 @@ impl Processor {
         let _enter = span.enter();
         let settings = &self.config.settings;
         let partition = settings.processor.journal_partition;
-        let from = self.store.watermark()?.map_or(0, |w| w + 1);
+        let from = self.engine.store().watermark()?.map_or(0, |w| w + 1);
         let mut client = client_config(settings);
         client.set(
             "client.id",
@@ -365,7 +365,7 @@ impl Processor {
         let (low, high) = journal_watermarks(&client, &self.topics.journal, partition)?;
         if from > high {
             return Err(Error::StoreAheadOfJournal {
-                path: self.store.path().display().to_string(),
+                path: self.engine.store().path().display().to_string(),
                 store_offset: from - 1,
                 topic: self.topics.journal.clone(),
                 partition,
@@ -388,16 +388,13 @@ impl Processor {
             return Ok(());
         }
         let started = Instant::now();
-        let mut replayer =
-            Replayer::with_state(self.store.clone(), std::mem::take(&mut self.state));
-        let read = read_journal(&client, &self.topics.journal, partition, from, |rec| {
+        let mut replayer = Replayer::new(&mut self.engine);
+        read_journal(&client, &self.topics.journal, partition, from, |rec| {
             replayer.apply(rec.offset, &rec.entry)?;
             Ok(Flow::Continue)
-        });
-        let persisted = read.and_then(|_| replayer.persist());
+        })?;
+        replayer.persist()?;
         let applied = replayer.applied;
-        self.state = replayer.state;
-        persisted?;
         info!(
             applied,
             from,
@@ -411,7 +408,7 @@ impl Processor {
     /// Journals the configured rules and policy if they differ from those in force.
     fn reconfigure(&mut self) -> Result<()> {
         let wanted = self.config.reconfigure();
-        let current = self.state.config.as_ref().map(|c| &c.raw);
+        let current = self.engine.state().config.as_ref().map(|c| &c.raw);
         if current == Some(&wanted) {
             return Ok(());
         }
@@ -423,9 +420,9 @@ impl Processor {
         let cause = Cause {
             topic: "config".into(),
             partition: -1,
-            offset: i64::try_from(self.state.entries).unwrap_or(i64::MAX),
+            offset: i64::try_from(self.engine.state().entries).unwrap_or(i64::MAX),
         };
-        let now = wall_clock_ms().max(self.state.clock);
+        let now = wall_clock_ms().max(self.engine.state().clock);
         self.transaction(|p| {
             p.process_input(cause, now, Input::Reconfigure(wanted))?;
             Ok(None)
@@ -481,7 +478,7 @@ impl Processor {
             }
             self.process_batch(batch, recovery)?;
         }
-        self.store.flush()?;
+        self.engine.store().flush()?;
         info!("processor stopped");
         Ok(())
     }
@@ -630,7 +627,7 @@ impl Processor {
         }
         self.status
             .metrics
-            .batch(n, started.elapsed().as_secs_f64(), &self.state);
+            .batch(n, started.elapsed().as_secs_f64(), self.engine.state());
         debug!(
             records = n,
             elapsed_us = started.elapsed().as_micros() as u64,
@@ -648,11 +645,12 @@ impl Processor {
                 partition: gap.partition,
                 offset: gap.offset,
             };
-            self.process_input(cause, self.state.clock, unreadable_input(&gap))?;
+            self.process_input(cause, self.engine.state().clock, unreadable_input(&gap))?;
         }
         self.read_through.observe(rec);
         let max_record_bytes = self
-            .state
+            .engine
+            .state()
             .rules()
             .map_or(512 * 1024, |r| r.limits.max_record_bytes);
         let taken = take(&self.topics, rec, max_record_bytes);
@@ -690,7 +688,7 @@ impl Processor {
             partition: rec.partition,
             offset: rec.offset,
         };
-        let ts = rec.log_append_time.unwrap_or(self.state.clock);
+        let ts = rec.log_append_time.unwrap_or(self.engine.state().clock);
         self.process_input(cause, ts, input)
     }
 
@@ -718,12 +716,12 @@ impl Processor {
                 .collect();
             self.read_through.set_assignment(evidence);
         }
-        let tick_time = tick_time.unwrap_or(self.state.clock);
+        let tick_time = tick_time.unwrap_or(self.engine.state().clock);
         match self.read_through.watermark(tick_time) {
-            Some(w) => w.max(self.state.watermark),
+            Some(w) => w.max(self.engine.state().watermark),
             None => {
                 debug!(unread = ?self.read_through.unread(), "evidence partitions not read yet; time holds");
-                self.state.watermark
+                self.engine.state().watermark
             }
         }
     }
@@ -735,27 +733,28 @@ impl Processor {
         let mut next = Some(input);
         let mut continuations = 0;
         while let Some(input) = next.take() {
-            self.state.load_for_input(&input, &self.store)?;
             let ctx = Ctx {
                 policy: self.policy.as_ref(),
             };
-            let state = &mut self.state;
+            let engine = &mut self.engine;
             let processed = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                process(state, &ctx, cause.clone(), ts, input)
+                engine.decide(&ctx, cause.clone(), ts, input)
             }))
             .map_err(|p| Error::InputFailed {
                 coords: coords.clone(),
                 detail: format!("deciding on it panicked: {}", panic_text(p.as_ref())),
-            })?;
+            })??;
             self.send_entry(&processed.entry)?;
             for out in processed.outputs {
                 self.send_output(out)?;
             }
-            self.status.metrics.entry(&processed.entry, &self.state);
+            self.status
+                .metrics
+                .entry(&processed.entry, self.engine.state());
             if processed.more {
                 if continuations < MAX_CONTINUATIONS {
                     continuations += 1;
-                    next = Some(continuation(&self.state));
+                    next = Some(self.engine.continuation());
                 } else {
                     debug!("work left for the next Tick");
                 }
@@ -922,20 +921,17 @@ impl Processor {
     }
 
     fn persist(&mut self, watermark: Option<i64>) -> Result<()> {
-        let dirty = self.state.take_dirty();
-        self.store
-            .persist(&self.state, dirty, watermark)
-            .map_err(|e| {
-                if e.is_out_of_space() {
-                    Error::DiskFull {
-                        path: self.store.path().display().to_string(),
-                        detail: e.to_string(),
-                    }
-                } else {
-                    Error::Store(e)
+        let path = self.engine.store().path().display().to_string();
+        self.engine.checkpoint(watermark).map_err(|e| {
+            if e.is_out_of_space() {
+                Error::DiskFull {
+                    path,
+                    detail: e.to_string(),
                 }
-            })?;
-        self.state.evict_cold();
+            } else {
+                Error::Store(e)
+            }
+        })?;
         if let Some(w) = watermark {
             self.status.watermark.store(w, Ordering::Relaxed);
             self.status.metrics.watermark.set(w);
@@ -948,7 +944,7 @@ impl Processor {
             self.status
                 .metrics
                 .rocksdb_size
-                .set(i64::try_from(self.store.size_bytes()).unwrap_or(i64::MAX));
+                .set(i64::try_from(self.engine.store().size_bytes()).unwrap_or(i64::MAX));
         }
         Ok(())
     }
@@ -1037,14 +1033,15 @@ impl Processor {
     /// A job's payload: accepted in this batch (not persisted yet), or from the store.
     fn payload(&self, job_id: &str) -> Result<Vec<u8>> {
         if let Some(p) = self
-            .state
+            .engine
+            .state()
             .dirty
             .as_ref()
             .and_then(|d| d.payloads.get(job_id))
         {
             return Ok(p.clone());
         }
-        self.store.payload(job_id)?.ok_or_else(|| {
+        self.engine.store().payload(job_id)?.ok_or_else(|| {
             Error::Store(ksched_store::Error::Decode {
                 what: format!("the payload of job {job_id}"),
                 detail: "it is missing".into(),
@@ -1054,7 +1051,7 @@ impl Processor {
 
     /// The projection, for tests and the HTTP API.
     pub fn state(&self) -> &State {
-        &self.state
+        self.engine.state()
     }
 }
 

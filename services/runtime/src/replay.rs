@@ -3,19 +3,14 @@
 
 use std::time::Duration;
 
-use ksched_core::apply_entry;
 use ksched_core::events::JournalEntry;
-use ksched_core::state::State;
-use ksched_store::Store;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
+use crate::engine::Engine;
 use crate::error::{Error, Result, kafka};
-
-/// Entries applied between two writes of the projection.
-pub const PERSIST_EVERY: u64 = 5_000;
 
 /// One journal record.
 #[derive(Debug, Clone)]
@@ -126,65 +121,41 @@ pub fn read_journal(
     Ok((low, high))
 }
 
-/// Folds journal entries into a projection in RocksDB, keeping only the working set in
-/// memory: the processor's recovery and the audit tools' rebuilds.
+/// Folds journal entries into a projection through an [`Engine`], checkpointing as it goes:
+/// the processor's recovery and the audit tools' rebuilds.
 #[derive(Debug)]
-pub struct Replayer {
-    pub store: Store,
-    pub state: State,
+pub struct Replayer<'e> {
+    pub engine: &'e mut Engine,
     pub applied: u64,
     pub events: u64,
     pub last_offset: Option<i64>,
-    unpersisted: u64,
 }
 
-impl Replayer {
-    /// Continues the projection in `store` from where it stands.
-    pub fn new(store: Store) -> Result<Replayer> {
-        let state = store.load_state()?;
-        Ok(Replayer::with_state(store, state))
-    }
-
-    /// Continues from a state already in memory (the processor's).
-    pub fn with_state(store: Store, state: State) -> Replayer {
+impl<'e> Replayer<'e> {
+    pub fn new(engine: &'e mut Engine) -> Replayer<'e> {
         Replayer {
-            store,
-            state,
+            engine,
             applied: 0,
             events: 0,
             last_offset: None,
-            unpersisted: 0,
         }
     }
 
-    /// Applies one entry (at journal `offset`), persisting every [`PERSIST_EVERY`] entries.
+    /// Folds one entry (at journal `offset`), checkpointing when one is due.
     pub fn apply(&mut self, offset: i64, entry: &JournalEntry) -> Result<()> {
-        self.state.load_for_entry(entry, &self.store)?;
-        apply_entry(&mut self.state, entry);
+        self.engine.fold(entry)?;
         self.applied += 1;
         self.events += entry.events.len() as u64;
         self.last_offset = Some(offset);
-        self.unpersisted += 1;
-        if self.unpersisted >= PERSIST_EVERY {
+        if self.engine.checkpoint_due() {
             self.persist()?;
         }
         Ok(())
     }
 
-    /// Writes what changed since the last write, with the watermark.
+    /// Checkpoints what was folded, with the last offset folded as the watermark.
     pub fn persist(&mut self) -> Result<()> {
-        let dirty = self.state.take_dirty();
-        self.store.persist(&self.state, dirty, self.last_offset)?;
-        self.state.evict_cold();
-        self.unpersisted = 0;
-        Ok(())
-    }
-
-    /// Drops what is in memory and reloads the working set from the store (after the last
-    /// [`Replayer::persist`]).
-    pub fn reload(&mut self) -> Result<()> {
-        self.state = self.store.load_state()?;
-        self.unpersisted = 0;
+        self.engine.checkpoint(self.last_offset)?;
         Ok(())
     }
 }

@@ -7,13 +7,12 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use ksched_core::decide::{Ctx, process};
+use ksched_core::decide::Ctx;
 use ksched_core::events::{Cause, Input};
 use ksched_core::policy::AllowAll;
 use ksched_core::records::{Heartbeat, JobRequest, JobResult, ResultMeta, ResultStatus, Tick};
-use ksched_core::state::State;
-use ksched_runtime::Config;
 use ksched_runtime::audit::{self, Source};
+use ksched_runtime::{Config, Engine};
 use rdkafka::ClientConfig;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 
@@ -49,7 +48,9 @@ pub(super) fn build(
         .set("queue.buffering.max.kbytes", "2000000")
         .create()?;
     let started = Instant::now();
-    let mut state = State::new();
+    // The generator decides as a processor does, over a scratch projection of its own.
+    let scratch = tempfile::tempdir()?;
+    let mut engine = Engine::open(ksched_store::Store::open(scratch.path(), 0)?)?;
     let ctx = Ctx { policy: &AllowAll };
     let mut clock: i64 = 1_700_000_000_000;
     // Inputs are attributed to the topics a processor would have read them from (routing
@@ -57,7 +58,7 @@ pub(super) fn build(
     let mut offsets: BTreeMap<String, i64> = BTreeMap::new();
     let mut entries = 0u64;
     let mut events = 0u64;
-    let mut emit = |state: &mut State, topic: &str, input: Input, clock: i64| -> Result<()> {
+    let mut emit = |engine: &mut Engine, topic: &str, input: Input, clock: i64| -> Result<()> {
         let off = offsets.entry(topic.to_owned()).or_default();
         let cause = Cause {
             topic: topic.to_owned(),
@@ -65,7 +66,7 @@ pub(super) fn build(
             offset: *off,
         };
         *off += 1;
-        let p = process(state, &ctx, cause, clock, input);
+        let p = engine.decide(&ctx, cause, clock, input)?;
         entries += 1;
         events += p.entry.events.len() as u64;
         let bytes = ksched_codec::encode(&p.entry)?;
@@ -77,7 +78,7 @@ pub(super) fn build(
         super::send(&producer, rec)
     };
     emit(
-        &mut state,
+        &mut engine,
         &topics.control,
         Input::Reconfigure(config.reconfigure()),
         clock,
@@ -95,14 +96,14 @@ pub(super) fn build(
             for w in 0..WORKERS {
                 clock += 1;
                 emit(
-                    &mut state,
+                    &mut engine,
                     &topics.heartbeats,
                     Input::Heartbeat(heartbeat(w, clock)),
                     clock,
                 )?;
             }
-            // The generator only needs the working set; finished jobs go.
-            state.evict_cold();
+            // The generator only needs the working set; finished jobs go to the scratch store.
+            engine.checkpoint(None)?;
         }
         let id = format!("history-{j}");
         clock += 1;
@@ -113,10 +114,10 @@ pub(super) fn build(
             submitted_at: clock,
             ..Default::default()
         };
-        emit(&mut state, &job_topic, Input::Submit(req), clock)?;
+        emit(&mut engine, &job_topic, Input::Submit(req), clock)?;
         // Every job of the history is dispatched and succeeds; anything else means the
         // generator's inputs are not what a processor would see.
-        let job = state.jobs.get(&id);
+        let job = engine.state().jobs.get(&id);
         let Some(worker_id) = job.and_then(|j| j.worker_id.clone()) else {
             anyhow::bail!(
                 "history job {id} was not dispatched (state {:?})",
@@ -136,7 +137,7 @@ pub(super) fn build(
             execution_ms: 1,
             finished_at: clock,
         };
-        emit(&mut state, &topics.results, Input::Result(result), clock)?;
+        emit(&mut engine, &topics.results, Input::Result(result), clock)?;
     }
     // The history's workers are gone by the time the bench runs: a tick past their TTL
     // says so, as the live ticker would.
@@ -146,7 +147,7 @@ pub(super) fn build(
         issued_at: clock,
         watermark: Some(clock),
     };
-    emit(&mut state, &topics.control, Input::Tick(tick), clock)?;
+    emit(&mut engine, &topics.control, Input::Tick(tick), clock)?;
     producer.flush(Duration::from_secs(300))?;
     let generate_seconds = started.elapsed().as_secs_f64();
     let src = Source {

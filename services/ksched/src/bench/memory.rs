@@ -7,12 +7,11 @@ use std::path::Path;
 use std::time::Instant;
 
 use anyhow::Result;
-use ksched_core::decide::{Ctx, process};
+use ksched_core::decide::Ctx;
 use ksched_core::events::{Cause, Input};
 use ksched_core::policy::AllowAll;
 use ksched_core::records::JobRequest;
-use ksched_core::state::State;
-use ksched_runtime::Config;
+use ksched_runtime::{Config, Engine};
 use ksched_store::Store;
 use serde::Serialize;
 
@@ -62,21 +61,14 @@ pub(super) fn run(config: &Config, jobs: u64, payload_bytes: usize, dir: &Path) 
     }
     .reconfigure();
     {
-        let store = Store::open(dir, 0)?;
-        let mut state = State::tracking_changes();
+        let mut engine = Engine::open(Store::open(dir, 0)?)?;
         let ctx = Ctx { policy: &AllowAll };
         let cause = |offset: i64| Cause {
             topic: topic.clone(),
             partition: 0,
             offset,
         };
-        process(
-            &mut state,
-            &ctx,
-            cause(-1),
-            1,
-            Input::Reconfigure(reconfigure),
-        );
+        engine.decide(&ctx, cause(-1), 1, Input::Reconfigure(reconfigure))?;
         let payload = vec![7u8; payload_bytes];
         for n in 0..jobs {
             let request = JobRequest {
@@ -88,30 +80,25 @@ pub(super) fn run(config: &Config, jobs: u64, payload_bytes: usize, dir: &Path) 
                 ..Default::default()
             };
             let i = i64::try_from(n).unwrap_or(i64::MAX);
-            process(
-                &mut state,
-                &ctx,
-                cause(i),
-                1_000 + i,
-                Input::Submit(request),
-            );
+            engine.decide(&ctx, cause(i), 1_000 + i, Input::Submit(request))?;
             if n % 5_000 == 4_999 {
-                let dirty = state.take_dirty();
-                store.persist(&state, dirty, Some(i))?;
-                state.evict_cold();
+                engine.checkpoint(Some(i))?;
             }
         }
-        let dirty = state.take_dirty();
-        store.persist(&state, dirty, Some(i64::try_from(jobs).unwrap_or(0)))?;
-        state.evict_cold();
+        engine.checkpoint(Some(i64::try_from(jobs).unwrap_or(0)))?;
         anyhow::ensure!(
-            state.queues.values().map(|q| q.len() as u64).sum::<u64>() == jobs,
+            engine
+                .state()
+                .queues
+                .values()
+                .map(|q| q.len() as u64)
+                .sum::<u64>()
+                == jobs,
             "every bench job is pending"
         );
         let live = rss_bytes();
         let build_seconds = started.elapsed().as_secs_f64();
-        drop(state);
-        drop(store);
+        drop(engine);
         // A restart loads the backlog in a fresh process (this one's allocator still holds
         // what the live state freed).
         let out = std::process::Command::new(std::env::current_exe()?)
