@@ -86,7 +86,7 @@ impl Decider<'_, '_> {
         let due = self.state().breakers.get(pool).is_some_and(|b| {
             b.state == CircuitState::Open
                 && b.opened_at
-                    .is_some_and(|t| self.now.saturating_sub(t) >= cooldown)
+                    .is_some_and(|t| self.now().saturating_sub(t) >= cooldown)
         });
         if due {
             self.emit(Event::CircuitChanged(CircuitChanged {

@@ -135,7 +135,7 @@ impl Decider<'_, '_> {
     fn try_place(&mut self, job_id: &str) -> bool {
         let config = self.rules();
         if let Some(deadline) = self.state().jobs[job_id].deadline_at
-            && deadline <= self.now
+            && deadline <= self.now()
         {
             let detail = format!("deadline passed at {deadline} before the job could be placed");
             self.time_out(job_id, DlqReason::DeadlineExceeded, detail);

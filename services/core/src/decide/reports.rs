@@ -46,7 +46,7 @@ impl Decider<'_, '_> {
                 Rejection::InvalidTransition,
                 format!(
                     "the job is {state}; a {} cannot change it",
-                    self.input.kind()
+                    self.input().kind()
                 ),
             );
             return None;
@@ -185,7 +185,7 @@ impl Decider<'_, '_> {
             &r.result_meta,
             r.execution_ms,
         );
-        let verdict = self.ctx.policy.evaluate_output(&config.raw, &doc);
+        let verdict = self.ctx().policy.evaluate_output(&config.raw, &doc);
         if verdict.quarantine {
             let reason = if verdict.reasons.is_empty() {
                 "quarantined by output policy".to_owned()

@@ -37,7 +37,7 @@ impl Decider<'_, '_> {
                 error_code: code.to_owned(),
                 error_message: message,
                 backoff_ms: backoff,
-                retry_at: self.now.saturating_add(backoff),
+                retry_at: self.now().saturating_add(backoff),
             }));
             self.count_for_breaker(counted, job_id, true);
         } else {

@@ -159,7 +159,7 @@ impl Decider<'_, '_> {
             workflow_id: None,
             step_index: None,
             compensation: None,
-            submitted_at: self.now,
+            submitted_at: self.now(),
         };
         if self.state().jobs.contains_key(&job_id) {
             // Cannot happen with ids derived from the counter, but never overwrite a job.

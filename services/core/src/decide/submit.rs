@@ -18,7 +18,7 @@ impl Decider<'_, '_> {
         // Routing trusts the topic the record was read from, not what the producer wrote
         // (the processor already journals it so; an input that says otherwise keeps its own
         // request in JobAccepted).
-        request.topic = self.cause.topic.clone();
+        request.topic = self.cause().topic.clone();
         let journal_request = request != *input;
         if let Some((code, problem)) = invalid_request(&request, &self.rules().rules.limits) {
             self.dead_letter_input(&request.job_id, &request.tenant_id, code, problem);
@@ -72,7 +72,7 @@ impl Decider<'_, '_> {
                 .state()
                 .idempotency
                 .get(&(request.tenant_id.clone(), key.clone()))
-                .filter(|e| self.now.saturating_sub(e.seen_at) < retention)
+                .filter(|e| self.now().saturating_sub(e.seen_at) < retention)
                 .map(|e| e.job_id.clone());
             if let Some(existing_job_id) = seen {
                 self.emit(Event::JobDuplicate(JobDuplicate {
@@ -128,7 +128,7 @@ impl Decider<'_, '_> {
         let job = &self.state().jobs[job_id];
         let tenant_active = self.state().tenant_active_jobs(&job.request.tenant_id);
         let doc = input_document(&job.request, job.payload_len, tenant_active, &job.pools);
-        let decision: PolicyDecision = self.ctx.policy.evaluate_input(&config.raw, &doc);
+        let decision: PolicyDecision = self.ctx().policy.evaluate_input(&config.raw, &doc);
         PolicyEvaluated {
             job_id: job_id.to_owned(),
             snapshot_id: config.raw.policy_snapshot.clone(),

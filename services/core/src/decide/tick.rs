@@ -22,14 +22,17 @@ const MAX_LISTED_JOBS: usize = 100;
 impl Decider<'_, '_> {
     pub(super) fn tick(&mut self, t: &Tick) {
         // Journals written before watermarks judged at the Tick's log time.
-        let judged = t.watermark.unwrap_or(self.now).max(self.previous_watermark);
+        let judged = t
+            .watermark
+            .unwrap_or(self.now())
+            .max(self.previous_watermark());
         let gap = self.rules().rules.timing.clock_gap_ms;
         if t.watermark.is_some()
-            && self.previous_watermark > 0
-            && judged - self.previous_watermark > gap
+            && self.previous_watermark() > 0
+            && judged - self.previous_watermark() > gap
         {
             self.emit(Event::ClockGap(ClockGap {
-                from: self.previous_watermark,
+                from: self.previous_watermark(),
                 to: judged,
             }));
         }
@@ -211,9 +214,13 @@ impl Decider<'_, '_> {
     fn prune_idempotency(&mut self) {
         let retention = self.rules().rules.timing.idempotency_retention_ms;
         let interval = (retention / 4).clamp(1_000, MAX_PRUNE_INTERVAL_MS);
-        if self.now.saturating_sub(self.state().last_idempotency_prune) >= interval {
+        if self
+            .now()
+            .saturating_sub(self.state().last_idempotency_prune)
+            >= interval
+        {
             self.emit(Event::IdempotencyPruned(IdempotencyPruned {
-                before: self.now.saturating_sub(retention),
+                before: self.now().saturating_sub(retention),
             }));
         }
     }
