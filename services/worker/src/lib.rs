@@ -25,23 +25,30 @@
 //! # }
 //! ```
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use ksched_codec::AnyRecord;
-use ksched_core::records::{
-    Dispatch, Heartbeat, JobProgress, JobResult, JobStarted, ResultMeta, ResultStatus,
-};
-use rdkafka::ClientConfig;
+use ksched_core::records::{Dispatch, Heartbeat, JobResult, JobStarted, ResultMeta, ResultStatus};
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::Message;
-use rdkafka::producer::{FutureProducer, FutureRecord};
 use thiserror::Error;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
+
+mod config;
+mod host;
+mod job;
+mod reporter;
+
+pub use config::WorkerConfig;
+pub use job::{JobContext, Outcome, SECRET_UNAVAILABLE};
+
+use host::{HostLoad, host_load};
+use reporter::{FAREWELL_TIMEOUT, RECONNECT_BACKOFF_MAX_MS, REPORT_TIMEOUT, Reporter};
 
 #[derive(Debug, Error)]
 pub enum Error {
@@ -60,369 +67,6 @@ fn kafka(context: &str) -> impl FnOnce(rdkafka::error::KafkaError) -> Error + '_
     move |source| Error::Kafka {
         context: context.to_owned(),
         source,
-    }
-}
-
-/// How a worker connects and what it reports about itself.
-#[derive(Clone)]
-pub struct WorkerConfig {
-    pub bootstrap_servers: String,
-    pub worker_id: String,
-    pub pool: String,
-    /// ksched's topic prefix. Default `ksched.`.
-    pub topic_prefix: String,
-    /// Most jobs at once (also reported in heartbeats). Default 4.
-    pub max_parallel_jobs: usize,
-    /// Heartbeat interval. Default 3 s (well under the scheduler's worker_ttl of 15 s).
-    pub heartbeat_interval: Duration,
-    /// How long shutdown lets running jobs finish before handing them back. Default 10 s.
-    pub shutdown_grace: Duration,
-    pub labels: BTreeMap<String, String>,
-    pub capabilities: Vec<String>,
-    /// Extra librdkafka properties (TLS, SASL, ...), as `-X key=value` and
-    /// `--command-config` give them to Kafka's tools: see [`WorkerConfig::with_properties`].
-    pub properties: BTreeMap<String, String>,
-    /// Consumer group; default `<prefix>workers.<pool>`.
-    pub group_id: Option<String>,
-    /// Free memory to report (bytes) instead of the host's, e.g. a slot size the capacity
-    /// strategy should pack against. Default none.
-    pub memory_free_bytes: Option<i64>,
-    /// Report the host's CPU load and memory in heartbeats. Default true; tests that run
-    /// many workers on one busy machine turn it off so load never marks them overloaded.
-    pub report_host_load: bool,
-    /// The keyring that opens jobs' sealed secrets and payloads ([`JobContext::env`],
-    /// [`JobContext::payload`]); read again whenever the file changes, so a rotation or a
-    /// shredding reaches a running worker. Default none: a job with sealed values then fails
-    /// `secret_unavailable` without running.
-    pub keyring: Option<Arc<ksched_secrets::KeyringFile>>,
-}
-
-impl WorkerConfig {
-    pub fn new(bootstrap_servers: &str, worker_id: &str, pool: &str) -> WorkerConfig {
-        WorkerConfig {
-            bootstrap_servers: bootstrap_servers.to_owned(),
-            worker_id: worker_id.to_owned(),
-            pool: pool.to_owned(),
-            topic_prefix: "ksched.".to_owned(),
-            max_parallel_jobs: 4,
-            heartbeat_interval: Duration::from_secs(3),
-            shutdown_grace: Duration::from_secs(10),
-            labels: BTreeMap::new(),
-            capabilities: Vec::new(),
-            properties: BTreeMap::new(),
-            group_id: None,
-            memory_free_bytes: None,
-            report_host_load: true,
-            keyring: None,
-        }
-    }
-
-    /// Opens sealed secrets with the keyring file at `path` (checked now: a missing or
-    /// unreadable keyring fails here, not at the first job).
-    pub fn with_keyring(mut self, path: &std::path::Path) -> Result<Self> {
-        let file =
-            ksched_secrets::KeyringFile::open(path).map_err(|e| Error::Config(e.to_string()))?;
-        self.keyring = Some(Arc::new(file));
-        Ok(self)
-    }
-
-    /// Adds librdkafka properties, e.g. from a Kafka client properties file parsed with
-    /// [`ksched_core::properties::parse_properties`].
-    pub fn with_properties(mut self, props: impl IntoIterator<Item = (String, String)>) -> Self {
-        self.properties.extend(props);
-        self
-    }
-
-    fn client(&self) -> ClientConfig {
-        let mut c = ClientConfig::new();
-        c.set("bootstrap.servers", &self.bootstrap_servers);
-        for (k, v) in &self.properties {
-            c.set(k, v);
-        }
-        c
-    }
-
-    fn dispatch_topic(&self) -> String {
-        format!("{}dispatch.{}", self.topic_prefix, self.pool)
-    }
-}
-
-/// How a job ended, as the handler reports it.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Outcome {
-    Succeeded {
-        result_ptr: Option<String>,
-        meta: ResultMeta,
-    },
-    /// Worth another attempt (the scheduler backs off and retries).
-    Retryable { code: String, message: String },
-    /// Not worth retrying; `code` becomes the DLQ reason code.
-    Fatal { code: String, message: String },
-    /// The job stopped because its cancellation token fired.
-    Cancelled,
-}
-
-impl Outcome {
-    pub fn succeeded() -> Outcome {
-        Outcome::Succeeded {
-            result_ptr: None,
-            meta: ResultMeta::default(),
-        }
-    }
-    pub fn retryable(code: &str, message: &str) -> Outcome {
-        Outcome::Retryable {
-            code: code.into(),
-            message: message.into(),
-        }
-    }
-    pub fn fatal(code: &str, message: &str) -> Outcome {
-        Outcome::Fatal {
-            code: code.into(),
-            message: message.into(),
-        }
-    }
-}
-
-/// One job, as the handler sees it.
-#[derive(Debug, Clone)]
-pub struct JobContext {
-    /// The dispatch as the scheduler sent it: secret env values and a sealed payload are
-    /// sealed here; [`JobContext::env`] and [`JobContext::payload`] give them opened.
-    pub dispatch: Arc<Dispatch>,
-    /// Fires when the scheduler cancels the attempt (CancelDispatch) or the worker hands the
-    /// job back during shutdown. Handlers should stop and return [`Outcome::Cancelled`].
-    pub cancel: CancellationToken,
-    opened: Arc<ksched_secrets::Opened>,
-    reporter: Reporter,
-}
-
-/// The error code of a job whose sealed values this worker cannot open (no keyring, a key
-/// it lacks — retired or shredded —, or a value altered on the way).
-pub const SECRET_UNAVAILABLE: &str = "secret_unavailable";
-
-impl JobContext {
-    /// The job's environment, secret values opened. Never log it whole.
-    pub fn env(&self) -> &BTreeMap<String, String> {
-        &self.opened.env
-    }
-
-    /// The job's payload, opened if the producer sealed it.
-    pub fn payload(&self) -> &[u8] {
-        &self.opened.payload
-    }
-
-    pub fn job_id(&self) -> &str {
-        &self.dispatch.job.job_id
-    }
-
-    pub fn attempt(&self) -> i32 {
-        self.dispatch.attempt
-    }
-
-    /// Reports progress (0.0 to 1.0).
-    pub async fn progress(&self, fraction: f64, message: &str) {
-        let p = JobProgress {
-            job_id: self.job_id().to_owned(),
-            attempt: self.attempt(),
-            worker_id: self.reporter.worker_id.clone(),
-            progress: fraction,
-            message: (!message.is_empty()).then(|| message.to_owned()),
-            sent_at: now_ms(),
-        };
-        self.reporter.send_result_topic(self.job_id(), &p).await;
-    }
-}
-
-/// Longest a report (started, progress, result, heartbeat) is waited for.
-const REPORT_TIMEOUT: Duration = Duration::from_secs(30);
-/// Longest between two attempts to reach a broker again (librdkafka's default is 10 s).
-const RECONNECT_BACKOFF_MAX_MS: &str = "1000";
-/// Longest a draining heartbeat is waited for at shutdown.
-const FAREWELL_TIMEOUT: Duration = Duration::from_secs(3);
-
-/// Reports go through one idempotent producer. A producer that has stopped delivering is
-/// replaced: librdkafka makes an idempotent producer unusable after a fatal error (a
-/// sequence gap the broker refuses after an outage), and a producer that delivered nothing
-/// for [`PRODUCER_STALL`] while the broker is reachable again is not trusted either. The
-/// scheduler dedupes reports by (job, attempt), so one sent twice across a replacement is
-/// harmless; a heartbeat that never arrives is not (the worker would be declared lost).
-#[derive(Clone)]
-struct Reporter {
-    producer: Arc<Mutex<Producer>>,
-    /// How to build the producer again.
-    config: ClientConfig,
-    /// Longest a report is waited for ([`REPORT_TIMEOUT`]).
-    timeout: Duration,
-    /// [`PRODUCER_STALL`].
-    stall: Duration,
-    worker_id: String,
-    results: String,
-    heartbeats: String,
-    /// Cancelled when the worker's drain is over: reports that must arrive (starts, results)
-    /// are tried once more, not until delivered.
-    give_up: CancellationToken,
-}
-
-/// The report producer in use, and since when it has not delivered anything.
-struct Producer {
-    inner: FutureProducer,
-    generation: u64,
-    last_delivered: Instant,
-}
-
-/// A producer that delivered nothing for this long (every report given up meanwhile) is
-/// replaced by a new one.
-const PRODUCER_STALL: Duration = Duration::from_secs(45);
-
-impl std::fmt::Debug for Reporter {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Reporter")
-            .field("worker_id", &self.worker_id)
-            .finish()
-    }
-}
-
-impl Reporter {
-    fn new(config: ClientConfig, worker_id: &str, topic_prefix: &str) -> Result<Reporter> {
-        let inner: FutureProducer = config
-            .create()
-            .map_err(kafka("creating the report producer"))?;
-        Ok(Reporter {
-            producer: Arc::new(Mutex::new(Producer {
-                inner,
-                generation: 0,
-                last_delivered: Instant::now(),
-            })),
-            config,
-            timeout: REPORT_TIMEOUT,
-            stall: PRODUCER_STALL,
-            worker_id: worker_id.to_owned(),
-            results: format!("{topic_prefix}results"),
-            heartbeats: format!("{topic_prefix}heartbeats"),
-            give_up: CancellationToken::new(),
-        })
-    }
-
-    fn current(&self) -> (FutureProducer, u64) {
-        let p = self.producer.lock().unwrap_or_else(|p| p.into_inner());
-        (p.inner.clone(), p.generation)
-    }
-
-    fn delivered(&self, generation: u64) {
-        let mut p = self.producer.lock().unwrap_or_else(|p| p.into_inner());
-        if p.generation == generation {
-            p.last_delivered = Instant::now();
-        }
-    }
-
-    /// After a failed report: replaces the producer of `generation` when it is fatally
-    /// broken or has delivered nothing for [`PRODUCER_STALL`]. True when the report should
-    /// be sent again: the producer was replaced, here or meanwhile (a replaced producer's
-    /// queued reports fail when it is dropped).
-    fn renew_if_broken(&self, generation: u64, producer: &FutureProducer) -> bool {
-        use rdkafka::producer::Producer as _;
-        let fatal = producer.client().fatal_error();
-        let mut p = self.producer.lock().unwrap_or_else(|p| p.into_inner());
-        if p.generation != generation {
-            return true;
-        }
-        let stalled = p.last_delivered.elapsed() >= self.stall;
-        if fatal.is_none() && !stalled {
-            return false;
-        }
-        match self.config.create::<FutureProducer>() {
-            Ok(fresh) => {
-                match &fatal {
-                    Some((code, reason)) => warn!(
-                        worker = %self.worker_id, ?code, %reason,
-                        "the report producer failed fatally; replaced by a new one"
-                    ),
-                    None => warn!(
-                        worker = %self.worker_id,
-                        stalled_s = p.last_delivered.elapsed().as_secs(),
-                        "the report producer delivered nothing for too long; replaced by a new one"
-                    ),
-                }
-                p.inner = fresh;
-                p.generation += 1;
-                p.last_delivered = Instant::now();
-                true
-            }
-            Err(e) => {
-                warn!(error = %e, "cannot create a new report producer");
-                false
-            }
-        }
-    }
-
-    /// Sends a report once (on a new producer too, when the first turns out broken); true
-    /// when it was delivered.
-    async fn send<T: ksched_codec::Record>(&self, topic: &str, key: &str, value: &T) -> bool {
-        let bytes = match ksched_codec::encode(value) {
-            Ok(b) => b,
-            Err(e) => {
-                warn!(error = %e, "cannot encode {}", T::NAME);
-                return false;
-            }
-        };
-        // Once more on a new producer when the first one turns out broken.
-        for _ in 0..2 {
-            let (producer, generation) = self.current();
-            let record = FutureRecord::to(topic).key(key).payload(&bytes);
-            // Bounded, whatever state the client is in: a report that cannot be delivered is
-            // given up (the scheduler's timeouts cover it) rather than holding up the job or
-            // the worker's shutdown.
-            match tokio::time::timeout(self.timeout, producer.send(record, self.timeout)).await {
-                Ok(Ok(_)) => {
-                    self.delivered(generation);
-                    return true;
-                }
-                Ok(Err((e, _))) => warn!(error = %e, topic, key, "report not delivered"),
-                Err(_) => warn!(
-                    topic,
-                    key,
-                    timeout_s = self.timeout.as_secs(),
-                    "report not delivered in time; given up"
-                ),
-            }
-            if !self.renew_if_broken(generation, &producer) {
-                return false;
-            }
-        }
-        false
-    }
-
-    /// Sends a report the scheduler must get (a start, a result) until it is delivered, or
-    /// once more after the drain gave up. A broker outage longer than a report's timeout
-    /// does not lose it: a lost result leaves its job RUNNING until `running_timeout_ms`
-    /// and runs it again.
-    async fn deliver<T: ksched_codec::Record>(&self, topic: &str, key: &str, value: &T) {
-        loop {
-            if self.send(topic, key, value).await {
-                return;
-            }
-            if self.give_up.is_cancelled() {
-                warn!(
-                    topic,
-                    key,
-                    "{} not delivered and the worker is stopping; the scheduler's timeouts retry the attempt",
-                    T::NAME
-                );
-                return;
-            }
-            tokio::select! {
-                _ = self.give_up.cancelled() => {}
-                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-            }
-        }
-    }
-
-    async fn send_result_topic<T: ksched_codec::Record>(&self, job_id: &str, value: &T) {
-        self.send(&self.results, job_id, value).await;
-    }
-
-    async fn deliver_result_topic<T: ksched_codec::Record>(&self, job_id: &str, value: &T) {
-        self.deliver(&self.results, job_id, value).await;
     }
 }
 
@@ -455,40 +99,6 @@ impl Running {
             self.seen_set.remove(&old);
         }
         true
-    }
-}
-
-/// Secret properties (passwords, JAAS configs, keys) are masked.
-impl std::fmt::Debug for WorkerConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let properties: BTreeMap<&str, &str> = self
-            .properties
-            .iter()
-            .map(|(k, v)| {
-                let v = if ksched_core::properties::is_secret_property(k) {
-                    ksched_core::records::HIDDEN
-                } else {
-                    v.as_str()
-                };
-                (k.as_str(), v)
-            })
-            .collect();
-        f.debug_struct("WorkerConfig")
-            .field("bootstrap_servers", &self.bootstrap_servers)
-            .field("worker_id", &self.worker_id)
-            .field("pool", &self.pool)
-            .field("topic_prefix", &self.topic_prefix)
-            .field("max_parallel_jobs", &self.max_parallel_jobs)
-            .field("heartbeat_interval", &self.heartbeat_interval)
-            .field("shutdown_grace", &self.shutdown_grace)
-            .field("labels", &self.labels)
-            .field("capabilities", &self.capabilities)
-            .field("properties", &properties)
-            .field("group_id", &self.group_id)
-            .field("memory_free_bytes", &self.memory_free_bytes)
-            .field("report_host_load", &self.report_host_load)
-            .field("keyring", &self.keyring.as_ref().map(|k| k.path()))
-            .finish()
     }
 }
 
@@ -889,44 +499,6 @@ impl Worker {
     }
 }
 
-struct HostLoad {
-    cpu_percent: f64,
-    memory_percent: f64,
-    memory_free_bytes: Option<i64>,
-}
-
-/// CPU (1-minute load average over the CPU count) and memory from /proc, where available.
-fn host_load() -> HostLoad {
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
-    let load1 = std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|s| {
-            s.split_whitespace()
-                .next()
-                .and_then(|v| v.parse::<f64>().ok())
-        })
-        .unwrap_or(0.0);
-    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
-    let field = |name: &str| {
-        meminfo
-            .lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse::<i64>().ok())
-            .map(|kb| kb * 1024)
-    };
-    let (total, available) = (field("MemTotal:"), field("MemAvailable:"));
-    let memory_percent = match (total, available) {
-        (Some(t), Some(a)) if t > 0 => 100.0 * (t - a) as f64 / t as f64,
-        _ => 0.0,
-    };
-    HostLoad {
-        cpu_percent: (100.0 * load1 / cpus).clamp(0.0, 100.0),
-        memory_percent,
-        memory_free_bytes: available,
-    }
-}
-
 fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -935,6 +507,10 @@ fn now_ms() -> i64 {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
+    use rdkafka::ClientConfig;
+
     use super::*;
 
     fn key(job: &str, attempt: i32) -> (String, i32) {
