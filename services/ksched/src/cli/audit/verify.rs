@@ -1,0 +1,55 @@
+//! `ksched audit verify`: every recorded decision made again.
+
+use ksched_policy::RegoEngine;
+use ksched_runtime::audit::{self, Source};
+use serde_json::json;
+
+use crate::cli::output::Format;
+use crate::cli::{CliResult, Failure, Target};
+
+use super::{EXIT_MISMATCH, failed, progress_printer, scratch};
+
+pub(super) fn verify(t: &Target, src: &Source) -> CliResult {
+    let dir = scratch(None)?;
+    let policy = RegoEngine::new();
+    let report =
+        audit::verify(src, &dir.path, &policy, progress_printer("verify")).map_err(failed)?;
+    eprintln!();
+    match t.output {
+        Format::Json => crate::cli::output::json(&json!({
+            "entries": report.entries,
+            "events": report.events,
+            "elapsed_ms": report.elapsed.as_millis() as u64,
+            "divergences": report.divergences.iter().map(|d| json!({
+                "offset": d.offset, "input": d.input, "recorded": d.recorded,
+                "recomputed": d.recomputed, "detail": d.detail,
+            })).collect::<Vec<_>>(),
+        })),
+        Format::Table => {
+            println!(
+                "verified {} entries ({} events) in {:.1}s: {} divergences",
+                report.entries,
+                report.events,
+                report.elapsed.as_secs_f64(),
+                report.divergences.len()
+            );
+            for d in &report.divergences {
+                println!("offset {} {}:", d.offset, d.input);
+                println!("  recorded:   {}", d.recorded.join(" "));
+                println!("  recomputed: {}", d.recomputed.join(" "));
+                println!("  {}", d.detail);
+            }
+        }
+    }
+    if report.divergences.is_empty() {
+        Ok(())
+    } else {
+        Err(Failure::new(
+            EXIT_MISMATCH,
+            format!(
+                "{} recorded entries were not reproduced",
+                report.divergences.len()
+            ),
+        ))
+    }
+}

@@ -1,0 +1,206 @@
+//! `audit what-if`: the recorded inputs decided under other pools or another policy.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use ksched_core::decide::{Ctx, process};
+use ksched_core::events::{Event, Input, JobState, Reconfigure, Verdict};
+use ksched_core::state::State;
+use ksched_core::{apply_entry, hash::sha256_parts};
+use ksched_policy::{PolicyBundle, RegoEngine};
+use serde_json::{Value, json};
+
+use crate::error::{Error, Result};
+use crate::replay::Flow;
+use crate::settings::PoolsFile;
+
+use super::Source;
+
+/// What to decide under instead of what was in force.
+#[derive(Debug, Clone, Default)]
+pub struct Alternative {
+    /// Replaces topics, pools and tenants (timers, retries and thresholds stay as recorded).
+    pub pools: Option<PoolsFile>,
+    /// Replaces the policy bundle.
+    pub policy: Option<PolicyBundle>,
+}
+
+impl Alternative {
+    fn substitute(&self, r: &Reconfigure) -> Result<Reconfigure> {
+        let mut out = r.clone();
+        if let Some(p) = &self.pools {
+            let mut rules = ksched_core::rules::Rules::from_json(&r.rules_json)
+                .map_err(|e| Error::Audit(format!("recorded rules: {e}")))?;
+            p.apply_to(&mut rules);
+            rules
+                .validate()
+                .map_err(|e| Error::Audit(format!("alternative pools: {e}")))?;
+            out.rules_json = rules.to_canonical_json();
+            out.rules_id = sha256_parts([out.rules_json.as_bytes()])[..16].to_owned();
+        }
+        if let Some(b) = &self.policy {
+            out.policy_modules = b.modules.clone();
+            out.policy_data_json = b.data_json.clone();
+            out.policy_snapshot = b.snapshot_id();
+        }
+        Ok(out)
+    }
+}
+
+/// How a job ended up in one world.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Outcome {
+    pub state: Option<JobState>,
+    pub pool: Option<String>,
+    pub worker: Option<String>,
+    pub verdict: Option<Verdict>,
+}
+
+impl Outcome {
+    pub fn to_json(&self) -> Value {
+        json!({
+            "state": self.state.map(JobState::as_str),
+            "pool": self.pool,
+            "worker": self.worker,
+            "verdict": self.verdict.map(|v| format!("{v:?}")),
+        })
+    }
+}
+
+/// A job decided differently under the alternative.
+#[derive(Debug, Clone)]
+pub struct WhatIfRow {
+    pub job_id: String,
+    pub topic: String,
+    pub actual: Outcome,
+    pub alternative: Outcome,
+    /// `pool`, `worker`, `verdict`, `state`.
+    pub differs_in: Vec<&'static str>,
+}
+
+#[derive(Debug, Clone)]
+pub struct WhatIfReport {
+    pub jobs: usize,
+    pub rows: Vec<WhatIfRow>,
+    /// How many jobs differ in each respect.
+    pub totals: BTreeMap<&'static str, usize>,
+}
+
+fn outcomes(
+    state: &State,
+    verdicts: &BTreeMap<String, Verdict>,
+) -> BTreeMap<String, (String, Outcome)> {
+    state
+        .jobs
+        .iter()
+        .map(|(id, j)| {
+            (
+                id.clone(),
+                (
+                    j.request.topic.clone(),
+                    Outcome {
+                        state: Some(j.state),
+                        pool: j.pool.clone(),
+                        worker: j.worker_id.clone(),
+                        verdict: verdicts.get(id).copied(),
+                    },
+                ),
+            )
+        })
+        .collect()
+}
+
+fn record_verdicts(events: &[Event], verdicts: &mut BTreeMap<String, Verdict>) {
+    for e in events {
+        if let Event::PolicyEvaluated(p) = e {
+            verdicts.insert(p.job_id.clone(), p.verdict);
+        }
+    }
+}
+
+/// Replays the recorded inputs through `decide` under `alt` and reports, per job, where the
+/// outcome differs from what happened. Recorded approvals and rejections stand in the
+/// alternative world (an approval that matched its job's policy snapshot then is taken to
+/// match the snapshot the job has there). Holds both worlds in memory.
+pub fn what_if(src: &Source, alt: &Alternative, policy: &RegoEngine) -> Result<WhatIfReport> {
+    let mut actual = State::new();
+    let mut other = State::new();
+    let mut actual_verdicts = BTreeMap::new();
+    let mut other_verdicts = BTreeMap::new();
+    let ctx = Ctx { policy };
+    src.read(0, |rec| {
+        apply_entry(&mut actual, &rec.entry);
+        record_verdicts(&rec.entry.events, &mut actual_verdicts);
+        let input = match &rec.entry.input {
+            Input::Reconfigure(r) => Input::Reconfigure(alt.substitute(r)?),
+            // Human decisions stand: an approval that matched its job's snapshot then
+            // matches the snapshot the job has in the alternative world.
+            Input::Approve(a) => {
+                let mut a = a.clone();
+                let then = actual
+                    .jobs
+                    .get(&a.job_id)
+                    .and_then(|j| j.policy_snapshot.clone());
+                let now = other
+                    .jobs
+                    .get(&a.job_id)
+                    .and_then(|j| j.policy_snapshot.clone());
+                if let (Some(then), Some(now)) = (then, now)
+                    && then == a.policy_snapshot
+                {
+                    a.policy_snapshot = now;
+                }
+                Input::Approve(a)
+            }
+            other => other.clone(),
+        };
+        let p = process(
+            &mut other,
+            &ctx,
+            rec.entry.cause.clone(),
+            rec.entry.log_time,
+            input,
+        );
+        record_verdicts(&p.entry.events, &mut other_verdicts);
+        Ok(Flow::Continue)
+    })?;
+    let a = outcomes(&actual, &actual_verdicts);
+    let b = outcomes(&other, &other_verdicts);
+    let ids: BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+    let mut rows = Vec::new();
+    let mut totals: BTreeMap<&'static str, usize> = BTreeMap::new();
+    for id in &ids {
+        let (topic, x) = a.get(*id).cloned().unwrap_or_default();
+        let (topic_b, y) = b.get(*id).cloned().unwrap_or_default();
+        let mut differs_in = Vec::new();
+        if x.verdict != y.verdict {
+            differs_in.push("verdict");
+        }
+        if x.pool != y.pool {
+            differs_in.push("pool");
+        }
+        if x.worker != y.worker {
+            differs_in.push("worker");
+        }
+        if x.state != y.state {
+            differs_in.push("state");
+        }
+        if differs_in.is_empty() {
+            continue;
+        }
+        for d in &differs_in {
+            *totals.entry(d).or_default() += 1;
+        }
+        rows.push(WhatIfRow {
+            job_id: (*id).clone(),
+            topic: if topic.is_empty() { topic_b } else { topic },
+            actual: x,
+            alternative: y,
+            differs_in,
+        });
+    }
+    Ok(WhatIfReport {
+        jobs: ids.len(),
+        rows,
+        totals,
+    })
+}
