@@ -15,7 +15,7 @@
 //! | §3.1-3.3 | topic -> pools, `requires`, `preferred_pool` | `decide/submit.rs` (`route`) |
 //! | §3.4-3.7 | preferred worker, placement labels, scoring, overload | `decide/placement.rs` |
 //! | §3.8 | strategies: least-loaded, throttled, capacity | `strategy.rs` |
-//! | §4 | queue order, waiting, placement timeout | `decide/placement.rs`, `state.rs` (queues), `decide/tick.rs` |
+//! | §4 | queue order, waiting, placement timeout | `decide/placement.rs`, `state/index.rs` (queues), `decide/tick.rs` |
 //! | §4 | retries and backoff | `decide/retry.rs`, `decide/reports.rs` (`result`) |
 //! | §4 | worker loss, reconciler, deadlines | `decide/tick.rs` |
 //! | §4 | DLQ reason codes | `reason.rs` |

@@ -4,7 +4,7 @@
 //! `decide` decides every count (a `BreakerCounted` event) and evaluates the breaker right
 //! after it, whether the count came from a worker's result or from a Tick's timeout; `apply`
 //! only keeps the window. Probes let through while half-open are tracked by job id and free
-//! their slot however they end (state.rs, `update_job`).
+//! their slot however they end (state/index.rs, `update_job`).
 
 use crate::decide::Decider;
 use crate::events::*;

@@ -1,0 +1,379 @@
+//! The indexes derived from job records (queues, timers, tenant counts, in-flight sets),
+//! maintained in one place so they can never disagree with the jobs they index.
+
+use std::collections::BTreeMap;
+
+use crate::events::JobState;
+use crate::records::Millis;
+use crate::rules::Timing;
+
+use super::{
+    HISTORY_MAX, HistoryItem, HistoryLine, Job, QueueKey, State, Timer, TimerKind, Worker,
+};
+
+impl State {
+    /// Changes a job and keeps every index that derives from it in step.
+    pub(crate) fn update_job<R>(&mut self, id: &str, f: impl FnOnce(&mut Job) -> R) -> Option<R> {
+        let (before, pool) = self.jobs.get(id).map(|j| (j.state, j.pool.clone()))?;
+        self.unindex_job(id);
+        let r = self.jobs.get_mut(id).map(|j| f(j));
+        self.index_job(id);
+        self.mark_job(id);
+        if let Some(after) = self.jobs.get(id).map(|j| j.state)
+            && after != before
+        {
+            self.count_state(before, -1);
+            self.count_state(after, 1);
+            if after.is_terminal() {
+                self.cold.insert(id.to_owned());
+            }
+            if before.is_active()
+                && !after.is_active()
+                && let Some(pool) = pool
+            {
+                self.free_probe(&pool, id);
+            }
+        }
+        r
+    }
+
+    /// Appends a line to job `id`'s history (nothing for an unknown job). The line goes out
+    /// with the dirty keys; the job keeps only counters. A run of progress keeps its latest
+    /// line; past [`HISTORY_MAX`] lines, the last slot keeps the latest and the others
+    /// between are counted as omitted (the journal has every event: `ksched audit job`).
+    pub(crate) fn write_history(&mut self, id: &str, at: Millis, event: &str, detail: String) {
+        let Some(job) = self.jobs.get_mut(id) else {
+            return;
+        };
+        let progress = event == "JobProgressed";
+        let seq = if progress && job.history_progress && job.history_lines > 0 {
+            job.history_lines - 1
+        } else if job.history_lines >= HISTORY_MAX {
+            job.history_omitted = job.history_omitted.saturating_add(1);
+            HISTORY_MAX - 1
+        } else {
+            job.history_lines += 1;
+            job.history_lines - 1
+        };
+        job.history_progress = progress;
+        self.mark_job(id);
+        if let Some(d) = self.dirty.as_mut() {
+            d.history.push(HistoryLine {
+                job_id: id.to_owned(),
+                seq,
+                item: HistoryItem {
+                    at,
+                    event: event.to_owned(),
+                    detail,
+                },
+            });
+        }
+    }
+
+    /// A half-open breaker's probe ended (any way): its slot is free again.
+    fn free_probe(&mut self, pool: &str, job_id: &str) {
+        if let Some(b) = self.breakers.get_mut(pool)
+            && b.probes.remove(job_id)
+        {
+            self.mark_breaker(pool);
+        }
+    }
+
+    /// Adds a worker's record; it takes over the jobs already naming it.
+    pub(crate) fn insert_worker(&mut self, id: &str, mut worker: Worker) {
+        worker.inflight = self.orphans.remove(id).unwrap_or_default();
+        self.workers.insert(id.to_owned(), worker);
+    }
+
+    /// Drops a worker's record; jobs still naming it stay indexed as orphans.
+    pub(crate) fn remove_worker(&mut self, id: &str) -> Option<Worker> {
+        let mut w = self.workers.remove(id)?;
+        let inflight = std::mem::take(&mut w.inflight);
+        if !inflight.is_empty() {
+            self.orphans.insert(id.to_owned(), inflight);
+        }
+        Some(w)
+    }
+
+    fn count_state(&mut self, state: JobState, delta: i64) {
+        let n = self.jobs_by_state.entry(state).or_default();
+        *n = n.saturating_add_signed(delta);
+        if *n == 0 {
+            self.jobs_by_state.remove(&state);
+        }
+    }
+
+    pub(crate) fn insert_job(&mut self, id: String, job: Job) {
+        if let Some(old) = self.jobs.get(&id).map(|j| j.state) {
+            self.unindex_job(&id);
+            self.count_state(old, -1);
+        }
+        self.count_state(job.state, 1);
+        if job.state.is_terminal() {
+            self.cold.insert(id.clone());
+        }
+        self.jobs.insert(id.clone(), Box::new(job));
+        self.index_job(&id);
+        self.mark_job(&id);
+    }
+
+    /// The timers of job `id` as the state stands (its record, its worker's evidence, the
+    /// liveness floor, the timing rules).
+    fn job_timers(&self, id: &str, job: &Job) -> Vec<Timer> {
+        let Some(timing) = self.config.as_deref().map(|c| &c.rules.timing) else {
+            return Vec::new();
+        };
+        let evidence = self.worker_evidence(id, job);
+        timers_of(id, job, timing, self.liveness_floor, evidence)
+    }
+
+    /// When the job's worker last listed it as running, if its latest heartbeat does.
+    pub fn worker_evidence(&self, id: &str, job: &Job) -> Option<Millis> {
+        let w = self.workers.get(job.worker_id.as_deref()?)?;
+        w.heartbeat
+            .active_job_ids
+            .iter()
+            .any(|j| j == id)
+            .then_some(w.last_seen)
+    }
+
+    pub(crate) fn index_job(&mut self, id: &str) {
+        let Some(job) = self.jobs.get(id) else { return };
+        let timers = self.job_timers(id, job);
+        let job = &self.jobs[id];
+        if let Some(queued_at) = job.queued_at {
+            for pool in &job.pools {
+                self.queues
+                    .entry(pool.clone())
+                    .or_default()
+                    .insert(QueueKey {
+                        rank: job.request.priority.rank(),
+                        queued_at,
+                        job_id: id.to_owned(),
+                    });
+            }
+            *self
+                .tenant_pending
+                .entry(job.request.tenant_id.clone())
+                .or_default() += 1;
+        }
+        self.timers.extend(timers);
+        if job.state.is_active() {
+            *self
+                .tenant_active
+                .entry(job.request.tenant_id.clone())
+                .or_default() += 1;
+            if let Some(worker_id) = job.worker_id.as_ref() {
+                match self.workers.get_mut(worker_id) {
+                    Some(w) => {
+                        w.inflight.insert(id.to_owned());
+                    }
+                    None => {
+                        self.orphans
+                            .entry(worker_id.clone())
+                            .or_default()
+                            .insert(id.to_owned());
+                    }
+                }
+            }
+        }
+    }
+
+    pub(crate) fn unindex_job(&mut self, id: &str) {
+        let Some(job) = self.jobs.get(id) else { return };
+        for t in self.job_timers(id, job) {
+            self.timers.remove(&t);
+        }
+        let job = &self.jobs[id];
+        if let Some(queued_at) = job.queued_at {
+            for pool in &job.pools {
+                if let Some(q) = self.queues.get_mut(pool) {
+                    q.remove(&QueueKey {
+                        rank: job.request.priority.rank(),
+                        queued_at,
+                        job_id: id.to_owned(),
+                    });
+                    if q.is_empty() {
+                        self.queues.remove(pool);
+                    }
+                }
+            }
+            decrement(&mut self.tenant_pending, &job.request.tenant_id);
+        }
+        if job.state.is_active() {
+            decrement(&mut self.tenant_active, &job.request.tenant_id);
+            if let Some(worker_id) = job.worker_id.as_ref() {
+                match self.workers.get_mut(worker_id) {
+                    Some(w) => {
+                        w.inflight.remove(id);
+                    }
+                    None => {
+                        if let Some(set) = self.orphans.get_mut(worker_id) {
+                            set.remove(id);
+                            if set.is_empty() {
+                                self.orphans.remove(worker_id);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Rebuilds every derived index from the records (after new rules change the timers, and
+    /// after loading records from storage).
+    pub fn rebuild_indexes(&mut self) {
+        self.queues.clear();
+        self.timers.clear();
+        self.tenant_active.clear();
+        self.tenant_pending.clear();
+        self.orphans.clear();
+        for w in self.workers.values_mut() {
+            w.inflight.clear();
+        }
+        self.cold = self
+            .jobs
+            .iter()
+            .filter(|(_, j)| j.state.is_terminal())
+            .map(|(id, _)| id.clone())
+            .collect();
+        let ids: Vec<String> = self.jobs.keys().cloned().collect();
+        for id in ids {
+            self.index_job(&id);
+        }
+    }
+
+    /// Active jobs of a tenant (SCHEDULED + DISPATCHED + RUNNING).
+    pub fn tenant_active_jobs(&self, tenant: &str) -> i64 {
+        self.tenant_active.get(tenant).copied().unwrap_or(0)
+    }
+
+    /// Checks the derived indexes against the records; returns what disagrees. Used by tests
+    /// and by `audit rebuild`.
+    pub fn check_invariants(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        let mut rebuilt = self.clone();
+        rebuilt.dirty = None;
+        rebuilt.rebuild_indexes();
+        if rebuilt.queues != self.queues {
+            problems.push("pending queues disagree with job records".to_owned());
+        }
+        if rebuilt.timers != self.timers {
+            problems.push("timers disagree with job records".to_owned());
+        }
+        if rebuilt.tenant_active != self.tenant_active {
+            problems.push("tenant active counts disagree with job records".to_owned());
+        }
+        if rebuilt.tenant_pending != self.tenant_pending {
+            problems.push("tenant pending counts disagree with job records".to_owned());
+        }
+        if rebuilt.orphans != self.orphans {
+            problems.push("jobs of unknown workers disagree with job records".to_owned());
+        }
+        for (id, w) in &self.workers {
+            if rebuilt.workers.get(id).map(|r| &r.inflight) != Some(&w.inflight) {
+                problems.push(format!(
+                    "in-flight set of worker {id} disagrees with job records"
+                ));
+            }
+        }
+        for (id, job) in &self.jobs {
+            if job.state.is_terminal() && (job.queued_at.is_some() || job.retry_at.is_some()) {
+                problems.push(format!("job {id} is {} and still queued", job.state));
+            }
+            if job.queued_at.is_some() && job.state != JobState::Pending {
+                problems.push(format!("job {id} is queued in state {}", job.state));
+            }
+        }
+        for (t, n) in &self.tenant_active {
+            if *n < 0 {
+                problems.push(format!("tenant {t} has {n} active jobs"));
+            }
+        }
+        // Active jobs are always in memory, so their counts must match exactly; terminal
+        // counts may exceed what memory holds.
+        let mut counted: BTreeMap<JobState, u64> = BTreeMap::new();
+        for j in self.jobs.values() {
+            *counted.entry(j.state).or_default() += 1;
+        }
+        for st in JobState::ALL {
+            let have = counted.get(&st).copied().unwrap_or(0);
+            let kept = self.jobs_by_state.get(&st).copied().unwrap_or(0);
+            if (!st.is_terminal() && have != kept) || (st.is_terminal() && have > kept) {
+                problems.push(format!("{kept} jobs counted {st}, {have} present"));
+            }
+        }
+        problems
+    }
+}
+
+fn decrement(counts: &mut BTreeMap<String, i64>, key: &str) {
+    if let Some(n) = counts.get_mut(key) {
+        *n -= 1;
+        if *n <= 0 {
+            counts.remove(key);
+        }
+    }
+}
+
+/// The timers a job has in its current state. Timeouts that wait for a sign of life count
+/// from `floor` at the earliest (after a [`crate::events::ClockGap`]); `evidence` is when
+/// the job's worker last listed it as running (heartbeats are evidence without rewriting the
+/// job). Deadlines, retry backoffs and max runtimes are not evidence-based.
+pub fn timers_of(
+    id: &str,
+    job: &Job,
+    timing: &Timing,
+    floor: Millis,
+    evidence: Option<Millis>,
+) -> Vec<Timer> {
+    let mut out = Vec::new();
+    let mut push = |due: Millis, kind: TimerKind| {
+        out.push(Timer {
+            due,
+            kind,
+            job_id: id.to_owned(),
+        })
+    };
+    if job.state.is_terminal() {
+        return out;
+    }
+    if let Some(d) = job.deadline_at {
+        push(d, TimerKind::Deadline);
+    }
+    match job.state {
+        JobState::Pending => {
+            if let Some(r) = job.retry_at {
+                push(r, TimerKind::RetryAt);
+            }
+            if let Some(q) = job.queued_at {
+                push(
+                    q.max(floor).saturating_add(timing.placement_timeout_ms),
+                    TimerKind::PlacementTimeout,
+                );
+            }
+        }
+        JobState::Dispatched => {
+            if let Some(d) = job.dispatched_at {
+                push(
+                    d.max(floor).saturating_add(timing.dispatch_timeout_ms),
+                    TimerKind::DispatchTimeout,
+                );
+            }
+        }
+        JobState::Running => {
+            if let Some(e) = job.last_evidence_at {
+                let e = e.max(evidence.unwrap_or(e)).max(floor);
+                push(
+                    e.saturating_add(timing.running_timeout_ms),
+                    TimerKind::RunningTimeout,
+                );
+            }
+            if let (Some(s), Some(max)) = (job.started_at, job.max_runtime_ms()) {
+                push(s.saturating_add(max), TimerKind::MaxRuntime);
+            }
+        }
+        _ => {}
+    }
+    out
+}

@@ -1,0 +1,133 @@
+//! The partial state: what deciding on an input, or folding an entry, needs loaded from the
+//! store first, and what may leave memory after a checkpoint.
+
+use crate::events::Input;
+
+use super::{IdempotencyEntry, Job, Saga, State};
+
+/// Where a partial state's cold records live (RocksDB in the processor).
+pub trait ColdStore {
+    type Error;
+    fn job(&self, id: &str) -> Result<Option<Job>, Self::Error>;
+    fn saga(&self, workflow_id: &str) -> Result<Option<Saga>, Self::Error>;
+    fn idempotency(&self, tenant: &str, key: &str)
+    -> Result<Option<IdempotencyEntry>, Self::Error>;
+}
+
+/// Keys a decision on an input may read, which a partial state must hold first.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Prerequisites {
+    pub job_ids: Vec<String>,
+    pub idempotency: Option<(String, String)>,
+}
+
+impl State {
+    /// What must be loaded before deciding on `input`.
+    pub fn prerequisites(input: &Input) -> Prerequisites {
+        let mut p = Prerequisites::default();
+        if let Some(id) = input.job_id() {
+            p.job_ids.push(id.to_owned());
+        }
+        if let Input::Submit(r) = input
+            && let Some(key) = &r.meta.idempotency_key
+        {
+            p.idempotency = Some((r.tenant_id.clone(), key.clone()));
+        }
+        p
+    }
+
+    /// The workflow whose saga a decision on `input` may read, once the input's job is loaded.
+    pub fn workflow_prerequisite(&self, input: &Input) -> Option<String> {
+        let request = match input {
+            Input::Submit(r) => r,
+            other => &self.jobs.get(other.job_id()?)?.request,
+        };
+        crate::decide::workflow_of(request).map(str::to_owned)
+    }
+
+    /// Loads from `store` everything deciding on `input` may read: its job, the owner of its
+    /// idempotency key, and the saga of its workflow.
+    pub fn load_for_input<S: ColdStore>(
+        &mut self,
+        input: &Input,
+        store: &S,
+    ) -> Result<(), S::Error> {
+        let pre = State::prerequisites(input);
+        self.load_jobs(&pre.job_ids, store)?;
+        if let Some((tenant, key)) = &pre.idempotency {
+            let k = (tenant.clone(), key.clone());
+            if !self.idempotency.contains_key(&k)
+                && let Some(e) = store.idempotency(tenant, key)?
+            {
+                self.idempotency.insert(k.clone(), e);
+            }
+            // A duplicate is recorded in the history of the job that owns the key.
+            if let Some(owner) = self.idempotency.get(&k).map(|e| e.job_id.clone()) {
+                self.load_jobs(&[owner], store)?;
+            }
+        }
+        if let Some(wf) = self.workflow_prerequisite(input) {
+            self.load_sagas(&[wf], store)?;
+        }
+        Ok(())
+    }
+
+    /// Loads from `store` everything applying `entry` reads or changes.
+    pub fn load_for_entry<S: ColdStore>(
+        &mut self,
+        entry: &crate::events::JournalEntry,
+        store: &S,
+    ) -> Result<(), S::Error> {
+        let (jobs, workflows) = entry.touched();
+        self.load_jobs(&jobs, store)?;
+        self.load_sagas(&workflows, store)
+    }
+
+    fn load_jobs<S: ColdStore>(&mut self, ids: &[String], store: &S) -> Result<(), S::Error> {
+        for id in ids {
+            if !self.jobs.contains_key(id)
+                && let Some(job) = store.job(id)?
+            {
+                self.hydrate_job(id.clone(), job);
+            }
+        }
+        Ok(())
+    }
+
+    fn load_sagas<S: ColdStore>(&mut self, ids: &[String], store: &S) -> Result<(), S::Error> {
+        for id in ids {
+            if !self.sagas.contains_key(id)
+                && let Some(s) = store.saga(id)?
+            {
+                self.sagas.insert(id.clone(), s);
+            }
+        }
+        Ok(())
+    }
+
+    /// Adds a job loaded from storage (not a state change: the job was already there).
+    pub fn hydrate_job(&mut self, job_id: String, job: Job) {
+        if self.jobs.contains_key(&job_id) {
+            return;
+        }
+        if job.state.is_terminal() {
+            self.cold.insert(job_id.clone());
+        }
+        self.jobs.insert(job_id.clone(), Box::new(job));
+        self.index_job(&job_id);
+    }
+
+    /// Drops terminal jobs, idempotency keys and idle sagas from memory (they stay in
+    /// storage). Only called by an owner that has persisted every dirty key.
+    pub fn evict_cold(&mut self) {
+        for id in std::mem::take(&mut self.cold) {
+            if self.jobs.get(&id).is_some_and(|j| j.state.is_terminal()) {
+                self.unindex_job(&id);
+                self.jobs.remove(&id);
+            }
+        }
+        self.idempotency.clear();
+        // Sagas mid-rollback stay: a tick may end their running compensation.
+        self.sagas.retain(|_, s| s.rolling_back());
+    }
+}

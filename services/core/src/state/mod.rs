@@ -1,0 +1,130 @@
+//! The projection: jobs, workers, queues, tenants, breakers, sagas, idempotency keys.
+//!
+//! `apply` (in `apply.rs`) is the only code that changes it. Queues, timers, tenant counts and
+//! each worker's in-flight set are indexes derived from job records; they are maintained in one
+//! place (`State::update_job`) so they can never disagree with the jobs they index.
+//!
+//! The state may be partial: the runtime keeps active jobs in memory and loads terminal jobs
+//! and idempotency keys from RocksDB before deciding on an input that names them
+//! ([`Prerequisites`]). Everything here is deterministic: ordered maps, no clock, no hashing
+//! with random seeds.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use crate::events::JobState;
+use crate::records::Millis;
+use crate::rules::Rules;
+
+mod index;
+mod loading;
+mod records;
+mod tracking;
+
+pub use index::timers_of;
+pub use loading::{ColdStore, Prerequisites};
+pub use records::*;
+pub use tracking::Dirty;
+
+/// Everything the scheduler knows.
+#[derive(Debug, Clone, Default)]
+pub struct State {
+    /// Log time of the last applied entry; decisions never go back in time.
+    pub clock: Millis,
+    /// Journal entries applied.
+    pub entries: u64,
+    pub config: Option<Arc<ActiveConfig>>,
+    /// Boxed: a map node holds a pointer per job instead of the whole record, which the
+    /// tree's spare slots would otherwise multiply (a backlog of a million pending jobs).
+    pub jobs: BTreeMap<String, Box<Job>>,
+    pub workers: BTreeMap<String, Worker>,
+    pub breakers: BTreeMap<String, Breaker>,
+    pub sagas: BTreeMap<String, Saga>,
+    pub idempotency: BTreeMap<(String, String), IdempotencyEntry>,
+    pub last_idempotency_prune: Millis,
+    pub dead_letters_by_reason: BTreeMap<String, u64>,
+    /// Jobs per state, over every job ever accepted (kept by transitions, so it stays right
+    /// while terminal jobs live only in storage).
+    pub jobs_by_state: BTreeMap<JobState, u64>,
+    /// Derived: pool -> pending queue.
+    pub queues: BTreeMap<String, BTreeSet<QueueKey>>,
+    /// Derived: job timers by due time.
+    pub timers: BTreeSet<Timer>,
+    /// Derived: tenant -> SCHEDULED + DISPATCHED + RUNNING jobs.
+    pub tenant_active: BTreeMap<String, i64>,
+    /// The scheduler time timers and worker liveness were last judged at: the watermark of
+    /// the last Tick (see [`crate::records::Tick::watermark`]). Never goes back.
+    pub watermark: Millis,
+    /// After a [`crate::events::ClockGap`]: evidence-based timeouts (worker loss, dispatch,
+    /// running and placement timeouts) count from here at the earliest.
+    pub liveness_floor: Millis,
+    /// Derived: worker -> its SCHEDULED, DISPATCHED or RUNNING jobs, for workers the state
+    /// has no record of (a job taken over after a rebalance before the worker's first
+    /// heartbeat, or a worker that was forgotten). A worker's record takes them over when
+    /// it appears, so no heartbeat ever scans the jobs.
+    pub orphans: BTreeMap<String, BTreeSet<String>>,
+    /// Derived: tenant -> its PENDING jobs in a queue (for the admission limit).
+    pub tenant_pending: BTreeMap<String, i64>,
+    /// Changed keys, when the owner tracks them (the runtime does; tests and audits need not).
+    pub dirty: Option<Dirty>,
+    /// Terminal jobs in memory, which [`State::evict_cold`] may drop (bookkeeping, like
+    /// `dirty`: not part of the projection).
+    cold: BTreeSet<String>,
+}
+
+impl PartialEq for State {
+    /// Projection equality: everything but the dirty-key bookkeeping.
+    fn eq(&self, other: &Self) -> bool {
+        self.clock == other.clock
+            && self.entries == other.entries
+            && self.config == other.config
+            && self.jobs == other.jobs
+            && self.workers == other.workers
+            && self.breakers == other.breakers
+            && self.sagas == other.sagas
+            && self.idempotency == other.idempotency
+            && self.last_idempotency_prune == other.last_idempotency_prune
+            && self.watermark == other.watermark
+            && self.liveness_floor == other.liveness_floor
+            && self.orphans == other.orphans
+            && self.tenant_pending == other.tenant_pending
+            && self.dead_letters_by_reason == other.dead_letters_by_reason
+            && self.jobs_by_state == other.jobs_by_state
+            && self.queues == other.queues
+            && self.timers == other.timers
+            && self.tenant_active == other.tenant_active
+    }
+}
+
+impl State {
+    pub fn new() -> State {
+        State::default()
+    }
+
+    /// A state that records which keys change, for incremental persistence.
+    pub fn tracking_changes() -> State {
+        State {
+            dirty: Some(Dirty::default()),
+            ..State::default()
+        }
+    }
+
+    pub fn rules(&self) -> Option<&Rules> {
+        self.config.as_deref().map(|c| &c.rules)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_sizes_parse() {
+        assert_eq!(parse_bytes("512"), Some(512));
+        assert_eq!(parse_bytes("2Ki"), Some(2048));
+        assert_eq!(parse_bytes("1.5Gi"), Some(1_610_612_736));
+        assert_eq!(parse_bytes("3M"), Some(3_000_000));
+        assert_eq!(parse_bytes("lots"), None);
+        assert_eq!(parse_bytes("-1"), None);
+    }
+}

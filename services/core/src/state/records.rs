@@ -1,0 +1,259 @@
+//! The records the projection holds: jobs, workers, breakers, sagas, idempotency keys,
+//! queue keys and timers.
+
+use std::collections::{BTreeSet, VecDeque};
+
+use serde::{Deserialize, Serialize};
+
+use crate::events::{CircuitState, JobState, Reconfigure, SagaOutcome};
+use crate::records::{Constraints, Heartbeat, JobRequest, JobTemplate, Millis, ResultMeta};
+use crate::rules::Rules;
+
+/// The rules and policy bundle in force.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ActiveConfig {
+    pub raw: Reconfigure,
+    pub rules: Rules,
+}
+
+/// One line of a job's history: what happened, when.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HistoryItem {
+    pub at: Millis,
+    pub event: String,
+    pub detail: String,
+}
+
+/// Most lines a job's history keeps (see `State::write_history`).
+pub const HISTORY_MAX: u32 = 200;
+
+/// One line of a job's history as the owner of the state persists it: the job, the line's
+/// number, the line. A line may replace an earlier one with the same number (a run of
+/// progress keeps one line; past the bound, the last slot keeps the latest line).
+#[derive(Debug, Clone, PartialEq)]
+pub struct HistoryLine {
+    pub job_id: String,
+    pub seq: u32,
+    pub item: HistoryItem,
+}
+
+/// A job as the scheduler knows it. Its payload and history are not held here: the payload
+/// is written once when the job is accepted and read back when it is dispatched, the history
+/// is appended line by line (see [`Dirty`](super::Dirty)), so a backlog of pending jobs costs memory for
+/// what decisions read, not for what the jobs carry.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Job {
+    /// The request without its payload (see `payload_len` and `payload_digest`).
+    pub request: JobRequest,
+    pub payload_len: u64,
+    /// First 16 bytes of the payload's SHA-256: a resubmission is "the same job" only with
+    /// the same payload.
+    pub payload_digest: [u8; 16],
+    pub job_hash: String,
+    pub state: JobState,
+    /// Pools the job may run in, in preference order.
+    pub pools: Vec<String>,
+    /// Attempts dispatched so far (the current attempt's number).
+    pub attempt: i32,
+    pub constraints: Constraints,
+    pub policy_snapshot: Option<String>,
+    pub worker_id: Option<String>,
+    pub pool: Option<String>,
+    pub partition: Option<i32>,
+    pub accepted_at: Millis,
+    pub updated_at: Millis,
+    /// Set while the job sits in its pools' pending queues.
+    pub queued_at: Option<Millis>,
+    /// Set while the job waits out a retry backoff.
+    pub retry_at: Option<Millis>,
+    pub dispatched_at: Option<Millis>,
+    pub started_at: Option<Millis>,
+    /// Last sign of life of the running attempt (start, progress, or a heartbeat listing it).
+    pub last_evidence_at: Option<Millis>,
+    pub deadline_at: Option<Millis>,
+    pub wait_reason: Option<String>,
+    pub progress: Option<f64>,
+    pub last_error: Option<String>,
+    pub result_ptr: Option<String>,
+    pub result_meta: Option<ResultMeta>,
+    pub execution_ms: Option<i64>,
+    pub dlq_reason: Option<String>,
+    /// History lines written so far (the next line's number).
+    pub history_lines: u32,
+    /// Lines not kept because the history reached its bound (the last slot keeps the
+    /// latest).
+    pub history_omitted: u32,
+    /// The last line is progress (the next progress replaces it).
+    pub history_progress: bool,
+}
+
+impl Job {
+    /// The job's effective memory demand in bytes (label `memory`: bytes, or with a
+    /// Ki/Mi/Gi/K/M/G suffix), for the capacity strategy.
+    pub fn memory_demand(&self) -> Option<i64> {
+        self.request
+            .labels
+            .get("memory")
+            .and_then(|s| parse_bytes(s))
+    }
+
+    /// Retries allowed after the first attempt.
+    pub fn max_retries(&self, rules: &Rules) -> i32 {
+        self.constraints
+            .max_retries
+            .unwrap_or(rules.retry.max_retries)
+            .max(0)
+    }
+
+    /// Longest an attempt may run, if limited.
+    pub fn max_runtime_ms(&self) -> Option<i64> {
+        self.constraints
+            .max_runtime_ms
+            .or(self.request.budget.max_runtime_ms)
+            .filter(|v| *v > 0)
+    }
+}
+
+/// Parses `512`, `512Mi`, `2G`, `1.5Gi` into bytes.
+pub fn parse_bytes(s: &str) -> Option<i64> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: f64 = num.parse().ok()?;
+    let mult: f64 = match unit.trim() {
+        "" | "B" => 1.0,
+        "K" | "KB" => 1e3,
+        "M" | "MB" => 1e6,
+        "G" | "GB" => 1e9,
+        "T" | "TB" => 1e12,
+        "Ki" => 1024.0,
+        "Mi" => 1024.0 * 1024.0,
+        "Gi" => 1024.0 * 1024.0 * 1024.0,
+        "Ti" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
+        _ => return None,
+    };
+    let v = n * mult;
+    (v.is_finite() && (0.0..9.0e18).contains(&v)).then_some(v as i64)
+}
+
+/// A worker as the scheduler knows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Worker {
+    pub heartbeat: Heartbeat,
+    pub joined_at: Millis,
+    pub last_seen: Millis,
+    pub alive: bool,
+    /// Jobs the worker reported running that the scheduler does not count as in flight on it
+    /// (e.g. cancelled or timed out but not stopped yet), as of its last heartbeat.
+    pub foreign_active: i32,
+    /// Memory of jobs dispatched since the last heartbeat, for the capacity strategy.
+    pub reserved_memory: i64,
+    /// Derived: jobs SCHEDULED, DISPATCHED or RUNNING on this worker.
+    #[serde(skip)]
+    pub inflight: BTreeSet<String>,
+}
+
+impl Worker {
+    /// `active_jobs` in the score: the scheduler's own in-flight dispatches to this worker,
+    /// which change at every dispatch and every result, plus what the worker runs that the
+    /// scheduler no longer counts. (A heartbeat figure plus "dispatches since" would keep a
+    /// worker looking full until its next heartbeat after its jobs finished.)
+    pub fn effective_active(&self) -> i32 {
+        i32::try_from(self.inflight.len())
+            .unwrap_or(i32::MAX)
+            .saturating_add(self.foreign_active)
+    }
+
+    pub fn free_memory(&self) -> Option<i64> {
+        self.heartbeat
+            .memory_free_bytes
+            .map(|m| m.saturating_sub(self.reserved_memory))
+    }
+}
+
+/// A pool's circuit breaker.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct Breaker {
+    pub state: CircuitState,
+    pub consecutive_failures: i32,
+    /// Last results, oldest first; `true` is a failure.
+    pub window: VecDeque<bool>,
+    pub opened_at: Option<Millis>,
+    /// Probe jobs let through while half-open that are still SCHEDULED, DISPATCHED or
+    /// RUNNING. A probe that ends any way frees its slot, with a result or without one
+    /// (timed out, cancelled, its worker lost), so probes can never hold the pool closed.
+    pub probes: BTreeSet<String>,
+    pub probe_successes: i32,
+}
+
+impl Breaker {
+    pub fn failure_ratio(&self) -> f64 {
+        if self.window.is_empty() {
+            return 0.0;
+        }
+        self.window.iter().filter(|f| **f).count() as f64 / self.window.len() as f64
+    }
+}
+
+/// One step of a workflow whose compensation is on the stack.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SagaStep {
+    pub job_id: String,
+    pub tenant_id: String,
+    pub principal_id: Option<String>,
+    pub compensation: JobTemplate,
+}
+
+/// A workflow's compensation stack and rollback progress.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct Saga {
+    pub stack: Vec<SagaStep>,
+    /// Set once a step failed fatally.
+    pub failed_job_id: Option<String>,
+    /// The compensation job running now, during rollback.
+    pub running: Option<String>,
+    pub compensations_submitted: i32,
+    pub outcome: Option<SagaOutcome>,
+}
+
+impl Saga {
+    pub fn rolling_back(&self) -> bool {
+        self.failed_job_id.is_some() && self.outcome.is_none()
+    }
+}
+
+/// An idempotency key's owner.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct IdempotencyEntry {
+    pub job_id: String,
+    pub seen_at: Millis,
+}
+
+/// Position of a job in a pool's pending queue: priority, then age, then job_id.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct QueueKey {
+    pub rank: u8,
+    pub queued_at: Millis,
+    pub job_id: String,
+}
+
+/// What a due timer means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum TimerKind {
+    Deadline,
+    RetryAt,
+    PlacementTimeout,
+    DispatchTimeout,
+    RunningTimeout,
+    MaxRuntime,
+}
+
+/// A job timer, ordered by due time.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Timer {
+    pub due: Millis,
+    pub kind: TimerKind,
+    pub job_id: String,
+}
