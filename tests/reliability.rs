@@ -229,9 +229,24 @@ async fn a_control_topic_whose_producers_set_timestamps_is_refused_with_the_fix(
     );
 }
 
+/// Waits until `store` shows job `id` SUCCEEDED.
+async fn wait_succeeded(store: &ksched_store::Store, id: &str, who: &str) {
+    wait_for(
+        &format!("{who} to show {id} SUCCEEDED"),
+        Duration::from_secs(60),
+        || {
+            store
+                .job(id)
+                .unwrap()
+                .is_some_and(|j| j.state == JobState::Succeeded)
+        },
+    )
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_second_instance_on_the_same_configuration_replaces_the_first_which_stops() {
-    let s = Scheduler::start(vec![]).await;
+async fn a_second_instance_stands_by_and_takes_over_when_the_first_stops() {
+    let mut s = Scheduler::start(vec![]).await;
     let w = s.worker("w1", |_| async { Outcome::succeeded() });
     s.wait_worker("w1").await;
     s.submit(&request(&s, "first"));
@@ -244,36 +259,66 @@ async fn a_second_instance_on_the_same_configuration_replaces_the_first_which_st
     let second = ksched_runtime::Scheduler::start(config).await.unwrap();
     assert!(
         second.wait_ready(Duration::from_secs(60)),
-        "the second caught up"
+        "the second caught up with the journal"
     );
-    wait_for("the first to stop", Duration::from_secs(60), || {
-        s.status.stopped().is_some()
+    assert!(!second.status.is_owner(), "the second stands by");
+    assert!(
+        s.status.is_owner() && s.status.stopped().is_none(),
+        "the first owns"
+    );
+    // The first keeps scheduling; the standby's store follows the journal.
+    s.submit(&request(&s, "during"));
+    s.wait_job("during", "SUCCEEDED", |j| j.state == JobState::Succeeded)
+        .await;
+    wait_succeeded(&second.store, "during", "the standby").await;
+
+    // The first stops (as on SIGTERM): the second owns the journal after the lease's
+    // session timeout, and schedules.
+    s.stop();
+    wait_for(
+        "the second to own the journal",
+        Duration::from_secs(60),
+        || second.status.is_owner(),
+    )
+    .await;
+    s.submit(&request(&s, "after"));
+    wait_succeeded(&second.store, "after", "the new owner").await;
+    w.stop().await;
+    second.stop().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_lease_a_second_instance_fences_the_first_and_one_gives_way() {
+    let s = Scheduler::start(vec![("KSCHED__PROCESSOR__LEASE", "false".into())]).await;
+    let w = s.worker("w1", |_| async { Outcome::succeeded() });
+    s.wait_worker("w1").await;
+    s.submit(&request(&s, "first"));
+    s.wait_job("first", "SUCCEEDED", |j| j.state == JobState::Succeeded)
+        .await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = s.config.clone();
+    assert!(!config.settings.processor.lease);
+    config.settings.storage.data_dir = dir.path().join("data");
+    let second = ksched_runtime::Scheduler::start(config).await.unwrap();
+    // Each fences the other as it (re)starts; the one fenced twice in a row stops.
+    wait_for("one of the two to stop", Duration::from_secs(120), || {
+        s.status.stopped().is_some() || second.status.stopped().is_some()
     })
     .await;
-    let why = s.status.stopped().unwrap();
+    let (stopped, other) = if s.status.stopped().is_some() {
+        (&s.status, &second.store)
+    } else {
+        (&second.status, &s.store)
+    };
+    let why = stopped.stopped().unwrap();
     assert!(
         why.contains("another processor took over") || why.contains("took its inputs"),
         "{why}"
     );
-    assert!(!s.status.is_caught_up(), "not ready");
-    // The second one schedules.
+    assert!(!stopped.is_caught_up(), "not ready");
+    // The other one schedules.
     s.submit(&request(&s, "second"));
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        if second
-            .store
-            .job("second")
-            .unwrap()
-            .is_some_and(|j| j.state == JobState::Succeeded)
-        {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the second never ran the job"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_succeeded(other, "second", "the instance that stayed").await;
     w.stop().await;
     second.stop().unwrap();
 }

@@ -109,6 +109,9 @@ fn dev_config(
     settings.processor.group_id = "ksched-dev-processor".into();
     settings.processor.tick_interval_ms = 500;
     settings.storage.data_dir = args.data_dir.clone();
+    // One instance, nothing to stand by for (and the in-memory Kafka's group support is
+    // partial): no owners' group.
+    settings.processor.lease = false;
     settings.http.listen = args.http_listen.clone();
     settings.log.level = "warn,ksched=warn".into();
     let rules = dev_rules();

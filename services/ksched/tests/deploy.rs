@@ -83,8 +83,8 @@ fn kubernetes_manifests_parse_and_probe_the_health_routes() {
         .unwrap();
     assert_eq!(
         sts["spec"]["replicas"].as_i64(),
-        Some(1),
-        "one processor per journal partition"
+        Some(2),
+        "an owner and a standby (processor.lease)"
     );
     let c = &sts["spec"]["template"]["spec"]["containers"][0];
     assert_eq!(

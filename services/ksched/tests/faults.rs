@@ -36,6 +36,8 @@ fn every_fault_of_the_short_suite_passes() {
     let stdout = String::from_utf8_lossy(&run.stdout);
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert!(run.status.success(), "{stdout}\n{stderr}");
+    // The suite's table, for `cargo test --test faults -- --nocapture`.
+    println!("{stdout}");
     let r: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
     let verdicts = r["verdicts"].as_array().unwrap();
     let names: Vec<&str> = verdicts

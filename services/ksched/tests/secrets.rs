@@ -248,7 +248,7 @@ fn a_secret_is_found_nowhere_the_scheduler_writes() {
         avro_entries += 1;
     }
     assert!(avro_entries > 0);
-    let (code, tail, err) = c.cli(&["journal", "tail", "--output", "json"]);
+    let (code, tail, err) = c.cli(&["journal", "tail", "--from-beginning", "--output", "json"]);
     assert_eq!(code, 0, "{err}");
     assert!(tail.contains("acme:vault-1"), "{tail}");
     answers.push_str(&tail);

@@ -333,9 +333,12 @@ async fn ready(AxState(api): AxState<Arc<Api>>) -> Response {
     let since_tick = api.status.since_last_tick_ms();
     let ticking = since_tick.is_some_and(|ms| ms <= api.tick_stale_ms);
     let stopped = api.status.stopped();
-    let ok = caught_up && kafka && ticking && stopped.is_none();
+    // A standby judges no Ticks; it is ready when it has read the journal to its end.
+    let owner = api.status.is_owner();
+    let ok = caught_up && kafka && (ticking || !owner) && stopped.is_none();
     let body = json!({
         "ready": ok,
+        "role": if owner { "owner" } else { "standby" },
         "caught_up": caught_up,
         "kafka_reachable": kafka,
         "ms_since_last_tick": since_tick,

@@ -7,11 +7,13 @@ pub mod auth;
 pub mod engine;
 pub mod error;
 pub mod inputs;
+pub mod lease;
 pub mod metrics;
 pub mod processor;
 pub mod replay;
 pub mod service;
 pub mod settings;
+mod standby;
 pub mod status;
 pub mod ticker;
 pub mod tls;
@@ -23,7 +25,7 @@ use std::time::{Duration, Instant};
 use ksched_policy::RegoEngine;
 use ksched_store::Store;
 use tokio_util::sync::CancellationToken;
-use tracing::{error, warn};
+use tracing::{error, info, warn};
 
 pub use engine::Engine;
 pub use error::{Error, Result};
@@ -99,7 +101,28 @@ pub fn run_processor(
     let mut backoff = MIN_BACKOFF;
     let mut recovery = Recovery::default();
     let mut fences = Fences::default();
+    let lease = if config.settings.processor.lease {
+        Some(lease::Lease::start(
+            &config.settings,
+            &topics,
+            status.clone(),
+            shutdown.clone(),
+        )?)
+    } else {
+        None
+    };
     while !shutdown.is_cancelled() {
+        // Without a lease the processor runs until shutdown; with one, while this instance
+        // owns the journal partition, and the instance stands by otherwise.
+        let run_until = match &lease {
+            None => shutdown.clone(),
+            Some(l) if l.owned() && !l.ownership().is_cancelled() => l.ownership(),
+            Some(l) => {
+                standby::stand_by(&config.settings, &topics, &store, &status, l, &shutdown);
+                continue;
+            }
+        };
+        let lost = |lease: &Option<lease::Lease>| lease.as_ref().is_some_and(|l| !l.owned());
         status.set_caught_up(false);
         let started = Instant::now();
         let result = Processor::start(
@@ -108,11 +131,27 @@ pub fn run_processor(
             store.clone(),
             policy.clone(),
             status.clone(),
-            shutdown.clone(),
+            run_until,
         )
         .and_then(|mut p| p.run(&mut recovery));
         match result {
-            Ok(()) => return Ok(()),
+            Ok(()) if shutdown.is_cancelled() => return Ok(()),
+            // The lease was lost: the open batch is committed (or refused, once the next
+            // owner fenced this one); stand by.
+            Ok(()) => {
+                info!("the processor stopped: this instance no longer owns the journal partition")
+            }
+            Err(e @ (Error::Fenced { .. } | Error::Replaced { .. })) if lost(&lease) => {
+                info!(error = %e, "another instance owns the journal partition now; standing by");
+            }
+            // Still the owner as far as the group knows: a transaction the coordinator
+            // aborted, or a zombie that has not noticed it lost the lease yet. The lease,
+            // not a count of fences, says who gives way.
+            Err(e @ (Error::Fenced { .. } | Error::Replaced { .. })) if lease.is_some() => {
+                status.metrics.recoveries.inc();
+                warn!(error = %e, "the processor was fenced while this instance holds the lease; recovering");
+                sleep_unless(&shutdown, MIN_BACKOFF);
+            }
             Err(e @ Error::Fenced { .. }) if !fences.again(Instant::now()) => {
                 status.metrics.recoveries.inc();
                 warn!(

@@ -29,6 +29,7 @@ pub const ISOLATIONS: &str = "ksched_batches_isolated_total";
 pub const UNREADABLE: &str = "ksched_unreadable_records_total";
 pub const CONTINUATIONS: &str = "ksched_continuations_total";
 pub const STOPPED: &str = "ksched_processor_stopped";
+pub const SHARD_OWNER: &str = "ksched_shard_owner";
 
 /// The `reason` label of a dead letter whose reason is a worker's own error code: worker
 /// codes are free text, and a label value per code would let any worker grow the metric
@@ -60,6 +61,7 @@ pub struct Metrics {
     pub unreadable: IntCounter,
     pub continuations: IntCounter,
     pub stopped: IntGauge,
+    pub shard_owner: IntGauge,
 }
 
 impl Default for Metrics {
@@ -216,6 +218,14 @@ impl Metrics {
                 IntGauge::new(
                     STOPPED,
                     "1 when the processor stopped for good (another instance took over).",
+                )
+                .unwrap_or_else(|e| unreachable!("{e}")),
+            ),
+            shard_owner: reg(
+                &r,
+                IntGauge::new(
+                    SHARD_OWNER,
+                    "1 when this instance owns its shard and runs the processor, 0 while it stands by.",
                 )
                 .unwrap_or_else(|e| unreachable!("{e}")),
             ),

@@ -77,6 +77,9 @@ impl Scheduler {
         };
         config.rules.dispatch_partitions = dispatch_partitions(&settings, &topics)?;
         let status = Arc::new(Status::new());
+        // With a lease, this instance owns nothing until the group says so (and its ticker
+        // stays quiet until then).
+        status.set_owner(!settings.processor.lease);
         let shutdown = CancellationToken::new();
         let ticker = ticker::spawn(&settings, &topics, status.clone(), shutdown.clone())?;
         let processor = {

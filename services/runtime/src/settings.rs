@@ -164,6 +164,16 @@ pub struct ProcessorSettings {
     /// `tick_interval_ms`, means the input consumer is stuck: the processor is rebuilt (new
     /// consumer and producer), as after any failure. Default 30000.
     pub input_stall_ms: u64,
+    /// Instances with the same `group_id` elect the owner of the journal partition through
+    /// Kafka's consumer-group protocol (group `<group_id>-owners`): one runs the processor,
+    /// the others stand by, tailing the journal into their own RocksDB, and take over when
+    /// the owner leaves or dies. Off: this instance runs the processor unconditionally (and a
+    /// second one fences it). Default true.
+    pub lease: bool,
+    /// How long the owner may go unheard before a standby takes over, in ms (the lease
+    /// group's `session.timeout.ms`; brokers refuse less than their
+    /// `group.min.session.timeout.ms`, 6000 by default). Default 6000.
+    pub lease_session_timeout_ms: u64,
 }
 
 impl Default for ProcessorSettings {
@@ -177,6 +187,8 @@ impl Default for ProcessorSettings {
             tick_interval_ms: 1_000,
             shutdown_grace_ms: 10_000,
             input_stall_ms: 30_000,
+            lease: true,
+            lease_session_timeout_ms: 6_000,
         }
     }
 }
@@ -743,6 +755,15 @@ impl Settings {
         }
         if p.max_batch == 0 {
             return bad("processor.max_batch must be at least 1".into());
+        }
+        if p.lease && t.journal_partitions != 1 {
+            return bad(format!(
+                "processor.lease elects one owner for a one-partition journal; with topics.journal_partitions {} pin each instance to its partition (processor.journal_partition) and set processor.lease: false",
+                t.journal_partitions
+            ));
+        }
+        if p.lease && p.lease_session_timeout_ms < 1_000 {
+            return bad("processor.lease_session_timeout_ms must be at least 1000".into());
         }
         if p.commit_interval_ms == 0 || p.tick_interval_ms == 0 {
             return bad(

@@ -20,6 +20,9 @@ pub struct Status {
     /// Wall-clock ms when the processor last judged a Tick (0: none yet). A processor that
     /// reads no Ticks is cut off from the log (or its ticker is), and is not ready.
     pub last_tick_ms: AtomicI64,
+    /// This instance owns its shard and runs the processor; false while it stands by
+    /// (`processor.lease`). True until a lease says otherwise.
+    owner: AtomicBool,
     /// Why the processor stopped for good, once it has (another instance took over).
     stopped: Mutex<Option<String>>,
     pub metrics: Metrics,
@@ -38,6 +41,7 @@ impl Status {
             watermark: AtomicI64::new(-1),
             last_commit_ms: AtomicI64::new(0),
             last_tick_ms: AtomicI64::new(0),
+            owner: AtomicBool::new(true),
             stopped: Mutex::new(None),
             metrics: Metrics::new(),
         }
@@ -50,6 +54,15 @@ impl Status {
 
     pub fn is_caught_up(&self) -> bool {
         self.caught_up.load(Ordering::Relaxed)
+    }
+
+    pub fn set_owner(&self, v: bool) {
+        self.owner.store(v, Ordering::Relaxed);
+        self.metrics.shard_owner.set(i64::from(v));
+    }
+
+    pub fn is_owner(&self) -> bool {
+        self.owner.load(Ordering::Relaxed)
     }
 
     pub fn tick_processed(&self) {

@@ -53,6 +53,11 @@ pub fn spawn(
                     info!(reason = %why, "ticker stopped: the processor stopped");
                     break;
                 }
+                if !status.is_owner() {
+                    // A standby's ticks would only double the owner's.
+                    crate::sleep_unless(&shutdown, interval);
+                    continue;
+                }
                 let now = wall_clock_ms();
                 // Markers first: a Tick read after them finds its evidence partitions read.
                 for (topic, partition) in &markers {

@@ -9,7 +9,8 @@
 //!   min.insync.replicas 2) and started again later;
 //! - `network`: between ksched and the broker, through toxiproxy: 300 ms latency, reset
 //!   connections, a blackhole;
-//! - `two-instances`: a second `ksched run` on the same configuration at once;
+//! - `two-instances`: a second `ksched run` on the same configuration: it stands by, then the
+//!   first is SIGKILLed and it takes over;
 //! - `disk-full`: the disk of RocksDB fills up (a small tmpfs), then space returns;
 //! - `poison`: 1 % poison records of every kind in the stream.
 //!
@@ -912,38 +913,48 @@ fn two_instances(env: &Env) -> Result<Verdict> {
             &format!("data_dir: {}", s.dir.join("data-b").display()),
         ),
     )?;
-    let b_started = now_ms();
     let mut b = Ksched::spawn(&other, &s.dir.join("ksched-b.log"), free_port()?)?;
-    s.heals.push(b_started);
-    // The ticker's source names the process: the takeover is complete when the second
-    // instance's Ticks are judged.
-    s.recover_by_ticker = Some((format!("chaos-two-instances-{}", b.child.id()), b_started));
+    // With processor.lease the second instance stands by; then the owner is SIGKILLed and
+    // the standby takes over. The ticker's source names the process: the takeover is
+    // complete when the second instance's Ticks are judged.
+    let role = |r: &Option<(u16, serde_json::Value)>| {
+        r.as_ref()
+            .filter(|(c, _)| *c == 200)
+            .and_then(|(_, body)| body["role"].as_str().map(str::to_owned))
+    };
     let until = Instant::now() + Duration::from_secs(60);
-    let outcome = loop {
-        let ra = a.ready();
-        let rb = b.ready();
-        let ok = |r: &Option<(u16, serde_json::Value)>| r.as_ref().is_some_and(|(c, _)| *c == 200);
-        let stopped = |r: &Option<(u16, serde_json::Value)>| {
-            r.as_ref()
-                .and_then(|(_, body)| body["stopped"].as_str().map(str::to_owned))
-        };
-        if ok(&rb)
-            && let Some(why) = stopped(&ra)
-        {
-            break Ok(format!("the first stopped: {why}"));
-        }
-        if ok(&ra)
-            && let Some(why) = stopped(&rb)
-        {
-            break Ok(format!("the second stopped: {why}"));
+    let mut outcome = loop {
+        let (ra, rb) = (a.ready(), b.ready());
+        if role(&ra).as_deref() == Some("owner") && role(&rb).as_deref() == Some("standby") {
+            break Ok("the second instance stood by".to_owned());
         }
         if Instant::now() > until {
             break Err(format!(
-                "not one ready and one stopped after 60 s: first {ra:?}, second {rb:?}"
+                "not one owner and one ready standby after 60 s: first {ra:?}, second {rb:?}"
             ));
         }
         std::thread::sleep(Duration::from_millis(200));
     };
+    std::thread::sleep(env.seconds(10, 3));
+    let killed = now_ms();
+    a.kill();
+    s.heals.push(killed);
+    s.recover_by_ticker = Some((format!("chaos-two-instances-{}", b.child.id()), killed));
+    if outcome.is_ok() {
+        let until = Instant::now() + Duration::from_secs(60);
+        outcome = loop {
+            if role(&b.ready()).as_deref() == Some("owner") {
+                break Ok(format!(
+                    "the second instance stood by, and owned the journal {:.1} s after the first was SIGKILLed",
+                    (now_ms() - killed) as f64 / 1000.0
+                ));
+            }
+            if Instant::now() > until {
+                break Err("the standby did not take over within 60 s of the kill".to_owned());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
+    }
     std::thread::sleep(env.seconds(10, 5));
     let ids = load.finish();
     match &outcome {
@@ -951,7 +962,7 @@ fn two_instances(env: &Env) -> Result<Verdict> {
         Err(why) => s.notes.push(why.clone()),
     }
     let what =
-        "a second ksched run on the same configuration (another data directory) started mid-run"
+        "a second ksched run on the same configuration (another data directory) started mid-run; it stands by; the first is SIGKILLed"
             .to_owned();
     let mut v = s.verdict(env, what, &ids, sdk, py, Duration::from_secs(180))?;
     v.passed &= outcome.is_ok();

@@ -162,6 +162,58 @@ impl RunningScheduler {
         c
     }
 
+    /// A second `ksched run` on the same topics and processor group, with its own data
+    /// directory and HTTP port: a standby while this one owns the journal (`processor.lease`).
+    pub(crate) fn another_instance(&self) -> RunningScheduler {
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let text = std::fs::read_to_string(&self.config).unwrap();
+        let old_port = self.api.rsplit(':').next().unwrap();
+        let text = text
+            .replace(
+                &format!("listen: 127.0.0.1:{old_port}"),
+                &format!("listen: 127.0.0.1:{port}"),
+            )
+            .replace(
+                &self.dir.path().display().to_string(),
+                &dir.path().display().to_string(),
+            );
+        for f in ["pools.yaml", "policy/input.rego"] {
+            let to = dir.path().join(f);
+            std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+            std::fs::copy(self.dir.path().join(f), to).unwrap();
+        }
+        let config = dir.path().join("ksched.yaml");
+        std::fs::write(&config, text).unwrap();
+        let log = std::fs::File::create(dir.path().join("ksched.log")).unwrap();
+        let child = Command::new(bin())
+            .args(["run", "--config"])
+            .arg(&config)
+            .stdout(Stdio::from(log.try_clone().unwrap()))
+            .stderr(Stdio::from(log))
+            .spawn()
+            .unwrap();
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let c = RunningScheduler {
+            child,
+            bootstrap: self.bootstrap.clone(),
+            prefix: self.prefix.clone(),
+            job_topic: self.job_topic.clone(),
+            api: format!("{scheme}://127.0.0.1:{port}"),
+            dir,
+            config,
+            tls: self.tls.clone(),
+        };
+        c.wait_ready();
+        c
+    }
+
+    /// SIGKILL: no batch committed, no group left; the process is gone.
+    pub(crate) fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("ksched.log")).unwrap_or_default()
     }

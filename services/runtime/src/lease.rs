@@ -1,0 +1,221 @@
+//! Which instance owns the journal partition: Kafka's group protocol decides.
+//!
+//! Every `ksched run` with the same `processor.group_id` joins the consumer group
+//! `<group_id>-owners` on the journal topic. The group coordinator assigns the journal
+//! partition to one member: that instance owns it and runs the processor; the others stand
+//! by. The lease consumer never reads the journal (its partitions are paused as soon as they
+//! are assigned); its poll only keeps the membership alive.
+//!
+//! The lease is for liveness, not for safety: two processors never both commit, because
+//! each new owner's `init_transactions` fences the previous owner's producer (same
+//! transactional id), and its input consumer takes the static group membership over. A
+//! lease that is lost (the owner stopped polling, lost the coordinator for
+//! `lease_session_timeout_ms`, or left) cancels the owner's ownership token; its processor
+//! stops at the next batch and the instance stands by.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::{Offset, TopicPartitionList};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::Topics;
+use crate::error::{Result, io, kafka};
+use crate::settings::Settings;
+use crate::status::Status;
+use crate::topics::client_config;
+
+/// How often the lease thread polls its consumer (group heartbeats run in librdkafka's
+/// background thread; the poll serves rebalances).
+const POLL: Duration = Duration::from_millis(100);
+
+/// The ownership of one journal partition, kept current by a thread.
+#[derive(Debug)]
+pub struct Lease {
+    shared: Arc<Shared>,
+    /// Stops the lease thread.
+    stop: CancellationToken,
+    thread: Option<JoinHandle<()>>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    owned: AtomicBool,
+    /// Cancelled when ownership ends; a new one each time it begins.
+    ownership: Mutex<CancellationToken>,
+    shutdown: CancellationToken,
+    status: Arc<Status>,
+}
+
+impl Shared {
+    fn set(&self, owns: bool) {
+        if self.owned.swap(owns, Ordering::SeqCst) == owns {
+            return;
+        }
+        let mut token = self.ownership.lock().unwrap_or_else(|p| p.into_inner());
+        if owns {
+            *token = self.shutdown.child_token();
+        } else {
+            token.cancel();
+        }
+        self.status.set_owner(owns);
+    }
+}
+
+impl Lease {
+    /// Joins the owners' group for `settings.processor.journal_partition` of the journal.
+    pub fn start(
+        settings: &Settings,
+        topics: &Topics,
+        status: Arc<Status>,
+        shutdown: CancellationToken,
+    ) -> Result<Lease> {
+        let p = &settings.processor;
+        let session = p.lease_session_timeout_ms;
+        let group = format!("{}-owners", p.group_id);
+        let consumer: BaseConsumer = client_config(settings)
+            .set("client.id", format!("{}-lease", settings.kafka.client_id))
+            .set("group.id", &group)
+            // Static membership: this instance restarted (same host, same data directory)
+            // takes its place back at once instead of waiting for its old session to expire.
+            // The price: a stopping owner does not leave the group either, so a standby
+            // takes over after lease_session_timeout_ms, stopped or killed alike.
+            .set("group.instance.id", instance_id(settings))
+            // A new member does not move the partition from its owner.
+            .set("partition.assignment.strategy", "cooperative-sticky")
+            .set("session.timeout.ms", session.to_string())
+            .set("heartbeat.interval.ms", (session / 3).max(100).to_string())
+            .set("enable.auto.commit", "false")
+            .set("auto.offset.reset", "latest")
+            .create()
+            .map_err(kafka("creating the lease consumer"))?;
+        consumer
+            .subscribe(&[&topics.journal])
+            .map_err(kafka("joining the owners' group"))?;
+        status.set_owner(false);
+        let shared = Arc::new(Shared {
+            owned: AtomicBool::new(false),
+            ownership: Mutex::new({
+                let t = CancellationToken::new();
+                t.cancel();
+                t
+            }),
+            shutdown: shutdown.clone(),
+            status,
+        });
+        let stop = shutdown.child_token();
+        let thread = {
+            let (shared, stop) = (shared.clone(), stop.clone());
+            let (journal, partition) = (topics.journal.clone(), p.journal_partition);
+            std::thread::Builder::new()
+                .name("ksched-lease".into())
+                .spawn(move || hold(&consumer, &journal, partition, &shared, &stop, &group))
+                .map_err(io("starting the lease thread"))?
+        };
+        Ok(Lease {
+            shared,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// Whether this instance owns the journal partition now.
+    pub fn owned(&self) -> bool {
+        self.shared.owned.load(Ordering::SeqCst)
+    }
+
+    /// A token cancelled when the current ownership ends (or at shutdown); already
+    /// cancelled when this instance does not own the partition.
+    pub fn ownership(&self) -> CancellationToken {
+        self.shared
+            .ownership
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.stop.cancel();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        self.shared.set(false);
+    }
+}
+
+/// This instance's identity in the owners' group: its host and data directory, stable
+/// across restarts (a StatefulSet pod keeps its name), different for two instances.
+fn instance_id(settings: &Settings) -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_default();
+    let dir = std::fs::canonicalize(&settings.storage.data_dir)
+        .unwrap_or_else(|_| settings.storage.data_dir.clone());
+    let digest =
+        ksched_core::hash::sha256_hex(format!("{}\0{}", host.trim(), dir.display()).as_bytes());
+    format!("ksched-{}", &digest[..16])
+}
+
+/// Polls the lease consumer until `stop`, keeping `shared` in step with the assignment,
+/// then leaves the group.
+fn hold(
+    consumer: &BaseConsumer,
+    journal: &str,
+    partition: i32,
+    shared: &Shared,
+    stop: &CancellationToken,
+    group: &str,
+) {
+    info!(
+        group,
+        journal, partition, "standing for the journal partition"
+    );
+    let mut paused = false;
+    let mut last_warning: Option<Instant> = None;
+    while !stop.is_cancelled() {
+        if let Some(Err(e)) = consumer.poll(POLL)
+            && last_warning.is_none_or(|t| t.elapsed() > Duration::from_secs(10))
+        {
+            warn!(error = %e, "lease consumer error");
+            last_warning = Some(Instant::now());
+        }
+        let assignment = consumer.assignment().unwrap_or_default();
+        let owns = assignment
+            .elements()
+            .iter()
+            .any(|e| e.topic() == journal && e.partition() == partition);
+        if owns && !paused {
+            // The lease never reads the journal: only its membership counts.
+            let mut tpl = TopicPartitionList::new();
+            let _ = tpl.add_partition_offset(journal, partition, Offset::End);
+            paused = consumer.pause(&tpl).is_ok();
+        }
+        if !owns {
+            paused = false;
+        }
+        if owns != shared.owned.load(Ordering::SeqCst) {
+            if owns {
+                info!(
+                    journal,
+                    partition, "this instance owns the journal partition"
+                );
+            } else {
+                warn!(
+                    journal,
+                    partition, "this instance no longer owns the journal partition; standing by"
+                );
+            }
+            shared.set(owns);
+        }
+    }
+    shared.set(false);
+    consumer.unsubscribe();
+    info!(group, "left the owners' group");
+}
