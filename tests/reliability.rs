@@ -229,6 +229,16 @@ async fn a_control_topic_whose_producers_set_timestamps_is_refused_with_the_fix(
     );
 }
 
+/// A worker for `s`, once it has run a first job.
+async fn running_a_job(s: &Scheduler) -> WorkerHandle {
+    let w = s.worker("w1", |_| async { Outcome::succeeded() });
+    s.wait_worker("w1").await;
+    s.submit(&request(s, "first"));
+    s.wait_job("first", "SUCCEEDED", |j| j.state == JobState::Succeeded)
+        .await;
+    w
+}
+
 /// Waits until `store` shows job `id` SUCCEEDED.
 async fn wait_succeeded(store: &ksched_store::Store, id: &str, who: &str) {
     wait_for(
@@ -247,11 +257,7 @@ async fn wait_succeeded(store: &ksched_store::Store, id: &str, who: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_instance_stands_by_and_takes_over_when_the_first_stops() {
     let mut s = Scheduler::start(vec![]).await;
-    let w = s.worker("w1", |_| async { Outcome::succeeded() });
-    s.wait_worker("w1").await;
-    s.submit(&request(&s, "first"));
-    s.wait_job("first", "SUCCEEDED", |j| j.state == JobState::Succeeded)
-        .await;
+    let w = running_a_job(&s).await;
     // The same configuration on another machine (another data directory).
     let dir = tempfile::tempdir().unwrap();
     let mut config = s.config.clone();
@@ -290,11 +296,7 @@ async fn a_second_instance_stands_by_and_takes_over_when_the_first_stops() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_lease_a_second_instance_fences_the_first_and_one_gives_way() {
     let s = Scheduler::start(vec![("KSCHED__PROCESSOR__LEASE", "false".into())]).await;
-    let w = s.worker("w1", |_| async { Outcome::succeeded() });
-    s.wait_worker("w1").await;
-    s.submit(&request(&s, "first"));
-    s.wait_job("first", "SUCCEEDED", |j| j.state == JobState::Succeeded)
-        .await;
+    let w = running_a_job(&s).await;
     let dir = tempfile::tempdir().unwrap();
     let mut config = s.config.clone();
     assert!(!config.settings.processor.lease);

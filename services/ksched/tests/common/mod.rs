@@ -140,14 +140,7 @@ impl RunningScheduler {
             ),
         )
         .unwrap();
-        let log = std::fs::File::create(dir.path().join("ksched.log")).unwrap();
-        let child = Command::new(bin())
-            .args(["run", "--config"])
-            .arg(&config)
-            .stdout(Stdio::from(log.try_clone().unwrap()))
-            .stderr(Stdio::from(log))
-            .spawn()
-            .unwrap();
+        let child = spawn_run(&config, dir.path());
         let c = RunningScheduler {
             child,
             bootstrap,
@@ -185,14 +178,7 @@ impl RunningScheduler {
         }
         let config = dir.path().join("ksched.yaml");
         std::fs::write(&config, text).unwrap();
-        let log = std::fs::File::create(dir.path().join("ksched.log")).unwrap();
-        let child = Command::new(bin())
-            .args(["run", "--config"])
-            .arg(&config)
-            .stdout(Stdio::from(log.try_clone().unwrap()))
-            .stderr(Stdio::from(log))
-            .spawn()
-            .unwrap();
+        let child = spawn_run(&config, dir.path());
         let scheme = if self.tls.is_some() { "https" } else { "http" };
         let c = RunningScheduler {
             child,
@@ -302,6 +288,18 @@ impl Drop for RunningScheduler {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// `ksched run --config <config>`, its output in `<dir>/ksched.log`.
+fn spawn_run(config: &Path, dir: &Path) -> Child {
+    let log = std::fs::File::create(dir.join("ksched.log")).unwrap();
+    Command::new(bin())
+        .args(["run", "--config"])
+        .arg(config)
+        .stdout(Stdio::from(log.try_clone().unwrap()))
+        .stderr(Stdio::from(log))
+        .spawn()
+        .unwrap()
 }
 
 /// A minimal HTTP/1.1 client (status, body), so the tests check the server, not a library.
