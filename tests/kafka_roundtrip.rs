@@ -1,9 +1,11 @@
 //! The foundation loop against a real broker: a JobRequest produced in a Kafka transaction is
 //! consumed read_committed, decoded, and equal to what was sent; an aborted one is never seen.
+//! A journal reader ([`PartitionTail`]) whose consumer stops fetching replaces it.
 
 use std::time::Duration;
 
 use ksched_core::records::{Budget, JobMeta, JobRequest, Priority};
+use ksched_runtime::tail::PartitionTail;
 use ksched_testkit::{bootstrap_servers, client_config, create_topic, unique};
 use rdkafka::Message;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -103,4 +105,106 @@ fn a_transactional_job_request_is_read_committed_and_decodes_equal() {
     );
     assert_eq!(received[0].0, "job-1");
     assert_eq!(received[0].1, sent);
+}
+
+/// A transactional producer on a fresh topic of one partition.
+fn transactional(bootstrap: &str, topic: &str) -> ThreadedProducer<DefaultProducerContext> {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(create_topic(bootstrap, topic, 1)).unwrap();
+    let producer: ThreadedProducer<DefaultProducerContext> = client_config(bootstrap)
+        .set("transactional.id", unique("ksched-test-tx"))
+        .set("enable.idempotence", "true")
+        .create()
+        .unwrap();
+    producer.init_transactions(Duration::from_secs(30)).unwrap();
+    producer
+}
+
+/// Produces `values` to partition 0 of `topic` in one transaction, committed or aborted.
+fn transaction(
+    producer: &ThreadedProducer<DefaultProducerContext>,
+    topic: &str,
+    values: &[&str],
+    commit: bool,
+) {
+    let timeout = Duration::from_secs(30);
+    producer.begin_transaction().unwrap();
+    for v in values {
+        producer
+            .send(BaseRecord::<(), str>::to(topic).partition(0).payload(*v))
+            .map_err(|(e, _)| e)
+            .unwrap();
+    }
+    if commit {
+        producer.commit_transaction(timeout).unwrap();
+    } else {
+        producer.flush(timeout).unwrap();
+        producer.abort_transaction(timeout).unwrap();
+    }
+}
+
+/// What the tail delivers within `within`, as text.
+fn read_for(tail: &mut PartitionTail, within: Duration, want: usize) -> Vec<String> {
+    let mut got = Vec::new();
+    let deadline = std::time::Instant::now() + within;
+    while got.len() < want && std::time::Instant::now() < deadline {
+        if let Some(m) = tail.poll(Duration::from_millis(100)).unwrap() {
+            got.push(String::from_utf8_lossy(m.payload().unwrap_or_default()).into_owned());
+        }
+    }
+    got
+}
+
+#[test]
+fn a_tail_whose_consumer_stops_fetching_replaces_it_and_reads_on() {
+    let bootstrap = bootstrap_servers().unwrap_or_else(|e| panic!("{e}"));
+    let topic = unique("tail.stall");
+    let producer = transactional(&bootstrap, &topic);
+    transaction(&producer, &topic, &["a", "b"], true);
+    let mut client = client_config(&bootstrap);
+    client.set("group.id", unique("tail"));
+    let mut tail = PartitionTail::new(&client, &topic, 0, 0)
+        .unwrap()
+        .stall_after(Duration::from_secs(2));
+    assert_eq!(read_for(&mut tail, Duration::from_secs(30), 2), ["a", "b"]);
+
+    // What librdkafka#5153 looks like from outside: the consumer fetches nothing more and
+    // reports nothing. A paused partition behaves the same.
+    let mut paused = rdkafka::TopicPartitionList::new();
+    paused.add_partition(&topic, 0);
+    tail.consumer().pause(&paused).unwrap();
+    transaction(&producer, &topic, &["c", "d", "e"], true);
+
+    assert_eq!(
+        read_for(&mut tail, Duration::from_secs(20), 3),
+        ["c", "d", "e"],
+        "the stalled consumer was not replaced"
+    );
+    assert_eq!(tail.replaced(), 1);
+}
+
+#[test]
+fn a_quiet_tail_after_commit_and_abort_markers_keeps_its_consumer_and_skips_aborted_records() {
+    let bootstrap = bootstrap_servers().unwrap_or_else(|e| panic!("{e}"));
+    let topic = unique("tail.quiet");
+    let producer = transactional(&bootstrap, &topic);
+    transaction(&producer, &topic, &["a"], true);
+    transaction(&producer, &topic, &["x", "y"], false);
+    transaction(&producer, &topic, &["b"], true);
+    let mut client = client_config(&bootstrap);
+    client.set("group.id", unique("tail"));
+    let mut tail = PartitionTail::new(&client, &topic, 0, 0)
+        .unwrap()
+        .stall_after(Duration::from_secs(1));
+    assert_eq!(read_for(&mut tail, Duration::from_secs(30), 2), ["a", "b"]);
+    // Only the last commit marker lies past the last record: nothing to read, no stall.
+    assert!(read_for(&mut tail, Duration::from_secs(4), 1).is_empty());
+    assert_eq!(
+        tail.replaced(),
+        0,
+        "a transaction marker was taken for a stall"
+    );
+    // a, commit marker, x, y, abort marker, b, commit marker: the consumer's position
+    // passes the markers and the aborted records, and so does the tail's.
+    assert_eq!(tail.next_offset(), 7);
 }

@@ -15,6 +15,7 @@ pub mod service;
 pub mod settings;
 mod standby;
 pub mod status;
+pub mod tail;
 pub mod ticker;
 pub mod tls;
 pub mod topics;

@@ -4,13 +4,13 @@
 use std::time::Duration;
 
 use ksched_core::events::JournalEntry;
+use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
 use crate::engine::Engine;
 use crate::error::{Error, Result, kafka};
+use crate::tail::PartitionTail;
 
 /// One journal record.
 #[derive(Debug, Clone)]
@@ -55,31 +55,25 @@ pub fn read_journal(
     from: i64,
     mut f: impl FnMut(JournalRecord) -> Result<Flow>,
 ) -> Result<(i64, i64)> {
-    let consumer: BaseConsumer = client
-        .clone()
-        .set("group.id", "ksched-journal-reader")
-        .set("enable.auto.commit", "false")
-        .set("isolation.level", "read_committed")
-        .set("fetch.max.bytes", "52428800")
-        .set("max.partition.fetch.bytes", "10485760")
-        .create()
-        .map_err(kafka("creating a journal reader"))?;
-    let (low, high) = consumer
-        .fetch_watermarks(topic, partition, Duration::from_secs(30))
-        .map_err(kafka(format!("reading the offsets of {topic}/{partition}")))?;
+    // read_committed: the high end is the last stable offset, past which nothing is read.
+    let (low, high) = journal_watermarks(
+        client.clone().set("isolation.level", "read_committed"),
+        topic,
+        partition,
+    )?;
     let start = from.max(low);
     if start >= high {
         return Ok((low, high));
     }
-    let mut tpl = TopicPartitionList::new();
-    tpl.add_partition_offset(topic, partition, Offset::Offset(start))
-        .map_err(kafka("assigning the journal"))?;
-    consumer
-        .assign(&tpl)
-        .map_err(kafka("assigning the journal"))?;
+    let mut reader = client.clone();
+    reader
+        .set("group.id", "ksched-journal-reader")
+        .set("fetch.max.bytes", "52428800")
+        .set("max.partition.fetch.bytes", "10485760");
+    let mut tail = PartitionTail::new(&reader, topic, partition, start)?;
     loop {
-        match consumer.poll(Duration::from_secs(1)) {
-            Some(Ok(m)) => {
+        match tail.poll(Duration::from_secs(1))? {
+            Some(m) => {
                 if m.offset() >= high {
                     break;
                 }
@@ -102,20 +96,9 @@ pub fn read_journal(
                     break;
                 }
             }
-            Some(Err(KafkaError::PartitionEOF(_))) => break,
-            Some(Err(e)) => return Err(kafka(format!("reading {topic}/{partition}"))(e)),
-            None => {
-                // The last offset may be a transaction marker, never delivered.
-                let pos = consumer
-                    .position()
-                    .ok()
-                    .and_then(|p| p.elements().first().map(|e| e.offset()));
-                if let Some(Offset::Offset(p)) = pos
-                    && p >= high - 1
-                {
-                    break;
-                }
-            }
+            // The last offset may be a transaction marker, never delivered.
+            None if tail.next_offset() >= high - 1 => break,
+            None => {}
         }
     }
     Ok((low, high))

@@ -569,6 +569,18 @@ impl Scenario {
             if s.clock_gaps > 0 {
                 notes.push(format!("{} clock gaps", s.clock_gaps));
             }
+            if s.reader_replaced > 0 {
+                notes.push(format!(
+                    "the journal reader replaced its stalled consumer {} times",
+                    s.reader_replaced
+                ));
+            }
+            if let Some(e) = &s.last_read_error {
+                notes.push(format!(
+                    "the journal reader saw {} errors (last: {e})",
+                    s.read_errors
+                ));
+            }
             let reruns = runs.values().filter(|n| **n > 1).count();
             if reruns > 0 {
                 notes.push(format!("{reruns} jobs run twice by SDK workers"));

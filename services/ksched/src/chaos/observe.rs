@@ -10,12 +10,11 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use ksched_core::events::{Event, Input, JobState, JournalEntry};
 use ksched_core::records::JobRequest;
+use ksched_runtime::tail::PartitionTail;
 use ksched_worker::{Outcome, Worker, WorkerConfig};
 use rdkafka::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-use rdkafka::{Offset, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
 
 pub(super) fn now_ms() -> i64 {
@@ -39,6 +38,11 @@ pub(super) struct Seen {
     /// Ticks by their source, with the log time of the first one.
     pub tick_sources: BTreeMap<String, i64>,
     pub entries: u64,
+    /// Errors the journal reader saw, and the last one.
+    pub read_errors: u64,
+    pub last_read_error: Option<String>,
+    /// How often the reader replaced a stalled consumer.
+    pub reader_replaced: u64,
 }
 
 /// Follows a journal from offset 0 on a thread.
@@ -51,24 +55,32 @@ pub(super) struct JournalWatch {
 
 impl JournalWatch {
     pub(super) fn start(bootstrap: &str, topic: &str) -> Result<JournalWatch> {
-        let consumer: BaseConsumer = ClientConfig::new()
+        let mut client = ClientConfig::new();
+        client
             .set("bootstrap.servers", bootstrap)
             .set("group.id", format!("{topic}-chaos-watch"))
-            .set("enable.auto.commit", "false")
-            .set("isolation.level", "read_committed")
-            .set("fetch.wait.max.ms", "20")
-            .create()?;
-        let mut tpl = TopicPartitionList::new();
-        tpl.add_partition_offset(topic, 0, Offset::Beginning)?;
-        consumer.assign(&tpl)?;
+            .set("fetch.wait.max.ms", "20");
+        // A tail, not a bare consumer: after a broker restart, a bare consumer once read
+        // nothing more and 876 jobs looked lost (librdkafka#5153).
+        let mut tail =
+            PartitionTail::new(&client, topic, 0, 0)?.stall_after(Duration::from_secs(5));
         let seen = Arc::new(Mutex::new(Seen::default()));
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
             let (seen, stop) = (seen.clone(), stop.clone());
             std::thread::spawn(move || {
                 while !stop.load(Ordering::Relaxed) {
-                    let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) else {
-                        continue;
+                    let m = match tail.poll(Duration::from_millis(100)) {
+                        Ok(Some(m)) => m,
+                        Ok(None) => continue,
+                        Err(e) => {
+                            if let Ok(mut s) = seen.lock() {
+                                s.read_errors += 1;
+                                s.last_read_error = Some(e.to_string());
+                            }
+                            std::thread::sleep(Duration::from_millis(100));
+                            continue;
+                        }
                     };
                     let Some(Ok(entry)) = m.payload().map(ksched_codec::decode::<JournalEntry>)
                     else {
@@ -76,6 +88,7 @@ impl JournalWatch {
                     };
                     if let Ok(mut s) = seen.lock() {
                         note(&mut s, &entry);
+                        s.reader_replaced = tail.replaced();
                     }
                 }
             })

@@ -4,9 +4,9 @@ use std::time::Duration;
 
 use clap::Args;
 use ksched_core::events::{Input, JournalEntry};
+use ksched_runtime::tail::PartitionTail;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
-use rdkafka::{Offset, TopicPartitionList};
 use serde_json::json;
 
 use super::output::{Format, time};
@@ -85,7 +85,12 @@ pub(crate) fn tail(t: &Target, args: TailArgs) -> CliResult {
             ),
         ));
     }
-    let mut tpl = TopicPartitionList::new();
+    let reader = {
+        let mut c = t.client_config();
+        c.set("group.id", "ksched-journal-tail");
+        c
+    };
+    let mut tails = Vec::new();
     let mut ends = std::collections::BTreeMap::new();
     for p in &partitions {
         let (low, high) = consumer
@@ -97,10 +102,11 @@ pub(crate) fn tail(t: &Target, args: TailArgs) -> CliResult {
         } else {
             (high - args.lines.max(0)).max(low)
         };
-        tpl.add_partition_offset(&topic, *p, Offset::Offset(start))
-            .map_err(fail)?;
+        tails.push(
+            PartitionTail::new(&reader, &topic, *p, start)
+                .map_err(|e| Failure::new(EXIT_FAILED, e.to_string()))?,
+        );
     }
-    consumer.assign(&tpl).map_err(fail)?;
     // Without --follow, stop at the end each partition had when we started (the last offset
     // may be a transaction marker, which is never delivered).
     let mut done: std::collections::BTreeSet<i32> = ends
@@ -108,69 +114,64 @@ pub(crate) fn tail(t: &Target, args: TailArgs) -> CliResult {
         .filter(|(_, end)| **end == 0)
         .map(|(p, _)| *p)
         .collect();
+    let wait = Duration::from_millis(300 / tails.len().max(1) as u64);
     loop {
         if !args.follow && done.len() == ends.len() {
             return Ok(());
         }
-        match consumer.poll(Duration::from_millis(300)) {
-            Some(Ok(m)) => {
-                let end = ends.get(&m.partition()).copied().unwrap_or(0);
-                if !args.follow && m.offset() >= end - 1 {
-                    done.insert(m.partition());
-                    if m.offset() >= end {
-                        continue;
-                    }
+        for tail in &mut tails {
+            let end = ends.get(&tail.partition()).copied().unwrap_or(0);
+            let polled = tail
+                .poll(wait)
+                .map_err(|e| Failure::new(EXIT_FAILED, e.to_string()))?;
+            let Some(m) = polled else {
+                if !args.follow && tail.next_offset() >= end - 1 {
+                    done.insert(tail.partition());
                 }
-                let Some(payload) = m.payload() else { continue };
-                let entry = match ksched_codec::decode::<JournalEntry>(payload) {
-                    Ok(e) => e.redacted(),
-                    Err(e) => {
-                        eprintln!("offset {}: cannot decode: {e}", m.offset());
-                        continue;
-                    }
-                };
-                if args.job.as_ref().is_some_and(|j| !concerns(&entry, j)) {
+                continue;
+            };
+            if !args.follow && m.offset() >= end - 1 {
+                done.insert(m.partition());
+                if m.offset() >= end {
                     continue;
                 }
-                match t.output {
-                    Format::Json => println!(
-                        "{}",
-                        json!({ "partition": m.partition(), "offset": m.offset(), "entry": entry })
-                    ),
-                    Format::Table => {
-                        let events: Vec<String> = entry
-                            .events
-                            .iter()
-                            .map(|e| match e.job_id().or(e.worker_id()) {
-                                Some(id) => format!("{}({id})", e.name()),
-                                None => e.name().to_owned(),
-                            })
-                            .collect();
-                        println!(
-                            "{:>8}  {}  {:<40} -> {}",
-                            m.offset(),
-                            time(entry.log_time),
-                            input_summary(&entry.input),
-                            if events.is_empty() {
-                                "-".to_owned()
-                            } else {
-                                events.join(" ")
-                            }
-                        );
-                    }
-                }
             }
-            Some(Err(e)) => return Err(fail(e)),
-            None if args.follow => {}
-            None => {
-                let pos = consumer.position().map_err(fail)?;
-                for (p, end) in &ends {
-                    if matches!(
-                        pos.find_partition(&topic, *p).map(|e| e.offset()),
-                        Some(Offset::Offset(o)) if o >= end - 1
-                    ) {
-                        done.insert(*p);
-                    }
+            let Some(payload) = m.payload() else { continue };
+            let entry = match ksched_codec::decode::<JournalEntry>(payload) {
+                Ok(e) => e.redacted(),
+                Err(e) => {
+                    eprintln!("offset {}: cannot decode: {e}", m.offset());
+                    continue;
+                }
+            };
+            if args.job.as_ref().is_some_and(|j| !concerns(&entry, j)) {
+                continue;
+            }
+            match t.output {
+                Format::Json => println!(
+                    "{}",
+                    json!({ "partition": m.partition(), "offset": m.offset(), "entry": entry })
+                ),
+                Format::Table => {
+                    let events: Vec<String> = entry
+                        .events
+                        .iter()
+                        .map(|e| match e.job_id().or(e.worker_id()) {
+                            Some(id) => format!("{}({id})", e.name()),
+                            None => e.name().to_owned(),
+                        })
+                        .collect();
+                    println!(
+                        "{:>8}  {}  {:<40} -> {}",
+                        m.offset(),
+                        time(entry.log_time),
+                        input_summary(&entry.input),
+                        if events.is_empty() {
+                            "-".to_owned()
+                        } else {
+                            events.join(" ")
+                        }
+                    );
                 }
             }
         }
