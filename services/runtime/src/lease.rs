@@ -82,8 +82,8 @@ impl Lease {
             .set("group.id", &group)
             // Static membership: this instance restarted (same host, same data directory)
             // takes its place back at once instead of waiting for its old session to expire.
-            // The price: a stopping owner does not leave the group either, so a standby
-            // takes over after lease_session_timeout_ms, stopped or killed alike.
+            // The price: a static member does not leave the group when it closes; a
+            // stopping owner hands over explicitly instead (see `hand_over`).
             .set("group.instance.id", instance_id(settings))
             // A new member does not move the partition from its owner.
             .set("partition.assignment.strategy", "cooperative-sticky")
@@ -111,9 +111,19 @@ impl Lease {
         let thread = {
             let (shared, stop) = (shared.clone(), stop.clone());
             let (journal, partition) = (topics.journal.clone(), p.journal_partition);
+            let elsewhere = topics.control.clone();
+            let session = Duration::from_millis(session);
             std::thread::Builder::new()
                 .name("ksched-lease".into())
-                .spawn(move || hold(&consumer, &journal, partition, &shared, &stop, &group))
+                .spawn(move || {
+                    hold(&consumer, &journal, partition, &shared, &stop, &group);
+                    if shared.owned.load(Ordering::SeqCst) {
+                        hand_over(&consumer, &journal, partition, &elsewhere, &group, session);
+                    }
+                    shared.set(false);
+                    consumer.unsubscribe();
+                    info!(group, "left the owners' group");
+                })
                 .map_err(io("starting the lease thread"))?
         };
         Ok(Lease {
@@ -215,7 +225,58 @@ fn hold(
             shared.set(owns);
         }
     }
-    shared.set(false);
-    consumer.unsubscribe();
-    info!(group, "left the owners' group");
+}
+
+/// Hands the partition over to a standby as this owner stops, instead of leaving the others
+/// to wait for its session to expire: a static member sends no LeaveGroup (KIP-345), but a
+/// member that rejoins with another subscription (here `elsewhere`, a topic the processor
+/// may read) makes the coordinator rebalance at once, and the journal partition goes to a
+/// member that still subscribes to the journal. Waits until the group is stable again
+/// without this instance owning the partition, at most `session` (after which the others
+/// would have taken over anyway). Without a standby the partition simply stays unassigned.
+fn hand_over(
+    consumer: &BaseConsumer,
+    journal: &str,
+    partition: i32,
+    elsewhere: &str,
+    group: &str,
+    session: Duration,
+) {
+    if let Err(e) = consumer.subscribe(&[elsewhere]) {
+        warn!(error = %e, "cannot hand the journal partition over; the standbys take it after the session timeout");
+        return;
+    }
+    let started = Instant::now();
+    let mut released = false;
+    while started.elapsed() < session {
+        let _ = consumer.poll(POLL);
+        let still_owns = consumer.assignment().is_ok_and(|a| {
+            a.elements()
+                .iter()
+                .any(|e| e.topic() == journal && e.partition() == partition)
+        });
+        if still_owns {
+            continue;
+        }
+        // Revoked here; the cooperative protocol's second round gives it to a standby, and
+        // needs this member to rejoin: stay until the group is stable.
+        released = true;
+        let stable = consumer
+            .fetch_group_list(Some(group), Duration::from_secs(1))
+            .is_ok_and(|l| l.groups().iter().all(|g| g.state() == "Stable"));
+        if stable {
+            info!(
+                group,
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "handed the journal partition over"
+            );
+            return;
+        }
+    }
+    if !released {
+        warn!(
+            group,
+            "the journal partition was not handed over in time; the standbys take it after the session timeout"
+        );
+    }
 }

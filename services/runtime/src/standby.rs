@@ -1,9 +1,12 @@
 //! Standing by: while another instance owns the journal partition, this one tails the journal
-//! into its own RocksDB, so that taking over is a short catch-up, not a rebuild.
+//! into its own RocksDB, so that taking over is a short catch-up, not a rebuild. It reads
+//! through one long-lived [`PartitionTail`], a few milliseconds behind the owner.
 
 use std::time::{Duration, Instant};
 
+use ksched_core::events::JournalEntry;
 use ksched_store::Store;
+use rdkafka::message::Message;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -11,13 +14,16 @@ use crate::Topics;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::lease::Lease;
-use crate::replay::{Flow, Replayer, read_journal};
+use crate::replay::{Replayer, journal_watermarks};
 use crate::settings::Settings;
 use crate::status::Status;
+use crate::tail::PartitionTail;
 use crate::topics::client_config;
 
-/// Between two reads of the journal's new entries.
-const TAIL_INTERVAL: Duration = Duration::from_millis(500);
+/// The longest a standby keeps folded entries before it checkpoints them.
+const CHECKPOINT_EVERY: Duration = Duration::from_millis(500);
+/// How long one step of the standby reads before it looks at the lease again.
+const STEP: Duration = Duration::from_millis(100);
 
 /// Tails the journal into `store` until this instance owns the partition or shuts down.
 pub(crate) fn stand_by(
@@ -31,63 +37,126 @@ pub(crate) fn stand_by(
     info!("standing by: tailing the journal until this instance owns it");
     status.set_caught_up(false);
     let mut client = client_config(settings);
-    client.set("client.id", format!("{}-standby", settings.kafka.client_id));
+    client
+        .set("client.id", format!("{}-standby", settings.kafka.client_id))
+        // As recovery's reader: assigned by hand, it joins no group and commits nothing.
+        .set("group.id", "ksched-journal-reader");
     let partition = settings.processor.journal_partition;
-    let mut engine: Option<Engine> = None;
+    let mut follower: Option<Follower> = None;
     let mut last_warning: Option<Instant> = None;
     while !shutdown.is_cancelled() && !lease.owned() {
-        let step = match engine.as_mut() {
-            Some(e) => tail(e, &client, &topics.journal, partition, status),
-            None => Engine::open(store.clone()).map(|e| {
-                engine = Some(e);
+        let step = match follower.as_mut() {
+            Some(f) => f.step(status),
+            None => Follower::open(store, &client, &topics.journal, partition).map(|f| {
+                follower = Some(f);
+                false
             }),
         };
         match step {
-            Ok(()) => status.set_caught_up(engine.is_some()),
+            Ok(caught_up) => status.set_caught_up(caught_up),
             Err(e) => {
                 status.set_caught_up(false);
                 // The next owner recovers from the store and the journal whatever happened
                 // here; a standby only retries.
-                engine = None;
+                follower = None;
                 if last_warning.is_none_or(|t| t.elapsed() > Duration::from_secs(30)) {
                     warn!(error = %e, "standby could not follow the journal; retrying");
                     last_warning = Some(Instant::now());
                 }
+                crate::sleep_unless(shutdown, Duration::from_millis(500));
             }
         }
-        crate::sleep_unless(shutdown, TAIL_INTERVAL);
+    }
+    // What was folded is checkpointed, so that the owner-to-be starts from there.
+    if let Some(mut f) = follower
+        && let Err(e) = f.checkpoint(status)
+    {
+        warn!(error = %e, "standby could not checkpoint what it read; the owner replays it");
     }
     status.set_caught_up(false);
 }
 
-/// Folds the journal's new entries into the engine's store and checkpoints them.
-fn tail(
-    engine: &mut Engine,
-    client: &rdkafka::ClientConfig,
-    journal: &str,
+/// A standby's engine and its reader of the journal, kept from one step to the next.
+struct Follower {
+    engine: Engine,
+    tail: PartitionTail,
+    journal: String,
     partition: i32,
-    status: &Status,
-) -> Result<()> {
-    let from = engine.store().watermark()?.map_or(0, |w| w + 1);
-    let mut replayer = Replayer::new(engine);
-    read_journal(client, journal, partition, from, |rec| {
-        if replayer.applied == 0 && rec.offset > from {
+    /// The last offset folded and not checkpointed yet.
+    folded: Option<i64>,
+    checkpointed_at: Instant,
+}
+
+impl Follower {
+    fn open(
+        store: &Store,
+        client: &rdkafka::ClientConfig,
+        journal: &str,
+        partition: i32,
+    ) -> Result<Follower> {
+        let engine = Engine::open(store.clone())?;
+        let from = engine.store().watermark()?.map_or(0, |w| w + 1);
+        // A reader asked for an offset the journal no longer has would silently start
+        // elsewhere: the gap is refused here, as recovery refuses it.
+        let (low, _) = journal_watermarks(client, journal, partition)?;
+        if low > from {
             return Err(Error::JournalTruncated {
                 topic: journal.to_owned(),
                 partition,
-                journal_start: rec.offset,
+                journal_start: low,
                 needed: from,
             });
         }
-        replayer.apply(rec.offset, &rec.entry)?;
-        Ok(Flow::Continue)
-    })?;
-    if let Some(w) = replayer.last_offset {
+        let tail = PartitionTail::new(client, journal, partition, from)?;
+        Ok(Follower {
+            engine,
+            tail,
+            journal: journal.to_owned(),
+            partition,
+            folded: None,
+            checkpointed_at: Instant::now(),
+        })
+    }
+
+    /// Folds what the journal has for about [`STEP`]; checkpoints every
+    /// [`CHECKPOINT_EVERY`] and whenever it has read everything. Returns whether it has.
+    fn step(&mut self, status: &Status) -> Result<bool> {
+        let until = Instant::now() + STEP;
+        let mut idle = false;
+        while Instant::now() < until {
+            let Some(m) = self.tail.poll(Duration::from_millis(20))? else {
+                idle = true;
+                break;
+            };
+            let entry: JournalEntry = ksched_codec::decode(m.payload().unwrap_or_default())
+                .map_err(|source| Error::Journal {
+                    topic: self.journal.clone(),
+                    partition: self.partition,
+                    offset: m.offset(),
+                    source,
+                })?;
+            let mut replayer = Replayer::new(&mut self.engine);
+            replayer.apply(m.offset(), &entry)?;
+            self.folded = Some(m.offset());
+        }
+        if self.folded.is_some() && (idle || self.checkpointed_at.elapsed() >= CHECKPOINT_EVERY) {
+            self.checkpoint(status)?;
+        }
+        Ok(idle)
+    }
+
+    fn checkpoint(&mut self, status: &Status) -> Result<()> {
+        let Some(w) = self.folded.take() else {
+            return Ok(());
+        };
+        let mut replayer = Replayer::new(&mut self.engine);
+        replayer.last_offset = Some(w);
         replayer.persist()?;
+        self.checkpointed_at = Instant::now();
         status
             .watermark
             .store(w, std::sync::atomic::Ordering::Relaxed);
         status.metrics.watermark.set(w);
+        Ok(())
     }
-    Ok(())
 }

@@ -248,6 +248,20 @@ impl RunningScheduler {
         )
     }
 
+    /// SIGTERM, and waits for a clean exit (the open batch committed, the groups left).
+    pub(crate) fn terminate(&mut self) {
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status();
+        let status = self.child.wait().unwrap();
+        assert!(
+            status.success(),
+            "ksched run did not stop cleanly: {status:?}\n{}",
+            self.log()
+        );
+    }
+
     pub(crate) fn stop(mut self) {
         let _ = Command::new("kill")
             .arg("-TERM")
