@@ -77,8 +77,14 @@ impl Lease {
         let p = &settings.processor;
         let session = p.lease_session_timeout_ms;
         let group = format!("{}-owners", p.group_id);
+        // Names this instance among the group's members (a handover looks for the others).
+        let client_id = format!(
+            "{}-lease-{}",
+            settings.kafka.client_id,
+            instance_id(settings)
+        );
         let consumer: BaseConsumer = client_config(settings)
-            .set("client.id", format!("{}-lease", settings.kafka.client_id))
+            .set("client.id", &client_id)
             .set("group.id", &group)
             // Static membership: this instance restarted (same host, same data directory)
             // takes its place back at once instead of waiting for its old session to expire.
@@ -88,7 +94,12 @@ impl Lease {
             // A new member does not move the partition from its owner.
             .set("partition.assignment.strategy", "cooperative-sticky")
             .set("session.timeout.ms", session.to_string())
-            .set("heartbeat.interval.ms", (session / 3).max(100).to_string())
+            // Members learn of a rebalance at their next heartbeat: frequent ones make a
+            // handover take a round trip or two, not seconds.
+            .set(
+                "heartbeat.interval.ms",
+                (session / 3).clamp(100, 500).to_string(),
+            )
             .set("enable.auto.commit", "false")
             .set("auto.offset.reset", "latest")
             .create()
@@ -113,12 +124,19 @@ impl Lease {
             let (journal, partition) = (topics.journal.clone(), p.journal_partition);
             let elsewhere = topics.control.clone();
             let session = Duration::from_millis(session);
+            let client_id = client_id.clone();
             std::thread::Builder::new()
                 .name("ksched-lease".into())
                 .spawn(move || {
                     hold(&consumer, &journal, partition, &shared, &stop, &group);
                     if shared.owned.load(Ordering::SeqCst) {
-                        hand_over(&consumer, &journal, partition, &elsewhere, &group, session);
+                        let ids = LeaseIds {
+                            group: &group,
+                            journal: &journal,
+                            partition,
+                            client_id: &client_id,
+                        };
+                        hand_over(&consumer, &ids, &elsewhere, session);
                     }
                     shared.set(false);
                     consumer.unsubscribe();
@@ -231,52 +249,167 @@ fn hold(
 /// to wait for its session to expire: a static member sends no LeaveGroup (KIP-345), but a
 /// member that rejoins with another subscription (here `elsewhere`, a topic the processor
 /// may read) makes the coordinator rebalance at once, and the journal partition goes to a
-/// member that still subscribes to the journal. Waits until the group is stable again
-/// without this instance owning the partition, at most `session` (after which the others
-/// would have taken over anyway). Without a standby the partition simply stays unassigned.
-fn hand_over(
-    consumer: &BaseConsumer,
-    journal: &str,
-    partition: i32,
-    elsewhere: &str,
-    group: &str,
-    session: Duration,
-) {
+/// member that still subscribes to the journal.
+///
+/// Only when another member is there to take it: alone, the owner keeps the partition, so
+/// that it takes its place back at once when it starts again. And the subscription to the
+/// journal is restored before the member closes, whether or not the handover was seen to
+/// complete: a static member that comes back with another subscription than the one it left
+/// with was seen to be given its stale assignment and no rebalance (the journal unowned for
+/// minutes), so it must leave as a plain member of the journal's group. Each step waits at
+/// most `session`, after which the others would have taken over anyway.
+fn hand_over(consumer: &BaseConsumer, lease: &LeaseIds<'_>, elsewhere: &str, session: Duration) {
+    let others =
+        |members: &[Member]| -> bool { members.iter().any(|m| m.client_id != lease.client_id) };
+    if !describe(consumer, lease.group).is_some_and(|(_, members)| others(&members)) {
+        return;
+    }
     if let Err(e) = consumer.subscribe(&[elsewhere]) {
         warn!(error = %e, "cannot hand the journal partition over; the standbys take it after the session timeout");
         return;
     }
     let started = Instant::now();
-    let mut released = false;
-    while started.elapsed() < session {
-        let _ = consumer.poll(POLL);
-        let still_owns = consumer.assignment().is_ok_and(|a| {
-            a.elements()
-                .iter()
-                .any(|e| e.topic() == journal && e.partition() == partition)
-        });
-        if still_owns {
-            continue;
-        }
-        // Revoked here; the cooperative protocol's second round gives it to a standby, and
-        // needs this member to rejoin: stay until the group is stable.
-        released = true;
-        let stable = consumer
-            .fetch_group_list(Some(group), Duration::from_secs(1))
-            .is_ok_and(|l| l.groups().iter().all(|g| g.state() == "Stable"));
-        if stable {
-            info!(
-                group,
-                elapsed_ms = started.elapsed().as_millis() as u64,
-                "handed the journal partition over"
-            );
-            return;
-        }
-    }
-    if !released {
+    let handed = wait_for(consumer, session, || {
+        describe(consumer, lease.group).is_some_and(|(state, members)| {
+            state == "Stable"
+                && members.iter().any(|m| {
+                    m.client_id != lease.client_id
+                        && assigned(&m.assignment, lease.journal, lease.partition)
+                })
+        })
+    });
+    if handed {
+        info!(
+            group = lease.group,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "handed the journal partition over"
+        );
+    } else {
         warn!(
-            group,
+            group = lease.group,
             "the journal partition was not handed over in time; the standbys take it after the session timeout"
         );
+    }
+    if let Err(e) = consumer.subscribe(&[lease.journal]) {
+        warn!(error = %e, "cannot subscribe to the journal again before leaving");
+        return;
+    }
+    // Back to a plain member of the journal's group: the partition stays where it is (the
+    // assignor is sticky), or comes back here when nobody took it.
+    wait_for(consumer, session, || {
+        describe(consumer, lease.group).is_some_and(|(state, members)| {
+            state == "Stable"
+                && members
+                    .iter()
+                    .any(|m| assigned(&m.assignment, lease.journal, lease.partition))
+        })
+    });
+}
+
+/// The owners' group's coordinates, and this instance's client id in it.
+struct LeaseIds<'a> {
+    group: &'a str,
+    journal: &'a str,
+    partition: i32,
+    client_id: &'a str,
+}
+
+/// Polls `consumer` until `done` (checked every few polls) or `limit`.
+fn wait_for(consumer: &BaseConsumer, limit: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let started = Instant::now();
+    while started.elapsed() < limit {
+        let _ = consumer.poll(POLL);
+        if done() {
+            return true;
+        }
+    }
+    false
+}
+
+/// A member of the owners' group: its client id and its assignment (consumer protocol).
+struct Member {
+    client_id: String,
+    assignment: Vec<u8>,
+}
+
+/// The group's state and members, as the coordinator describes them.
+fn describe(consumer: &BaseConsumer, group: &str) -> Option<(String, Vec<Member>)> {
+    let list = consumer
+        .fetch_group_list(Some(group), Duration::from_secs(1))
+        .ok()?;
+    let g = list.groups().iter().find(|g| g.name() == group)?;
+    let members = g
+        .members()
+        .iter()
+        .map(|m| Member {
+            client_id: m.client_id().to_owned(),
+            assignment: m.assignment().unwrap_or_default().to_vec(),
+        })
+        .collect();
+    Some((g.state().to_owned(), members))
+}
+
+/// Whether a consumer-protocol assignment (version, then topics with their partitions, then
+/// user data) holds `topic`/`partition`.
+fn assigned(bytes: &[u8], topic: &str, partition: i32) -> bool {
+    let mut r = bytes;
+    let mut take = |n: usize| -> Option<&[u8]> {
+        let (head, rest) = (r.get(..n)?, r.get(n..)?);
+        r = rest;
+        Some(head)
+    };
+    let mut parse = || -> Option<bool> {
+        let _version = take(2)?;
+        let topics = i32::from_be_bytes(take(4)?.try_into().ok()?);
+        for _ in 0..topics.max(0) {
+            let len = i16::from_be_bytes(take(2)?.try_into().ok()?);
+            let name = take(usize::try_from(len).ok()?)?.to_vec();
+            let partitions = i32::from_be_bytes(take(4)?.try_into().ok()?);
+            for _ in 0..partitions.max(0) {
+                let p = i32::from_be_bytes(take(4)?.try_into().ok()?);
+                if name == topic.as_bytes() && p == partition {
+                    return Some(true);
+                }
+            }
+        }
+        Some(false)
+    };
+    parse().unwrap_or(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::assigned;
+
+    /// Version 0, one topic with partitions 0 and 3, no user data.
+    fn assignment(topic: &str, partitions: &[i32]) -> Vec<u8> {
+        let mut b = vec![0, 0];
+        b.extend(1i32.to_be_bytes());
+        b.extend((topic.len() as i16).to_be_bytes());
+        b.extend(topic.as_bytes());
+        b.extend((partitions.len() as i32).to_be_bytes());
+        for p in partitions {
+            b.extend(p.to_be_bytes());
+        }
+        b.extend((-1i32).to_be_bytes());
+        b
+    }
+
+    #[test]
+    fn an_assignment_is_read_topic_by_topic_and_partition_by_partition() {
+        let a = assignment("x.journal", &[0, 3]);
+        assert!(assigned(&a, "x.journal", 0));
+        assert!(assigned(&a, "x.journal", 3));
+        assert!(!assigned(&a, "x.journal", 1));
+        assert!(!assigned(&a, "x.control", 0));
+        assert!(!assigned(&assignment("x.control", &[0]), "x.journal", 0));
+    }
+
+    #[test]
+    fn a_truncated_or_empty_assignment_holds_nothing() {
+        let a = assignment("x.journal", &[0]);
+        assert!(!assigned(&a[..a.len() - 8], "x.journal", 0));
+        assert!(!assigned(&[], "x.journal", 0));
+        assert!(!assigned(&[0, 0, 0x7f, 0xff, 0xff, 0xff], "x.journal", 0));
     }
 }

@@ -280,6 +280,7 @@ impl Processor {
         status: Arc<Status>,
         shutdown: CancellationToken,
     ) -> Result<Processor> {
+        let started = Instant::now();
         let settings = &config.settings;
         let partition = settings.processor.journal_partition;
         let transactional_id = format!("{}-journal-{partition}", settings.processor.group_id);
@@ -320,9 +321,11 @@ impl Processor {
                 kafka(format!("init_transactions for {transactional_id}"))(e)
             }
         })?;
+        let fenced_ms = started.elapsed().as_millis() as u64;
         let producer = Arc::new(producer);
         let caller = Caller::start(producer.clone())?;
         let engine = Engine::open(store)?;
+        let loaded_ms = started.elapsed().as_millis() as u64;
         let mut p = Processor {
             config,
             topics,
@@ -342,10 +345,18 @@ impl Processor {
             last_record: Instant::now(),
         };
         p.catch_up()?;
+        let caught_up_ms = started.elapsed().as_millis() as u64;
         p.reconfigure()?;
         p.subscribe()?;
         p.status.metrics.gauges(p.engine.state());
         p.status.set_caught_up(true);
+        info!(
+            fenced_ms,
+            loaded_ms,
+            caught_up_ms,
+            ready_ms = started.elapsed().as_millis() as u64,
+            "processor ready (times from its start)"
+        );
         Ok(p)
     }
 

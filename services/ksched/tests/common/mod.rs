@@ -250,16 +250,33 @@ impl RunningScheduler {
 
     /// SIGTERM, and waits for a clean exit (the open batch committed, the groups left).
     pub(crate) fn terminate(&mut self) {
+        self.sigterm();
+        self.wait_clean_exit();
+    }
+
+    /// SIGTERM, without waiting.
+    pub(crate) fn sigterm(&self) {
         let _ = Command::new("kill")
             .arg("-TERM")
             .arg(self.child.id().to_string())
             .status();
+    }
+
+    /// Waits for the process to exit, and for that exit to be clean.
+    pub(crate) fn wait_clean_exit(&mut self) {
         let status = self.child.wait().unwrap();
         assert!(
             status.success(),
             "ksched run did not stop cleanly: {status:?}\n{}",
             self.log()
         );
+    }
+
+    /// `ksched run` again on the same configuration and data directory, after
+    /// [`RunningScheduler::terminate`] or [`RunningScheduler::kill`].
+    pub(crate) fn start_again(&mut self) {
+        self.child = spawn_run(&self.config, self.dir.path());
+        self.wait_ready();
     }
 
     pub(crate) fn stop(mut self) {
