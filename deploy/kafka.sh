@@ -213,6 +213,9 @@ transaction.state.log.num.partitions=8
 share.coordinator.state.topic.replication.factor=${rf}
 share.coordinator.state.topic.min.isr=${min_isr}
 group.initial.rebalance.delay.ms=0
+# Lets processor.lease_session_timeout_ms go below Kafka's 6 s floor (a standby notices a dead
+# owner sooner: ksched bench --lease-session-ms); each client still chooses its own timeout.
+group.min.session.timeout.ms=1000
 # A dead node is noticed within seconds (fault tests kill them).
 broker.session.timeout.ms=6000
 broker.heartbeat.interval.ms=1000

@@ -1,9 +1,10 @@
-//! `ksched bench`: throughput, latency, replay, recovery and scale with history, measured on
+//! `ksched bench`: throughput, latency, replay, recovery, failover and scale with history, measured on
 //! this machine against a given broker, beside a raw Kafka baseline in the same run.
 //! docs/performance.md explains the method and records results.
 
 mod baseline;
 mod e2e;
+mod failover;
 mod history;
 mod memory;
 mod recovery;
@@ -44,6 +45,11 @@ pub(crate) struct BenchArgs {
     /// Scratch directory for projections (default: a temporary directory).
     #[arg(long)]
     pub work_dir: Option<PathBuf>,
+    /// `processor.lease_session_timeout_ms` in the failover measurement: how long a killed
+    /// owner goes unnoticed. Brokers refuse less than their `group.min.session.timeout.ms`
+    /// (6000 by default; deploy/kafka.sh sets 1000).
+    #[arg(long, default_value_t = 6_000)]
+    pub lease_session_ms: u64,
     /// SDK workers in the end-to-end runs.
     #[arg(long, default_value_t = 4)]
     pub workers: usize,
@@ -106,6 +112,7 @@ struct Report {
     history_large: history::History,
     saturation_large_history: e2e::Saturation,
     recovery: recovery::Recovery,
+    failover: failover::Failover,
     /// (jobs/s x Kafka records per job) / baseline I/O records/s.
     ratio: f64,
     commit_interval_ms: u64,
@@ -416,6 +423,28 @@ fn bench(args: BenchArgs) -> Result<()> {
     );
     rig.stop()?;
 
+    // 7. Failover between two instances on that history, and a new owner without a standby.
+    phase(&format!(
+        "failover: owner and standby on {} jobs of history (lease session timeout {} ms)",
+        sizes.large_history, args.lease_session_ms
+    ));
+    let failover = failover::run(&failover::Setup {
+        client: &client,
+        config: &large_cfg,
+        job_topic: &format!("{large_prefix}jobs"),
+        journal_topic: &ksched_runtime::topics_of(&large_cfg).journal,
+        history_jobs: sizes.large_history,
+        work: &work,
+        lease_session_timeout_ms: args.lease_session_ms,
+    })?;
+    eprintln!(
+        "        owner killed: standby owns at {:.2} s, first decision at {:.2} s; owner stopped: first decision at {:.2} s; no standby: {:.2} s",
+        failover.killed_to_owned_seconds,
+        failover.killed_to_first_decision_seconds,
+        failover.stopped_to_first_decision_seconds,
+        failover.killed_to_first_decision_without_standby_seconds
+    );
+
     let ratio = saturation_small.jobs_per_sec * saturation_small.kafka_records_per_job
         / baseline.io_records_per_sec;
     let report = Report {
@@ -433,6 +462,7 @@ fn bench(args: BenchArgs) -> Result<()> {
         history_large,
         saturation_large_history: saturation_large,
         recovery,
+        failover,
         ratio,
         commit_interval_ms: defaults.commit_interval_ms,
         total_seconds: total.elapsed().as_secs_f64(),
@@ -532,6 +562,16 @@ fn print_table(r: &Report) {
         r.recovery.recovery_seconds,
         r.recovery.first_decision_seconds,
         r.recovery.cold_start_seconds
+    );
+    let f = &r.failover;
+    println!(
+        "| failover, {} jobs of history, lease session timeout {} ms | owner SIGKILLed: the standby owns at {:.2} s, first decision at {:.2} s; owner stopped: first decision at {:.2} s; no standby (rebuild from the journal): first decision at {:.2} s |",
+        f.history_jobs,
+        f.lease_session_timeout_ms,
+        f.killed_to_owned_seconds,
+        f.killed_to_first_decision_seconds,
+        f.stopped_to_first_decision_seconds,
+        f.killed_to_first_decision_without_standby_seconds
     );
     println!(
         "| saturation with {} vs {} jobs of history | {:.0} vs {:.0} jobs/s ({:+.1} %) |",

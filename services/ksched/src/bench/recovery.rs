@@ -26,7 +26,7 @@ pub(super) struct Recovery {
     pub jobs_submitted_before_kill: u64,
 }
 
-fn spawn(config: &Path, log: &Path) -> Result<Child> {
+pub(super) fn spawn(config: &Path, log: &Path) -> Result<Child> {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -52,7 +52,7 @@ fn ready(api: &str) -> bool {
         .is_ok_and(|r| r.status().as_u16() == 200)
 }
 
-fn wait_ready(api: &str, child: &mut Child, log: &Path) -> Result<f64> {
+pub(super) fn wait_ready(api: &str, child: &mut Child, log: &Path) -> Result<f64> {
     let started = Instant::now();
     loop {
         if ready(api) {
@@ -72,9 +72,9 @@ fn wait_ready(api: &str, child: &mut Child, log: &Path) -> Result<f64> {
     }
 }
 
-const LOAD_JOBS_PER_SEC: f64 = 2_000.0;
+pub(super) const LOAD_JOBS_PER_SEC: f64 = 2_000.0;
 
-fn send(producer: &BaseProducer, topic: &str, job_id: &str) -> Result<()> {
+pub(super) fn send(producer: &BaseProducer, topic: &str, job_id: &str) -> Result<()> {
     let req = JobRequest {
         job_id: job_id.to_owned(),
         topic: topic.to_owned(),
