@@ -307,10 +307,11 @@ async fn without_a_lease_a_second_instance_fences_the_first_and_one_gives_way() 
         s.status.stopped().is_some() || second.status.stopped().is_some()
     })
     .await;
-    let (stopped, other) = if s.status.stopped().is_some() {
-        (&s.status, &second.store)
-    } else {
+    let second_gave_way = second.status.stopped().is_some();
+    let (stopped, other) = if second_gave_way {
         (&second.status, &s.store)
+    } else {
+        (&s.status, &second.store)
     };
     let why = stopped.stopped().unwrap();
     assert!(
@@ -322,7 +323,16 @@ async fn without_a_lease_a_second_instance_fences_the_first_and_one_gives_way() 
     s.submit(&request(&s, "second"));
     wait_succeeded(other, "second", "the instance that stayed").await;
     w.stop().await;
-    second.stop().unwrap();
+    // The one that gave way reports why it stopped; the other stops cleanly.
+    match second.stop() {
+        Ok(()) => assert!(!second_gave_way, "the second gave way, yet stopped cleanly"),
+        Err(
+            e @ (ksched_runtime::Error::Fenced { .. } | ksched_runtime::Error::Replaced { .. }),
+        ) => {
+            assert!(second_gave_way, "the second stayed, yet stopped with: {e}")
+        }
+        Err(e) => panic!("the second stopped with: {e}"),
+    }
 }
 
 #[test]
