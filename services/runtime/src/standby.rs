@@ -24,6 +24,8 @@ use crate::topics::client_config;
 const CHECKPOINT_EVERY: Duration = Duration::from_millis(500);
 /// How long one step of the standby reads before it looks at the lease again.
 const STEP: Duration = Duration::from_millis(100);
+/// How often a standby asks where the journal ends, to say whether it is caught up.
+const END_EVERY: Duration = Duration::from_secs(1);
 
 /// Tails the journal into `store` until this instance owns the partition or shuts down.
 pub(crate) fn stand_by(
@@ -85,6 +87,9 @@ struct Follower {
     /// The last offset folded and not checkpointed yet.
     folded: Option<i64>,
     checkpointed_at: Instant,
+    /// The journal's last stable offset when last asked, and when that was.
+    end: Option<i64>,
+    end_asked_at: Option<Instant>,
 }
 
 impl Follower {
@@ -115,11 +120,15 @@ impl Follower {
             partition,
             folded: None,
             checkpointed_at: Instant::now(),
+            end: None,
+            end_asked_at: None,
         })
     }
 
     /// Folds what the journal has for about [`STEP`]; checkpoints every
-    /// [`CHECKPOINT_EVERY`] and whenever it has read everything. Returns whether it has.
+    /// [`CHECKPOINT_EVERY`] and whenever it has read everything. Returns whether it is caught
+    /// up: past the journal's end as it was at most [`END_EVERY`] ago (under a steady load it
+    /// is never idle, yet a second behind at most), and false while the broker cannot say.
     fn step(&mut self, status: &Status) -> Result<bool> {
         let until = Instant::now() + STEP;
         let mut idle = false;
@@ -142,7 +151,14 @@ impl Follower {
         if self.folded.is_some() && (idle || self.checkpointed_at.elapsed() >= CHECKPOINT_EVERY) {
             self.checkpoint(status)?;
         }
-        Ok(idle)
+        if self.end_asked_at.is_none_or(|t| t.elapsed() >= END_EVERY) {
+            self.end = self.tail.stable_end().ok();
+            self.end_asked_at = Some(Instant::now());
+        }
+        // The last offset may be a transaction marker, never delivered.
+        Ok(self
+            .end
+            .is_some_and(|end| self.tail.next_offset() >= end - 1))
     }
 
     fn checkpoint(&mut self, status: &Status) -> Result<()> {

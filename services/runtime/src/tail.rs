@@ -137,15 +137,22 @@ impl PartitionTail {
         }
     }
 
+    /// The partition's last stable offset: what read_committed readers may read up to (a
+    /// read_committed consumer's high watermark).
+    pub fn stable_end(&self) -> Result<i64> {
+        self.consumer
+            .fetch_watermarks(&self.topic, self.partition, Duration::from_secs(5))
+            .map(|(_, stable)| stable)
+            .map_err(kafka(format!(
+                "reading the offsets of {}/{}",
+                self.topic, self.partition
+            )))
+    }
+
     fn check_stall(&mut self) -> Result<()> {
         self.quiet_since = Instant::now();
-        // A read_committed consumer's high watermark is the last stable offset.
-        let stable = match self.consumer.fetch_watermarks(
-            &self.topic,
-            self.partition,
-            Duration::from_secs(5),
-        ) {
-            Ok((_, stable)) => stable,
+        let stable = match self.stable_end() {
+            Ok(stable) => stable,
             Err(e) => {
                 debug!(topic = %self.topic, partition = self.partition, error = %e, "tail: cannot read the last stable offset yet");
                 return Ok(());

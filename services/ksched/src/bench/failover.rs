@@ -28,7 +28,11 @@ pub(super) struct Failover {
     pub killed_to_owned_seconds: f64,
     /// SIGKILL of the owner to the standby's first decision on a job submitted after it.
     pub killed_to_first_decision_seconds: f64,
-    /// SIGTERM of the owner to the standby's first decision on a job submitted after it.
+    /// SIGTERM of the owner to the standby's ownership.
+    pub stopped_to_owned_seconds: f64,
+    /// SIGTERM of the owner to the decision on a job submitted right after the signal: the
+    /// stopping owner may still decide it while it drains, so this says how long such a job
+    /// waited, not when the new owner decided first.
     pub stopped_to_first_decision_seconds: f64,
     /// No standby: SIGKILL of the owner to the first decision of an instance started at
     /// that moment on an empty data directory (the session timeout, then a full rebuild).
@@ -126,6 +130,23 @@ fn first_decision(
     anyhow::bail!("no decision on {probe} within 15 minutes")
 }
 
+/// Sends a job now and waits for its decision in the journal: [`first_decision`] of a probe
+/// named after `tag`.
+fn probe(
+    s: &Setup<'_>,
+    producer: &BaseProducer,
+    tag: &str,
+    new_owner: Option<&Instance>,
+    from: Instant,
+) -> Result<(Option<f64>, f64)> {
+    // At the journal's end before the probe is sent, so that its decision cannot be missed.
+    let journal = super::journal_from_end(s.client, s.journal_topic, "ksched-bench-failover")?;
+    let probe = format!("failover-probe-{tag}");
+    send(producer, s.job_topic, &probe)?;
+    producer.flush(Duration::from_secs(30))?;
+    first_decision(&journal, &probe, new_owner, from)
+}
+
 /// Jobs at a steady rate for `seconds`, so that transactions are in flight at the fault.
 fn load(producer: &BaseProducer, job_topic: &str, tag: &str, seconds: f64) -> Result<()> {
     let started = Instant::now();
@@ -200,29 +221,17 @@ pub(super) fn run(s: &Setup<'_>) -> Result<Failover> {
         b.role()
     );
     let producer: BaseProducer = s.client.clone().set("linger.ms", "2").create()?;
-    let journal_end =
-        || super::journal_from_end(s.client, s.journal_topic, "ksched-bench-failover");
 
     // 1. The owner SIGKILLed under load; the standby takes over.
     load(&producer, s.job_topic, "kill", 1.5)?;
     a.kill()?;
-    let killed = Instant::now();
-    let journal = journal_end()?;
-    let probe = "failover-probe-kill";
-    send(&producer, s.job_topic, probe)?;
-    producer.flush(Duration::from_secs(30))?;
-    let (owned, decided) = first_decision(&journal, probe, Some(&b), killed)?;
+    let (owned, decided) = probe(s, &producer, "kill", Some(&b), Instant::now())?;
 
     // 2. The first instance back, standing by; the new owner stopped.
     a.start()?;
     load(&producer, s.job_topic, "stop", 1.5)?;
     let stopping = b.terminate();
-    let stopped = Instant::now();
-    let journal = journal_end()?;
-    let probe = "failover-probe-stop";
-    send(&producer, s.job_topic, probe)?;
-    producer.flush(Duration::from_secs(30))?;
-    let (_, handed_over) = first_decision(&journal, probe, Some(&a), stopped)?;
+    let (handed_over, stop_decided) = probe(s, &producer, "stop", Some(&a), Instant::now())?;
     if let Some(mut c) = stopping {
         c.wait()?;
     }
@@ -230,20 +239,17 @@ pub(super) fn run(s: &Setup<'_>) -> Result<Failover> {
     // 3. No standby: the owner SIGKILLed and a new instance on an empty directory.
     load(&producer, s.job_topic, "alone", 1.5)?;
     a.kill()?;
-    let killed_alone = Instant::now();
+    let killed = Instant::now();
     let mut c = instance("c", s.work.join("failover-empty-data"))?;
     c.child = Some(spawn(&c.config, &c.log)?);
-    let journal = journal_end()?;
-    let probe = "failover-probe-alone";
-    send(&producer, s.job_topic, probe)?;
-    producer.flush(Duration::from_secs(30))?;
-    let (_, rebuilt) = first_decision(&journal, probe, None, killed_alone)?;
+    let (_, rebuilt) = probe(s, &producer, "alone", None, killed)?;
     Ok(Failover {
         history_jobs: s.history_jobs,
         lease_session_timeout_ms: s.lease_session_timeout_ms,
         killed_to_owned_seconds: owned.unwrap_or(f64::NAN),
         killed_to_first_decision_seconds: decided,
-        stopped_to_first_decision_seconds: handed_over,
+        stopped_to_owned_seconds: handed_over.unwrap_or(f64::NAN),
+        stopped_to_first_decision_seconds: stop_decided,
         killed_to_first_decision_without_standby_seconds: rebuilt,
     })
 }

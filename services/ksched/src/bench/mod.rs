@@ -438,9 +438,10 @@ fn bench(args: BenchArgs) -> Result<()> {
         lease_session_timeout_ms: args.lease_session_ms,
     })?;
     eprintln!(
-        "        owner killed: standby owns at {:.2} s, first decision at {:.2} s; owner stopped: first decision at {:.2} s; no standby: {:.2} s",
+        "        owner killed: standby owns at {:.2} s, first decision at {:.2} s; owner stopped: standby owns at {:.2} s, a job sent at the signal decided at {:.2} s; no standby: {:.2} s",
         failover.killed_to_owned_seconds,
         failover.killed_to_first_decision_seconds,
+        failover.stopped_to_owned_seconds,
         failover.stopped_to_first_decision_seconds,
         failover.killed_to_first_decision_without_standby_seconds
     );
@@ -565,11 +566,12 @@ fn print_table(r: &Report) {
     );
     let f = &r.failover;
     println!(
-        "| failover, {} jobs of history, lease session timeout {} ms | owner SIGKILLed: the standby owns at {:.2} s, first decision at {:.2} s; owner stopped: first decision at {:.2} s; no standby (rebuild from the journal): first decision at {:.2} s |",
+        "| failover, {} jobs of history, lease session timeout {} ms | owner SIGKILLed: the standby owns at {:.2} s, first decision at {:.2} s; owner stopped: the standby owns at {:.2} s, a job sent at the signal is decided at {:.2} s; no standby (rebuild from the journal): first decision at {:.2} s |",
         f.history_jobs,
         f.lease_session_timeout_ms,
         f.killed_to_owned_seconds,
         f.killed_to_first_decision_seconds,
+        f.stopped_to_owned_seconds,
         f.stopped_to_first_decision_seconds,
         f.killed_to_first_decision_without_standby_seconds
     );
