@@ -270,13 +270,7 @@ fn hand_over(consumer: &BaseConsumer, lease: &LeaseIds<'_>, elsewhere: &str, ses
     }
     let started = Instant::now();
     let handed = wait_for(consumer, session, || {
-        describe(consumer, lease.group).is_some_and(|(state, members)| {
-            state == "Stable"
-                && members.iter().any(|m| {
-                    m.client_id != lease.client_id
-                        && assigned(&m.assignment, lease.journal, lease.partition)
-                })
-        })
+        journal_held(consumer, lease, |client_id| client_id != lease.client_id)
     });
     if handed {
         info!(
@@ -297,13 +291,23 @@ fn hand_over(consumer: &BaseConsumer, lease: &LeaseIds<'_>, elsewhere: &str, ses
     // Back to a plain member of the journal's group: the partition stays where it is (the
     // assignor is sticky), or comes back here when nobody took it.
     wait_for(consumer, session, || {
-        describe(consumer, lease.group).is_some_and(|(state, members)| {
-            state == "Stable"
-                && members
-                    .iter()
-                    .any(|m| assigned(&m.assignment, lease.journal, lease.partition))
-        })
+        journal_held(consumer, lease, |_| true)
     });
+}
+
+/// Whether the group is stable with the journal partition assigned to a member whose client
+/// id passes `whose`.
+fn journal_held(
+    consumer: &BaseConsumer,
+    lease: &LeaseIds<'_>,
+    whose: impl Fn(&str) -> bool,
+) -> bool {
+    describe(consumer, lease.group).is_some_and(|(state, members)| {
+        state == "Stable"
+            && members.iter().any(|m| {
+                whose(&m.client_id) && assigned(&m.assignment, lease.journal, lease.partition)
+            })
+    })
 }
 
 /// The owners' group's coordinates, and this instance's client id in it.

@@ -14,7 +14,7 @@ use crate::Topics;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::lease::Lease;
-use crate::replay::{Replayer, journal_watermarks};
+use crate::replay::journal_watermarks;
 use crate::settings::Settings;
 use crate::status::Status;
 use crate::tail::PartitionTail;
@@ -144,9 +144,11 @@ impl Follower {
                     offset: m.offset(),
                     source,
                 })?;
-            let mut replayer = Replayer::new(&mut self.engine);
-            replayer.apply(m.offset(), &entry)?;
+            self.engine.fold(&entry)?;
             self.folded = Some(m.offset());
+            if self.engine.checkpoint_due() {
+                self.checkpoint(status)?;
+            }
         }
         if self.folded.is_some() && (idle || self.checkpointed_at.elapsed() >= CHECKPOINT_EVERY) {
             self.checkpoint(status)?;
@@ -165,9 +167,7 @@ impl Follower {
         let Some(w) = self.folded.take() else {
             return Ok(());
         };
-        let mut replayer = Replayer::new(&mut self.engine);
-        replayer.last_offset = Some(w);
-        replayer.persist()?;
+        self.engine.checkpoint(Some(w))?;
         self.checkpointed_at = Instant::now();
         status
             .watermark
