@@ -67,8 +67,11 @@ class PyWorker:
             **args.properties,
         })
 
-    def send(self, topic, key, name, record):
-        self.producer.produce(topic, key=key.encode(), value=self.codec.encode(name, record))
+    def send(self, topic, key, name, record, partition=None):
+        # A Dispatch names the results partition its shard reads (reply_partition); None:
+        # the partitioner's choice by key (a scheduler with one shard).
+        extra = {} if partition is None else {"partition": partition}
+        self.producer.produce(topic, key=key.encode(), value=self.codec.encode(name, record), **extra)
         self.producer.poll(0)
 
     def heartbeat(self, draining=False):
@@ -104,6 +107,7 @@ class PyWorker:
     def run_job(self, dispatch):
         job = dispatch["job"]
         job_id, attempt = job["job_id"], dispatch["attempt"]
+        reply = dispatch.get("reply_partition")
         if (job_id, attempt) in self.cancelled:
             return
         self.active.add(job_id)
@@ -111,7 +115,7 @@ class PyWorker:
         self.send(f"{self.prefix}results", job_id, "JobStarted", {
             "job_id": job_id, "attempt": attempt,
             "worker_id": self.args.worker_id, "started_at": now_ms(),
-        })
+        }, partition=reply)
         result = {
             "job_id": job_id,
             "attempt": attempt,
@@ -140,7 +144,7 @@ class PyWorker:
                 },
             )
         result.update(execution_ms=int((time.monotonic() - started) * 1000), finished_at=now_ms())
-        self.send(f"{self.prefix}results", job_id, "JobResult", result)
+        self.send(f"{self.prefix}results", job_id, "JobResult", result, partition=reply)
         self.active.discard(job_id)
         self.done += 1
         print(f"{self.args.worker_id}: {job_id} attempt {attempt} done", flush=True)

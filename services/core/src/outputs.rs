@@ -49,6 +49,8 @@ pub fn output_of(state: &State, event: &Event, now: Millis) -> Option<Output> {
                     constraints,
                     deadline_at: e.deadline_at,
                     dispatched_at: now,
+                    // The runtime names its shard's results partition.
+                    reply_partition: None,
                 }),
             })
         }

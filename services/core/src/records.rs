@@ -344,6 +344,9 @@ pub struct Dispatch {
     /// Absolute deadline of the job, if it has one.
     pub deadline_at: Option<Millis>,
     pub dispatched_at: Millis,
+    /// The results partition to write JobStarted, JobProgress and JobResult to (the
+    /// partition the job's shard reads); None: any (a scheduler with one shard).
+    pub reply_partition: Option<i32>,
 }
 
 /// Tells a worker to stop an attempt (topic `ksched.dispatch.<pool>`, key worker_id).

@@ -46,6 +46,11 @@ pub struct PoolRules {
     /// characters), e.g. `gpu-*`. A heartbeat from any other id is refused
     /// (`invalid_heartbeat`). Empty: any id.
     pub workers: Vec<String>,
+    /// The shard (journal partition) that schedules this pool. None: a stable hash of the
+    /// pool's name ([`shard_of_pool`]). Left out of the journaled rules when not set, so
+    /// rules written before shards existed keep their id.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shard: Option<u32>,
 }
 
 /// Limits for one tenant. Under `tenants`, the entry `"*"` holds the defaults for every
@@ -452,6 +457,63 @@ impl Rules {
             .get(pool)
             .is_none_or(|p| p.workers.is_empty() || p.workers.iter().any(|w| glob(w, worker_id)))
     }
+}
+
+/// The shard that schedules `pool` among `shards`: its explicit `shard`, else the first four
+/// bytes of the SHA-256 of its name (big-endian) modulo `shards`; 0 with one shard. Stable across versions and
+/// machines: `ksched shards` prints the map.
+pub fn shard_of_pool(rules: &Rules, pool: &str, shards: u32) -> u32 {
+    if shards <= 1 {
+        return 0;
+    }
+    if let Some(s) = rules.pools.get(pool).and_then(|p| p.shard) {
+        return s;
+    }
+    let digest = crate::hash::sha256_hex(pool.as_bytes());
+    let head = u32::from_str_radix(&digest[..8], 16).unwrap_or(0);
+    head % shards
+}
+
+/// The shard that takes a job topic's jobs: the shard of its pools (which must agree,
+/// [`check_shards`]). None for a topic that is not routed.
+pub fn shard_of_topic(rules: &Rules, topic: &str, shards: u32) -> Option<u32> {
+    let pools = rules.topics.get(topic)?;
+    pools.first().map(|p| shard_of_pool(rules, p, shards))
+}
+
+/// Checks the rules against `shards` shards: every explicit `shard` is one of them, and every
+/// job topic's pools are scheduled by one shard (a job is decided by one processor, which
+/// must hold every pool it may be placed in).
+pub fn check_shards(rules: &Rules, shards: u32) -> Result<(), RulesError> {
+    for (name, pool) in &rules.pools {
+        if let Some(s) = pool.shard
+            && s >= shards.max(1)
+        {
+            return Err(RulesError(format!(
+                "pool {name}: shard {s} is not one of the {shards} shards (topics.journal_partitions); shards are numbered from 0"
+            )));
+        }
+    }
+    for (topic, pools) in &rules.topics {
+        let mut by_shard: BTreeMap<u32, Vec<&str>> = BTreeMap::new();
+        for p in pools {
+            by_shard
+                .entry(shard_of_pool(rules, p, shards))
+                .or_default()
+                .push(p);
+        }
+        if by_shard.len() > 1 {
+            let spread: Vec<String> = by_shard
+                .iter()
+                .map(|(s, ps)| format!("shard {s}: {}", ps.join(", ")))
+                .collect();
+            return Err(RulesError(format!(
+                "topic {topic} maps to pools of different shards ({}); a topic's pools must share one shard: give them the same `shard:` in pools.yaml",
+                spread.join("; ")
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// A tenant id a topic may be bound to: not empty, no `:` (it ends the tenant's job-id

@@ -345,6 +345,7 @@ fn throttled_gives_work_to_the_worker_with_the_most_credit() {
             requires: vec![],
             strategy: StrategyKind::Throttled,
             workers: vec![],
+            shard: None,
         },
     );
     let mut sim = Sim::with_rules(rules);
@@ -387,6 +388,7 @@ fn capacity_bin_packs_by_memory_best_fit() {
             requires: vec![],
             strategy: StrategyKind::Capacity,
             workers: vec![],
+            shard: None,
         },
     );
     let mut sim = Sim::with_rules(rules);

@@ -82,6 +82,7 @@ fn dev_rules() -> Rules {
             requires: vec!["gpu".into()],
             strategy: StrategyKind::Capacity,
             workers: Vec::new(),
+            shard: None,
         },
     );
     r.four_eyes = true;

@@ -194,8 +194,8 @@ impl Service {
             let api = Arc::new(Api::new(
                 settings,
                 scheduler.topics.clone(),
-                scheduler.store.clone(),
-                scheduler.status.clone(),
+                scheduler.stores.clone(),
+                scheduler.shards.clone(),
             )?);
             if !settings.http.authenticates() {
                 warn!(
@@ -230,7 +230,7 @@ impl Service {
     pub(crate) fn wait(self) -> anyhow::Result<()> {
         let Service { rt, scheduler } = self;
         let shutdown = scheduler.shutdown.clone();
-        let status = scheduler.status.clone();
+        let shards = scheduler.shards.clone();
         let http = scheduler.config.settings.http.enabled;
         let result = scheduler.wait();
         if let Err(e) = &result
@@ -242,7 +242,9 @@ impl Service {
             && !shutdown.is_cancelled()
         {
             error!(error = %e, "this instance was replaced; it stays up, not ready, until it is stopped");
-            status.set_stopped(e.to_string());
+            for s in &shards.0 {
+                s.set_stopped(e.to_string());
+            }
             rt.block_on(shutdown.cancelled());
         }
         shutdown.cancel();

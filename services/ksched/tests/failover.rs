@@ -47,7 +47,7 @@ fn an_owner_alone_stopped_and_started_again_owns_the_journal_again() {
     });
     a.terminate();
     assert!(
-        !a.log().contains("handed the journal partition over"),
+        !a.log().contains("handed the shards over"),
         "nobody was there to take it:\n{}",
         a.log()
     );
@@ -163,7 +163,7 @@ fn failover(going: Going) {
     if going == Going::Stopped {
         // Its static membership would have kept the partition for the session timeout.
         assert!(
-            owner.log().contains("handed the journal partition over"),
+            owner.log().contains("handed the shards over"),
             "{}",
             owner.log()
         );
@@ -222,9 +222,7 @@ fn failover(going: Going) {
     let (code, out, err) = standby.cli(&["audit", "verify"]);
     assert_eq!(code, 0, "audit verify: {out}{err}");
     assert!(
-        standby
-            .log()
-            .contains("this instance owns the journal partition"),
+        standby.log().contains("this instance owns the shard"),
         "{}",
         standby.log()
     );

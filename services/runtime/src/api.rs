@@ -28,7 +28,7 @@ use crate::auth::{Action, Auth, Denied, Identity, default_allowed_hosts, host_al
 use crate::error::{Result, kafka};
 use crate::processor::wall_clock_ms;
 use crate::settings::Settings;
-use crate::status::Status;
+use crate::status::Shards;
 use crate::topics::{Topics, client_config};
 
 /// Most jobs one list request returns.
@@ -38,9 +38,11 @@ pub const DEFAULT_LIMIT: usize = 100;
 
 /// What the handlers share.
 pub struct Api {
-    store: Store,
+    /// Every shard's store (index = shard): this instance's view of each, exact for the
+    /// shards it owns, a moment behind for those it stands by for.
+    stores: Vec<Store>,
     checkpoints: std::path::PathBuf,
-    status: Arc<Status>,
+    shards: Shards,
     producer: FutureProducer,
     topics: Topics,
     kafka_ok: Mutex<(Option<Instant>, bool)>,
@@ -62,8 +64,8 @@ impl Api {
     pub fn new(
         settings: &Settings,
         topics: Topics,
-        store: Store,
-        status: Arc<Status>,
+        stores: Vec<Store>,
+        shards: Shards,
     ) -> Result<Api> {
         let producer: FutureProducer = client_config(settings)
             .set("client.id", format!("{}-api", settings.kafka.client_id))
@@ -84,9 +86,9 @@ impl Api {
             settings.http.allowed_hosts.clone()
         };
         Ok(Api {
-            store,
+            stores,
             checkpoints,
-            status,
+            shards,
             producer,
             topics,
             auth,
@@ -242,7 +244,7 @@ async fn unless_stopped(
     next: axum::middleware::Next,
 ) -> Response {
     if req.uri().path().starts_with("/api/")
-        && let Some(why) = api.status.stopped()
+        && let Some(why) = api.shards.stopped()
     {
         return ApiError(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -323,18 +325,18 @@ async fn live() -> axum::Json<Value> {
 /// Ready: recovered, the broker answers, Ticks are being judged (a processor cut off from
 /// the log, or whose ticker is, reads none), and no other instance replaced this one.
 async fn ready(AxState(api): AxState<Arc<Api>>) -> Response {
-    let caught_up = api.status.is_caught_up();
+    let caught_up = api.shards.is_caught_up();
     let kafka = {
         let api = api.clone();
         tokio::task::spawn_blocking(move || api.kafka_reachable())
             .await
             .unwrap_or(false)
     };
-    let since_tick = api.status.since_last_tick_ms();
+    let since_tick = api.shards.since_last_tick_ms();
     let ticking = since_tick.is_some_and(|ms| ms <= api.tick_stale_ms);
-    let stopped = api.status.stopped();
+    let stopped = api.shards.stopped();
     // A standby judges no Ticks; it is ready when it has read the journal to its end.
-    let owner = api.status.is_owner();
+    let owner = api.shards.is_owner();
     let ok = caught_up && kafka && (ticking || !owner) && stopped.is_none();
     let body = json!({
         "ready": ok,
@@ -343,7 +345,9 @@ async fn ready(AxState(api): AxState<Arc<Api>>) -> Response {
         "kafka_reachable": kafka,
         "ms_since_last_tick": since_tick,
         "stopped": stopped,
-        "journal_watermark": api.status.watermark.load(std::sync::atomic::Ordering::Relaxed),
+        "journal_watermark": api.shards.watermarks().first(),
+        "journal_watermarks": api.shards.watermarks(),
+        "owned_shards": api.shards.owned_ids(),
     });
     let code = if ok {
         StatusCode::OK
@@ -356,7 +360,7 @@ async fn ready(AxState(api): AxState<Arc<Api>>) -> Response {
 async fn metrics(AxState(api): AxState<Arc<Api>>) -> Response {
     (
         [("content-type", "text/plain; version=0.0.4")],
-        api.status.metrics.render(),
+        api.shards.render_metrics(),
     )
         .into_response()
 }
@@ -501,21 +505,30 @@ async fn list_jobs(
                 .is_none_or(|p| j.pool.as_ref() == Some(p) || j.pools.contains(p))
             && topic.as_ref().is_none_or(|t| &j.request.topic == t)
     };
-    let store = api.store.clone();
+    let stores = api.stores.clone();
     let after = q.get("after").cloned();
     let active_only = state.is_some_and(|s| !s.is_terminal());
+    // Each shard's first `limit` after `after`, merged in id order: the first `limit` of
+    // the union.
     let jobs = tokio::task::spawn_blocking(move || {
-        if active_only {
-            // Non-terminal states are served from the active index, not a full scan.
-            store.active_jobs().map(|all| {
-                all.into_iter()
-                    .filter(|(id, j)| after.as_ref().is_none_or(|a| id > a) && keep(id, j))
-                    .take(limit)
-                    .collect::<Vec<_>>()
-            })
-        } else {
-            store.scan_jobs(after.as_deref(), limit, keep)
+        let mut jobs = Vec::new();
+        for store in &stores {
+            if active_only {
+                // Non-terminal states are served from the active index, not a full scan.
+                jobs.extend(
+                    store
+                        .active_jobs()?
+                        .into_iter()
+                        .filter(|(id, j)| after.as_ref().is_none_or(|a| id > a) && keep(id, j))
+                        .take(limit),
+                );
+            } else {
+                jobs.extend(store.scan_jobs(after.as_deref(), limit, &keep)?);
+            }
         }
+        jobs.sort_by(|a, b| a.0.cmp(&b.0));
+        jobs.truncate(limit);
+        Ok::<_, ksched_store::Error>(jobs)
     })
     .await
     .map_err(internal)?
@@ -532,12 +545,22 @@ async fn list_jobs(
 /// The job, if it exists and `caller` may see it (another tenant's job is "not found": its
 /// existence is not disclosed).
 fn load_job(api: &Api, caller: &Identity, id: &str) -> ApiResult<Job> {
+    find_job(api, caller, id).map(|(_, j)| j)
+}
+
+/// [`load_job`], with the store (shard) that holds it.
+fn find_job<'a>(api: &'a Api, caller: &Identity, id: &str) -> ApiResult<(&'a Store, Job)> {
     require(caller, Action::Read)?;
-    api.store
-        .job(id)
-        .map_err(internal)?
-        .filter(|j| caller.sees(&j.request.tenant_id))
-        .ok_or_else(|| not_found(id))
+    for store in &api.stores {
+        if let Some(j) = store.job(id).map_err(internal)? {
+            return if caller.sees(&j.request.tenant_id) {
+                Ok((store, j))
+            } else {
+                Err(not_found(id))
+            };
+        }
+    }
+    Err(not_found(id))
 }
 
 async fn get_job(
@@ -554,8 +577,8 @@ async fn job_history(
     Extension(caller): Extension<Identity>,
     Path(id): Path<String>,
 ) -> ApiResult {
-    let job = load_job(&api, &caller, &id)?;
-    let lines = api.store.history(&id).map_err(internal)?;
+    let (store, job) = find_job(&api, &caller, &id)?;
+    let lines = store.history(&id).map_err(internal)?;
     Ok(axum::Json(json!({
         "job_id": id,
         "state": job.state.as_str(),
@@ -750,18 +773,29 @@ async fn checkpoint(
     require(&caller, Action::Checkpoint)?;
     let dir = api.checkpoints.join(wall_clock_ms().to_string());
     std::fs::create_dir_all(&api.checkpoints).map_err(internal)?;
-    let store = api.store.clone();
+    // Every shard's store is a view of one RocksDB: one checkpoint holds them all.
+    let store = api.stores[0].clone();
     let target = dir.clone();
     tokio::task::spawn_blocking(move || store.checkpoint(&target))
         .await
         .map_err(internal)?
         .map_err(internal)?;
-    let check =
-        ksched_store::Store::open_read_only(&dir, api.store.partition()).map_err(internal)?;
-    let watermark = check.watermark().map_err(internal)?;
+    let check = ksched_store::Store::open_read_only(&dir, 0).map_err(internal)?;
+    let watermarks = (0..api.stores.len())
+        .map(|s| {
+            check
+                .for_partition(u16::try_from(s).unwrap_or(0))
+                .watermark()
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(internal)?;
     Ok((
         StatusCode::CREATED,
-        axum::Json(json!({ "path": dir.display().to_string(), "journal_watermark": watermark })),
+        axum::Json(json!({
+            "path": dir.display().to_string(),
+            "journal_watermark": watermarks.first().copied().flatten(),
+            "journal_watermarks": watermarks,
+        })),
     )
         .into_response())
 }
@@ -771,7 +805,10 @@ async fn workers(
     Extension(caller): Extension<Identity>,
 ) -> ApiResult {
     require(&caller, Action::Read)?;
-    let ws = api.store.workers().map_err(internal)?;
+    let mut ws = Vec::new();
+    for store in &api.stores {
+        ws.extend(store.workers().map_err(internal)?);
+    }
     Ok(axum::Json(json!({
         "workers": ws.iter().map(|(id, w)| worker_view(id, w)).collect::<Vec<_>>(),
     })))
@@ -785,8 +822,12 @@ async fn dlq(
     require(&caller, Action::Read)?;
     only(&q, &["reason", "job_id", "limit"])?;
     let limit = limit_of(&q)?;
-    let mut all = api.store.dead_letters().map_err(internal)?;
-    all.reverse();
+    let mut all = Vec::new();
+    for store in &api.stores {
+        all.extend(store.dead_letters().map_err(internal)?);
+    }
+    // Newest first, across shards.
+    all.sort_by_key(|d| std::cmp::Reverse(d.at));
     let list: Vec<Value> = all
         .iter()
         .filter(|d| caller.sees(&d.tenant_id))
@@ -797,7 +838,13 @@ async fn dlq(
         .collect();
     // Counts span every tenant: only for callers who see them all.
     let counts = if caller.sees_all() {
-        json!(api.store.dead_letter_counts().map_err(internal)?)
+        let mut counts: std::collections::BTreeMap<String, u64> = Default::default();
+        for store in &api.stores {
+            for (reason, n) in store.dead_letter_counts().map_err(internal)? {
+                *counts.entry(reason).or_default() += n;
+            }
+        }
+        json!(counts)
     } else {
         Value::Null
     };
@@ -812,7 +859,10 @@ async fn tenants(
     Extension(caller): Extension<Identity>,
 ) -> ApiResult {
     require(&caller, Action::Read)?;
-    let active = api.store.active_jobs().map_err(internal)?;
+    let mut active = Vec::new();
+    for store in &api.stores {
+        active.extend(store.active_jobs().map_err(internal)?);
+    }
     let mut usage: std::collections::BTreeMap<String, (i64, i64, Option<i32>)> = Default::default();
     for (_, j) in active
         .iter()

@@ -89,6 +89,11 @@ impl Engine {
         Ok(p.entry)
     }
 
+    /// Whether this shard holds `job_id` (in memory or in its store), terminal or not.
+    pub fn knows_job(&self, job_id: &str) -> Result<bool> {
+        Ok(self.state.jobs.contains_key(job_id) || self.store.job(job_id)?.is_some())
+    }
+
     /// The input that continues work an entry cut at its bound.
     pub fn continuation(&self) -> Input {
         continuation(&self.state)

@@ -1,18 +1,21 @@
-//! Which instance owns the journal partition: Kafka's group protocol decides.
+//! Which instance owns which shard: Kafka's group protocol decides.
 //!
 //! Every `ksched run` with the same `processor.group_id` joins the consumer group
-//! `<group_id>-owners` on the journal topic. The group coordinator assigns the journal
-//! partition to one member: that instance owns it and runs the processor; the others stand
-//! by. The lease consumer never reads the journal (its partitions are paused as soon as they
-//! are assigned); its poll only keeps the membership alive.
+//! `<group_id>-owners` on the journal topic, whose partitions are the shards. The group
+//! coordinator spreads them over the members (cooperative-sticky: a member joining or
+//! leaving moves only the partitions it must): an instance owns the shards whose journal
+//! partitions it is assigned and runs their processors; for the others it stands by. The
+//! lease consumer never reads the journal (its partitions are paused as soon as they are
+//! assigned); its poll only keeps the membership alive.
 //!
-//! The lease is for liveness, not for safety: two processors never both commit, because
-//! each new owner's `init_transactions` fences the previous owner's producer (same
-//! transactional id), and its input consumer takes the static group membership over. A
-//! lease that is lost (the owner stopped polling, lost the coordinator for
-//! `lease_session_timeout_ms`, or left) cancels the owner's ownership token; its processor
-//! stops at the next batch and the instance stands by.
+//! The lease is for liveness, not for safety: two processors of one shard never both commit,
+//! because each new owner's `init_transactions` fences the previous owner's producer (same
+//! transactional id per shard). A shard's lease that is lost (its partition moved to another
+//! member, the instance stopped polling or lost the coordinator for
+//! `lease_session_timeout_ms`) cancels that shard's ownership token; its processor stops at
+//! the next batch and the instance stands by for it.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -33,7 +36,7 @@ use crate::topics::client_config;
 /// background thread; the poll serves rebalances).
 const POLL: Duration = Duration::from_millis(100);
 
-/// The ownership of one journal partition, kept current by a thread.
+/// The ownership of every shard (journal partition), kept current by a thread.
 #[derive(Debug)]
 pub struct Lease {
     shared: Arc<Shared>,
@@ -44,34 +47,59 @@ pub struct Lease {
 
 #[derive(Debug)]
 struct Shared {
+    /// Per journal partition.
+    parts: BTreeMap<i32, Part>,
+    shutdown: CancellationToken,
+}
+
+/// One shard's ownership.
+#[derive(Debug)]
+struct Part {
     owned: AtomicBool,
     /// Cancelled when ownership ends; a new one each time it begins.
     ownership: Mutex<CancellationToken>,
-    shutdown: CancellationToken,
     status: Arc<Status>,
 }
 
 impl Shared {
-    fn set(&self, owns: bool) {
-        if self.owned.swap(owns, Ordering::SeqCst) == owns {
+    fn set(&self, partition: i32, owns: bool) {
+        let Some(part) = self.parts.get(&partition) else {
+            return;
+        };
+        if part.owned.swap(owns, Ordering::SeqCst) == owns {
             return;
         }
-        let mut token = self.ownership.lock().unwrap_or_else(|p| p.into_inner());
+        let mut token = part.ownership.lock().unwrap_or_else(|p| p.into_inner());
         if owns {
             *token = self.shutdown.child_token();
         } else {
             token.cancel();
         }
-        self.status.set_owner(owns);
+        part.status.set_owner(owns);
+    }
+
+    fn owned(&self) -> Vec<i32> {
+        self.parts
+            .iter()
+            .filter(|(_, p)| p.owned.load(Ordering::SeqCst))
+            .map(|(n, _)| *n)
+            .collect()
+    }
+
+    fn release_all(&self) {
+        for n in self.parts.keys() {
+            self.set(*n, false);
+        }
     }
 }
 
 impl Lease {
-    /// Joins the owners' group for `settings.processor.journal_partition` of the journal.
+    /// Joins the owners' group, standing for every shard in `statuses` (journal partition ->
+    /// that shard's status, which learns whether this instance owns it).
     pub fn start(
         settings: &Settings,
         topics: &Topics,
-        status: Arc<Status>,
+        statuses: BTreeMap<i32, Arc<Status>>,
         shutdown: CancellationToken,
     ) -> Result<Lease> {
         let p = &settings.processor;
@@ -91,7 +119,7 @@ impl Lease {
             // The price: a static member does not leave the group when it closes; a
             // stopping owner hands over explicitly instead (see `hand_over`).
             .set("group.instance.id", instance_id(settings))
-            // A new member does not move the partition from its owner.
+            // A new member takes only its share of the shards, from the others' surplus.
             .set("partition.assignment.strategy", "cooperative-sticky")
             .set("session.timeout.ms", session.to_string())
             // Members learn of a rebalance at their next heartbeat: frequent ones make a
@@ -107,38 +135,48 @@ impl Lease {
         consumer
             .subscribe(&[&topics.journal])
             .map_err(kafka("joining the owners' group"))?;
-        status.set_owner(false);
-        let shared = Arc::new(Shared {
-            owned: AtomicBool::new(false),
-            ownership: Mutex::new({
+        let parts = statuses
+            .into_iter()
+            .map(|(n, status)| {
+                status.set_owner(false);
                 let t = CancellationToken::new();
                 t.cancel();
-                t
-            }),
+                (
+                    n,
+                    Part {
+                        owned: AtomicBool::new(false),
+                        ownership: Mutex::new(t),
+                        status,
+                    },
+                )
+            })
+            .collect();
+        let shared = Arc::new(Shared {
+            parts,
             shutdown: shutdown.clone(),
-            status,
         });
         let stop = shutdown.child_token();
         let thread = {
             let (shared, stop) = (shared.clone(), stop.clone());
-            let (journal, partition) = (topics.journal.clone(), p.journal_partition);
+            let journal = topics.journal.clone();
             let elsewhere = topics.control.clone();
             let session = Duration::from_millis(session);
             let client_id = client_id.clone();
             std::thread::Builder::new()
                 .name("ksched-lease".into())
                 .spawn(move || {
-                    hold(&consumer, &journal, partition, &shared, &stop, &group);
-                    if shared.owned.load(Ordering::SeqCst) {
+                    hold(&consumer, &journal, &shared, &stop, &group);
+                    let owned = shared.owned();
+                    if !owned.is_empty() {
                         let ids = LeaseIds {
                             group: &group,
                             journal: &journal,
-                            partition,
+                            partitions: &owned,
                             client_id: &client_id,
                         };
                         hand_over(&consumer, &ids, &elsewhere, session);
                     }
-                    shared.set(false);
+                    shared.release_all();
                     consumer.unsubscribe();
                     info!(group, "left the owners' group");
                 })
@@ -151,19 +189,29 @@ impl Lease {
         })
     }
 
-    /// Whether this instance owns the journal partition now.
-    pub fn owned(&self) -> bool {
-        self.shared.owned.load(Ordering::SeqCst)
+    /// Whether this instance owns shard `partition` now.
+    pub fn owned(&self, partition: i32) -> bool {
+        self.shared
+            .parts
+            .get(&partition)
+            .is_some_and(|p| p.owned.load(Ordering::SeqCst))
     }
 
-    /// A token cancelled when the current ownership ends (or at shutdown); already
-    /// cancelled when this instance does not own the partition.
-    pub fn ownership(&self) -> CancellationToken {
-        self.shared
-            .ownership
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+    /// A token cancelled when the current ownership of shard `partition` ends (or at
+    /// shutdown); already cancelled when this instance does not own it.
+    pub fn ownership(&self, partition: i32) -> CancellationToken {
+        match self.shared.parts.get(&partition) {
+            Some(p) => p
+                .ownership
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
+            None => {
+                let t = CancellationToken::new();
+                t.cancel();
+                t
+            }
+        }
     }
 }
 
@@ -173,7 +221,7 @@ impl Drop for Lease {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-        self.shared.set(false);
+        self.shared.release_all();
     }
 }
 
@@ -191,21 +239,21 @@ fn instance_id(settings: &Settings) -> String {
     format!("ksched-{}", &digest[..16])
 }
 
-/// Polls the lease consumer until `stop`, keeping `shared` in step with the assignment,
-/// then leaves the group.
+/// Polls the lease consumer until `stop`, keeping `shared` in step with the assignment.
 fn hold(
     consumer: &BaseConsumer,
     journal: &str,
-    partition: i32,
     shared: &Shared,
     stop: &CancellationToken,
     group: &str,
 ) {
     info!(
         group,
-        journal, partition, "standing for the journal partition"
+        journal,
+        shards = shared.parts.len(),
+        "standing for the shards"
     );
-    let mut paused = false;
+    let mut paused: Vec<i32> = Vec::new();
     let mut last_warning: Option<Instant> = None;
     while !stop.is_cancelled() {
         if let Some(Err(e)) = consumer.poll(POLL)
@@ -215,44 +263,49 @@ fn hold(
             last_warning = Some(Instant::now());
         }
         let assignment = consumer.assignment().unwrap_or_default();
-        let owns = assignment
+        let mut owns: Vec<i32> = assignment
             .elements()
             .iter()
-            .any(|e| e.topic() == journal && e.partition() == partition);
-        if owns && !paused {
+            .filter(|e| e.topic() == journal)
+            .map(|e| e.partition())
+            .collect();
+        owns.sort_unstable();
+        if owns != paused {
             // The lease never reads the journal: only its membership counts.
             let mut tpl = TopicPartitionList::new();
-            let _ = tpl.add_partition_offset(journal, partition, Offset::End);
-            paused = consumer.pause(&tpl).is_ok();
-        }
-        if !owns {
-            paused = false;
-        }
-        if owns != shared.owned.load(Ordering::SeqCst) {
-            if owns {
-                info!(
-                    journal,
-                    partition, "this instance owns the journal partition"
-                );
-            } else {
-                warn!(
-                    journal,
-                    partition, "this instance no longer owns the journal partition; standing by"
-                );
+            for p in &owns {
+                let _ = tpl.add_partition_offset(journal, *p, Offset::End);
             }
-            shared.set(owns);
+            if consumer.pause(&tpl).is_ok() {
+                paused = owns.clone();
+            }
+        }
+        for (partition, part) in &shared.parts {
+            let now = owns.contains(partition);
+            if now != part.owned.load(Ordering::SeqCst) {
+                if now {
+                    info!(journal, shard = partition, "this instance owns the shard");
+                } else {
+                    warn!(
+                        journal,
+                        shard = partition,
+                        "this instance no longer owns the shard; standing by for it"
+                    );
+                }
+                shared.set(*partition, now);
+            }
         }
     }
 }
 
-/// Hands the partition over to a standby as this owner stops, instead of leaving the others
-/// to wait for its session to expire: a static member sends no LeaveGroup (KIP-345), but a
-/// member that rejoins with another subscription (here `elsewhere`, a topic the processor
-/// may read) makes the coordinator rebalance at once, and the journal partition goes to a
-/// member that still subscribes to the journal.
+/// Hands the shards this instance owns over to the standbys as it stops, instead of leaving
+/// the others to wait for its session to expire: a static member sends no LeaveGroup
+/// (KIP-345), but a member that rejoins with another subscription (here `elsewhere`, a topic
+/// the processor may read) makes the coordinator rebalance at once, and its journal
+/// partitions go to members that still subscribe to the journal.
 ///
-/// Only when another member is there to take it: alone, the owner keeps the partition, so
-/// that it takes its place back at once when it starts again. And the subscription to the
+/// Only when another member is there to take them: alone, the owner keeps them, so that it
+/// takes its place back at once when it starts again. And the subscription to the
 /// journal is restored before the member closes, whether or not the handover was seen to
 /// complete: a static member that comes back with another subscription than the one it left
 /// with was seen to be given its stale assignment and no rebalance (the journal unowned for
@@ -275,13 +328,14 @@ fn hand_over(consumer: &BaseConsumer, lease: &LeaseIds<'_>, elsewhere: &str, ses
     if handed {
         info!(
             group = lease.group,
+            shards = ?lease.partitions,
             elapsed_ms = started.elapsed().as_millis() as u64,
-            "handed the journal partition over"
+            "handed the shards over"
         );
     } else {
         warn!(
             group = lease.group,
-            "the journal partition was not handed over in time; the standbys take it after the session timeout"
+            "the shards were not handed over in time; the standbys take them after the session timeout"
         );
     }
     if let Err(e) = consumer.subscribe(&[lease.journal]) {
@@ -295,8 +349,8 @@ fn hand_over(consumer: &BaseConsumer, lease: &LeaseIds<'_>, elsewhere: &str, ses
     });
 }
 
-/// Whether the group is stable with the journal partition assigned to a member whose client
-/// id passes `whose`.
+/// Whether the group is stable with each of the handed-over journal partitions assigned to
+/// a member whose client id passes `whose`.
 fn journal_held(
     consumer: &BaseConsumer,
     lease: &LeaseIds<'_>,
@@ -304,17 +358,19 @@ fn journal_held(
 ) -> bool {
     describe(consumer, lease.group).is_some_and(|(state, members)| {
         state == "Stable"
-            && members.iter().any(|m| {
-                whose(&m.client_id) && assigned(&m.assignment, lease.journal, lease.partition)
+            && lease.partitions.iter().all(|p| {
+                members
+                    .iter()
+                    .any(|m| whose(&m.client_id) && assigned(&m.assignment, lease.journal, *p))
             })
     })
 }
 
-/// The owners' group's coordinates, and this instance's client id in it.
+/// The owners' group's coordinates, the shards handed over, and this instance's client id.
 struct LeaseIds<'a> {
     group: &'a str,
     journal: &'a str,
-    partition: i32,
+    partitions: &'a [i32],
     client_id: &'a str,
 }
 

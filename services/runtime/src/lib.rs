@@ -13,6 +13,7 @@ pub mod processor;
 pub mod replay;
 pub mod service;
 pub mod settings;
+pub mod shard;
 mod standby;
 pub mod status;
 pub mod tail;
@@ -78,9 +79,9 @@ impl Fences {
     }
 }
 
-/// Runs the processor until `shutdown`, rebuilding it from RocksDB and the journal after any
-/// failure that is not fatal (a failed transaction leaves the in-memory state ahead of what
-/// was committed, so the only safe continuation is a fresh recovery):
+/// Runs one shard's processor until `shutdown`, rebuilding it from RocksDB and the journal
+/// after any failure that is not fatal (a failed transaction leaves the in-memory state ahead
+/// of what was committed, so the only safe continuation is a fresh recovery):
 ///
 /// - a batch that failed in a way retrying cannot fix is retried input by input, and the
 ///   input that fails is set aside (dead-lettered `processing_failed`), so one bad input
@@ -88,42 +89,41 @@ impl Fences {
 /// - anything else (the broker unreachable, a full disk) is retried after a pause that
 ///   doubles up to 10 s and starts over once a processor ran well for 30 s.
 ///
+/// The shard is `config.settings.processor.journal_partition`; `store` is that shard's.
+/// With a `lease`, the processor runs while this instance owns the shard, and the instance
+/// stands by for it otherwise.
+///
 /// Returns an error only when continuing cannot help (fenced or replaced by another
 /// instance, a journal record that does not decode, a store that does not match the
 /// journal, a configuration the journal refuses); the status says why.
-pub fn run_processor(
+pub fn run_shard(
     config: Config,
     store: Store,
     status: Arc<Status>,
+    lease: Option<Arc<lease::Lease>>,
     shutdown: CancellationToken,
 ) -> Result<()> {
     let topics = topics_of(&config);
+    let shard = config.settings.processor.journal_partition;
+    let span = tracing::info_span!("shard", shard);
+    let _enter = span.enter();
     let policy = Arc::new(RegoEngine::new());
     let mut backoff = MIN_BACKOFF;
     let mut recovery = Recovery::default();
     let mut fences = Fences::default();
-    let lease = if config.settings.processor.lease {
-        Some(lease::Lease::start(
-            &config.settings,
-            &topics,
-            status.clone(),
-            shutdown.clone(),
-        )?)
-    } else {
-        None
-    };
     while !shutdown.is_cancelled() {
         // Without a lease the processor runs until shutdown; with one, while this instance
-        // owns the journal partition, and the instance stands by otherwise.
+        // owns the shard, and the instance stands by for it otherwise.
         let run_until = match &lease {
             None => shutdown.clone(),
-            Some(l) if l.owned() && !l.ownership().is_cancelled() => l.ownership(),
+            Some(l) if l.owned(shard) && !l.ownership(shard).is_cancelled() => l.ownership(shard),
             Some(l) => {
                 standby::stand_by(&config.settings, &topics, &store, &status, l, &shutdown);
                 continue;
             }
         };
-        let lost = |lease: &Option<lease::Lease>| lease.as_ref().is_some_and(|l| !l.owned());
+        let lost =
+            |lease: &Option<Arc<lease::Lease>>| lease.as_ref().is_some_and(|l| !l.owned(shard));
         status.set_caught_up(false);
         let started = Instant::now();
         let result = Processor::start(
@@ -140,10 +140,10 @@ pub fn run_processor(
             // The lease was lost: the open batch is committed (or refused, once the next
             // owner fenced this one); stand by.
             Ok(()) => {
-                info!("the processor stopped: this instance no longer owns the journal partition")
+                info!("the processor stopped: this instance no longer owns the shard")
             }
             Err(e @ (Error::Fenced { .. } | Error::Replaced { .. })) if lost(&lease) => {
-                info!(error = %e, "another instance owns the journal partition now; standing by");
+                info!(error = %e, "another instance owns the shard now; standing by");
             }
             // Still the owner as far as the group knows: a transaction the coordinator
             // aborted, or a zombie that has not noticed it lost the lease yet. The lease,

@@ -85,7 +85,14 @@ fn reg<T: prometheus::core::Collector + Clone + 'static>(r: &Registry, m: T) -> 
 
 impl Metrics {
     pub fn new() -> Metrics {
-        let r = Registry::new();
+        Metrics::for_shard(None)
+    }
+
+    /// The metrics of one shard's processor: every series carries `shard="<n>"` (a scheduler
+    /// with one shard labels nothing, as before shards).
+    pub fn for_shard(shard: Option<i32>) -> Metrics {
+        let labels = shard.map(|s| [("shard".to_owned(), s.to_string())].into());
+        let r = Registry::new_custom(None, labels).unwrap_or_else(|e| unreachable!("{e}"));
         let latency_buckets = vec![
             0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
         ];
@@ -305,10 +312,32 @@ impl Metrics {
 
     /// Prometheus text exposition.
     pub fn render(&self) -> String {
-        let mut buf = Vec::new();
-        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
-        String::from_utf8(buf).unwrap_or_default()
+        render_all([self])
     }
+}
+
+/// The metrics of several shards in one exposition: the series of each family together,
+/// under one HELP and TYPE, as the text format requires.
+pub fn render_all<'a>(metrics: impl IntoIterator<Item = &'a Metrics>) -> String {
+    let mut families: BTreeMap<String, prometheus::proto::MetricFamily> = BTreeMap::new();
+    for m in metrics {
+        for family in m.registry.gather() {
+            match families.get_mut(family.name()) {
+                Some(f) => {
+                    for metric in family.get_metric() {
+                        f.mut_metric().push(metric.clone());
+                    }
+                }
+                None => {
+                    families.insert(family.name().to_owned(), family);
+                }
+            }
+        }
+    }
+    let all: Vec<_> = families.into_values().collect();
+    let mut buf = Vec::new();
+    let _ = TextEncoder::new().encode(&all, &mut buf);
+    String::from_utf8(buf).unwrap_or_default()
 }
 
 #[cfg(test)]

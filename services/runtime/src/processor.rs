@@ -38,6 +38,7 @@ use crate::inputs::{
 };
 use crate::replay::{Flow, Replayer, journal_watermarks, read_journal};
 use crate::settings::Config;
+use crate::shard::{Shard, Takes};
 use crate::status::Status;
 use crate::topics::{InputKind, Topics, client_config};
 
@@ -46,6 +47,8 @@ use crate::topics::{InputKind, Topics, client_config};
 const MAX_CONTINUATIONS: usize = 1_000;
 /// How often the processor refreshes which evidence partitions it consumes.
 const ASSIGNMENT_REFRESH: Duration = Duration::from_secs(5);
+/// How often the processor looks for partitions added to its input topics.
+const INPUTS_REFRESH: Duration = Duration::from_secs(30);
 
 /// What a failed run leaves for the next: input partitions to process one input per
 /// transaction (to find which input failed), and inputs to set aside.
@@ -192,6 +195,14 @@ pub struct Processor {
     unreadable: Unreadable,
     /// When the consumer last delivered a record (or the processor subscribed).
     last_record: Instant,
+    /// The shard this processor runs (its journal partition), among how many.
+    shard: Shard,
+    /// The input partitions assigned to the consumer, and when they were last checked
+    /// against the topics' metadata (partitions added to a topic are picked up).
+    inputs: Vec<(String, i32)>,
+    inputs_checked: Instant,
+    /// Partitions of the results topic (a Dispatch names one of this shard's).
+    results_partitions: i32,
 }
 
 /// A thread that makes the producer's transactional calls for the processor, so that one
@@ -283,6 +294,7 @@ impl Processor {
         let started = Instant::now();
         let settings = &config.settings;
         let partition = settings.processor.journal_partition;
+        let shard = Shard::new(partition, settings.topics.journal_partitions);
         let transactional_id = format!("{}-journal-{partition}", settings.processor.group_id);
         let delivery = Delivery {
             journal: topics.journal.clone(),
@@ -343,6 +355,10 @@ impl Processor {
             last_assignment: None,
             unreadable: Unreadable::default(),
             last_record: Instant::now(),
+            shard,
+            inputs: Vec::new(),
+            inputs_checked: Instant::now(),
+            results_partitions: 0,
         };
         p.catch_up()?;
         let caught_up_ms = started.elapsed().as_millis() as u64;
@@ -447,15 +463,20 @@ impl Processor {
         })
     }
 
+    /// Creates the input consumer and assigns it this shard's input partitions
+    /// ([`Shard::inputs`]), from the offsets its group committed.
     fn subscribe(&mut self) -> Result<()> {
         let settings = &self.config.settings;
+        let group = self.shard.input_group(&settings.processor.group_id);
         let consumer: BaseConsumer<InputContext> = client_config(settings)
-            .set("client.id", format!("{}-inputs", settings.kafka.client_id))
-            .set("group.id", &settings.processor.group_id)
-            // Static membership: a restarted processor (same journal partition) takes its
-            // partitions back at once instead of waiting for the dead member's session to
-            // expire, and fences a zombie that still holds them.
-            .set("group.instance.id", &self.transactional_id)
+            .set(
+                "client.id",
+                format!("{}-inputs-{}", settings.kafka.client_id, self.shard.id),
+            )
+            // Offsets only: the partitions are assigned by hand (every shard reads the
+            // heartbeats and control topics whole), and the shard's transactional id, not
+            // the group, fences an older instance of it.
+            .set("group.id", &group)
             .set("enable.auto.commit", "false")
             .set("auto.offset.reset", "earliest")
             .set("isolation.level", "read_committed")
@@ -467,14 +488,76 @@ impl Processor {
                 replaced: Mutex::new(None),
             })
             .map_err(kafka("creating the input consumer"))?;
-        let inputs = self.topics.inputs();
-        let names: Vec<&str> = inputs.iter().map(String::as_str).collect();
-        consumer
-            .subscribe(&names)
-            .map_err(kafka("subscribing to the inputs"))?;
-        info!(topics = ?names, group = %settings.processor.group_id, "consuming inputs");
         self.consumer = Some(consumer);
+        self.inputs.clear();
+        self.assign_inputs()?;
+        info!(
+            shard = self.shard.id,
+            shards = self.shard.count,
+            group = %group,
+            partitions = self.inputs.len(),
+            "consuming inputs"
+        );
         self.last_record = Instant::now();
+        Ok(())
+    }
+
+    /// Assigns the consumer this shard's input partitions as the topics' metadata has them
+    /// now; a partition added since the last time is read from its committed offset (or the
+    /// start). Between batches only: everything delivered before is committed, so assigning
+    /// again from the committed offsets loses and repeats nothing.
+    fn assign_inputs(&mut self) -> Result<()> {
+        self.inputs_checked = Instant::now();
+        let consumer = self.consumer()?;
+        let md = consumer
+            .fetch_metadata(None, Duration::from_secs(10))
+            .map_err(kafka("reading the input topics' metadata"))?;
+        let counts: BTreeMap<String, i32> = md
+            .topics()
+            .iter()
+            .filter(|t| t.error().is_none())
+            .map(|t| {
+                (
+                    t.name().to_owned(),
+                    i32::try_from(t.partitions().len()).unwrap_or(i32::MAX),
+                )
+            })
+            .collect();
+        for topic in self.topics.inputs() {
+            if !counts.contains_key(&topic) {
+                return Err(Error::UnknownTopic { topic });
+            }
+        }
+        let results = counts.get(&self.topics.results).copied().unwrap_or(0);
+        if let Some(why) = Shard::check_results_partitions(self.shard.count, results) {
+            return Err(Error::Config {
+                source_name: "topics.results_partitions".into(),
+                detail: why,
+            });
+        }
+        self.results_partitions = results;
+        let wanted = self.shard.inputs(&self.topics, &self.config.rules, &counts);
+        if wanted == self.inputs {
+            return Ok(());
+        }
+        let mut tpl = TopicPartitionList::new();
+        for (topic, partition) in &wanted {
+            tpl.add_partition_offset(topic, *partition, Offset::Stored)
+                .map_err(kafka("building the input assignment"))?;
+        }
+        self.consumer()?
+            .assign(&tpl)
+            .map_err(kafka("assigning the input partitions"))?;
+        if !self.inputs.is_empty() {
+            info!(
+                before = self.inputs.len(),
+                now = wanted.len(),
+                "input partitions changed; assigned again"
+            );
+        }
+        self.inputs = wanted;
+        // The read-through bookkeeping follows the new assignment at the next Tick.
+        self.last_assignment = None;
         Ok(())
     }
 
@@ -483,6 +566,9 @@ impl Processor {
     pub fn run(&mut self, recovery: &mut Recovery) -> Result<()> {
         while !self.shutdown.is_cancelled() {
             self.check_membership()?;
+            if self.inputs_checked.elapsed() > INPUTS_REFRESH {
+                self.assign_inputs()?;
+            }
             let batch = self.collect(recovery)?;
             if batch.is_empty() {
                 continue;
@@ -650,13 +736,17 @@ impl Processor {
     /// One input record: a marker moves the read-through time of its partition; anything
     /// else is decided on and journaled (or set aside, when it failed before).
     fn process_record(&mut self, rec: &InputRecord, recovery: &mut Recovery) -> Result<()> {
+        let kind = self.topics.kind(&rec.topic);
         if let Some(gap) = self.unreadable.read(rec) {
             let cause = Cause {
                 topic: gap.topic.clone(),
                 partition: gap.partition,
                 offset: gap.offset,
             };
-            self.process_input(cause, self.engine.state().clock, unreadable_input(&gap))?;
+            let input = unreadable_input(&gap);
+            if self.shard.takes(&self.config.rules, kind, &input) == Takes::Yes {
+                self.process_input(cause, self.engine.state().clock, input)?;
+            }
         }
         self.read_through.observe(rec);
         let max_record_bytes = self
@@ -686,6 +776,15 @@ impl Processor {
                 Taken::Input(i) => i,
             },
         };
+        match self.shard.takes(&self.config.rules, kind, &input) {
+            Takes::Yes => {}
+            Takes::No => return Ok(()),
+            Takes::IfItHolds(job_id) => {
+                if !self.engine.knows_job(&job_id)? {
+                    return Ok(());
+                }
+            }
+        }
         let input = match input {
             Input::Tick(mut t) => {
                 t.watermark = Some(self.tick_watermark(rec.log_append_time));
@@ -1011,6 +1110,11 @@ impl Processor {
             } => {
                 if payload_len > 0 {
                     record.job.payload = self.payload(&record.job.job_id)?;
+                }
+                if self.shard.count > 1 {
+                    record.reply_partition = self
+                        .shard
+                        .reply_partition(&record.job.job_id, self.results_partitions);
                 }
                 let topic = self.topics.dispatch(&pool);
                 let bytes = encode_or_fail(record.as_ref())?;

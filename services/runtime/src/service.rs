@@ -13,24 +13,30 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::error::{Error, Result};
+use crate::lease::Lease;
 use crate::settings::Config;
-use crate::status::Status;
+use crate::status::{Shards, Status};
 use crate::topics::{dispatch_partitions, ensure_topics, verify_topics};
-use crate::{Topics, run_processor, ticker, topics_of};
+use crate::{Topics, run_shard, ticker, topics_of};
 
-/// A running scheduler: processor and ticker threads sharing one status and one shutdown.
+/// A running scheduler: a processor thread per shard and a ticker, one shutdown for all.
 #[derive(Debug)]
 pub struct Scheduler {
     pub config: Config,
     pub topics: Topics,
+    /// Shard 0's store (the only one with one shard); `stores` has every shard's.
     pub store: Store,
+    /// Shard 0's status (the only one with one shard); `shards` has every shard's.
     pub status: Arc<Status>,
+    /// Every shard's store (index = shard), views of one RocksDB.
+    pub stores: Vec<Store>,
+    pub shards: Shards,
     pub shutdown: CancellationToken,
     /// Warnings about the existing topics' configuration (already logged).
     pub topic_warnings: Vec<String>,
     /// Where a store of an older format was moved before this one was rebuilt, if it was.
     pub moved_aside: Option<PathBuf>,
-    processor: Option<JoinHandle<Result<()>>>,
+    processors: Vec<JoinHandle<Result<()>>>,
     ticker: Option<JoinHandle<()>>,
 }
 
@@ -45,12 +51,7 @@ impl Scheduler {
             source_name: "storage.data_dir".into(),
             detail: format!("cannot create {}: {e}", settings.storage.data_dir.display()),
         })?;
-        let partition =
-            u16::try_from(settings.processor.journal_partition).map_err(|_| Error::Config {
-                source_name: "processor.journal_partition".into(),
-                detail: "out of range".into(),
-            })?;
-        let (store, moved_aside) = Store::open_or_rebuild(&settings.storage.data_dir, partition)?;
+        let (store, moved_aside) = Store::open_or_rebuild(&settings.storage.data_dir, 0)?;
         if let Some(old) = &moved_aside {
             warn!(
                 old = %old.display(),
@@ -76,24 +77,49 @@ impl Scheduler {
             Vec::new()
         };
         config.rules.dispatch_partitions = dispatch_partitions(&settings, &topics)?;
-        let status = Arc::new(Status::new());
-        // With a lease, this instance owns nothing until the group says so (and its ticker
-        // stays quiet until then).
-        status.set_owner(!settings.processor.lease);
+        let count = settings.topics.journal_partitions;
+        let shards = Shards::new(count);
+        let stores: Vec<Store> = (0..count)
+            .map(|s| store.for_partition(u16::try_from(s).unwrap_or(0)))
+            .collect();
         let shutdown = CancellationToken::new();
-        let ticker = ticker::spawn(&settings, &topics, status.clone(), shutdown.clone())?;
-        let processor = {
-            let (c, s, st, sh) = (
-                config.clone(),
-                store.clone(),
-                status.clone(),
+        // With a lease, this instance owns no shard until the group says so (and its ticker
+        // stays quiet until then); without one, it runs them all.
+        let lease = if settings.processor.lease {
+            let statuses = (0..count).map(|s| (s, shards.get(s).clone())).collect();
+            Some(Arc::new(Lease::start(
+                &settings,
+                &topics,
+                statuses,
+                shutdown.clone(),
+            )?))
+        } else {
+            for s in &shards.0 {
+                s.set_owner(true);
+            }
+            None
+        };
+        let ticker = ticker::spawn(&settings, &topics, shards.clone(), shutdown.clone())?;
+        let mut processors = Vec::new();
+        for shard in 0..count {
+            let mut c = config.clone();
+            c.settings.processor.journal_partition = shard;
+            let (s, st, l, sh) = (
+                stores[usize::try_from(shard).unwrap_or(0)].clone(),
+                shards.get(shard).clone(),
+                lease.clone(),
                 shutdown.clone(),
             );
-            std::thread::Builder::new()
-                .name("ksched-processor".into())
-                .spawn(move || run_processor(c, s, st, sh))
-                .map_err(crate::error::io("starting the processor thread"))?
-        };
+            processors.push(
+                std::thread::Builder::new()
+                    .name(format!("ksched-shard-{shard}"))
+                    .spawn(move || run_shard(c, s, st, l, sh))
+                    .map_err(crate::error::io("starting a processor thread"))?,
+            );
+        }
+        // The processors hold the lease: it is released (and handed over) when the last
+        // one stopped.
+        drop(lease);
         info!(
             bootstrap = %settings.kafka.bootstrap_servers,
             data_dir = %settings.storage.data_dir.display(),
@@ -103,24 +129,27 @@ impl Scheduler {
             config,
             topics,
             store,
-            status,
+            status: shards.get(0).clone(),
+            stores,
+            shards,
             shutdown,
             topic_warnings,
             moved_aside: None,
-            processor: Some(processor),
+            processors,
             ticker: Some(ticker),
         })
     }
 
-    /// Waits until the processor has recovered and consumes inputs, or `limit` passes, or
-    /// the processor stopped. Returns whether it is caught up.
+    /// Waits until every shard this instance owns has recovered and consumes inputs (or,
+    /// owning none, its standbys have caught up), or `limit` passes, or a processor stopped.
+    /// Returns whether it is caught up.
     pub fn wait_ready(&self, limit: Duration) -> bool {
         let until = Instant::now() + limit;
         while Instant::now() < until {
-            if self.status.is_caught_up() {
+            if self.shards.is_caught_up() {
                 return true;
             }
-            if self.status.stopped().is_some() || self.processor_finished() {
+            if self.shards.stopped().is_some() || self.processor_finished() {
                 return false;
             }
             std::thread::sleep(Duration::from_millis(20));
@@ -128,21 +157,48 @@ impl Scheduler {
         false
     }
 
-    /// The processor thread has ended (stopped or failed for good).
+    /// A processor thread has ended (stopped or failed for good).
     pub fn processor_finished(&self) -> bool {
-        self.processor.as_ref().is_none_or(JoinHandle::is_finished)
+        self.processors.is_empty() || self.processors.iter().any(JoinHandle::is_finished)
     }
 
     /// Waits for the processor to end (on shutdown, or by itself on a fatal error) and for
     /// the ticker (which stops once the processor stopped for good). The shutdown token is
     /// left as it is: an instance another one replaced may keep answering its API.
+    ///
+    /// With several shards, the first processor that ends decides: one that failed for good
+    /// returns its error at once (the others run until shutdown, which the caller decides).
     pub fn wait(mut self) -> Result<()> {
+        while !self.processors.iter().any(JoinHandle::is_finished) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let i = self
+            .processors
+            .iter()
+            .position(JoinHandle::is_finished)
+            .unwrap_or(0);
+        let first = self.processors.remove(i);
+        let result = first
+            .join()
+            .map_err(|_| Error::Invariant("a processor thread panicked"))
+            .and_then(|r| r);
+        if result.is_err() {
+            self.join_ticker_when_stopped();
+            return result;
+        }
         let result = self.join_processor(None);
         if result.is_ok() {
             self.shutdown.cancel();
         }
         self.join_ticker();
         result
+    }
+
+    /// The ticker stops by itself once a processor stopped for good; joined only then.
+    fn join_ticker_when_stopped(&mut self) {
+        if self.shards.stopped().is_some() {
+            self.join_ticker();
+        }
     }
 
     /// Stops: the open batch is committed within `processor.shutdown_grace_ms`; past it the
@@ -156,13 +212,12 @@ impl Scheduler {
         result
     }
 
+    /// Joins every shard's processor; the first error is the result.
     fn join_processor(&mut self, grace: Option<Duration>) -> Result<()> {
-        let Some(p) = self.processor.take() else {
-            return Ok(());
-        };
+        let processors = std::mem::take(&mut self.processors);
         if let Some(grace) = grace {
             let until = Instant::now() + grace;
-            while !p.is_finished() {
+            while !processors.iter().all(JoinHandle::is_finished) {
                 if Instant::now() > until {
                     warn!(
                         grace_ms = grace.as_millis() as u64,
@@ -173,8 +228,17 @@ impl Scheduler {
                 std::thread::sleep(Duration::from_millis(10));
             }
         }
-        p.join()
-            .map_err(|_| Error::Invariant("the processor thread panicked"))?
+        let mut result = Ok(());
+        for p in processors {
+            let r = p
+                .join()
+                .map_err(|_| Error::Invariant("a processor thread panicked"))
+                .and_then(|r| r);
+            if result.is_ok() {
+                result = r;
+            }
+        }
+        result
     }
 
     fn join_ticker(&mut self) {
@@ -187,11 +251,11 @@ impl Scheduler {
 impl Drop for Scheduler {
     /// A scheduler dropped while its threads run stops them.
     fn drop(&mut self) {
-        if self.processor.is_none() && self.ticker.is_none() {
+        if self.processors.is_empty() && self.ticker.is_none() {
             return;
         }
         self.shutdown.cancel();
-        if let Some(p) = self.processor.take() {
+        for p in std::mem::take(&mut self.processors) {
             let _ = p.join();
         }
         self.join_ticker();

@@ -148,7 +148,9 @@ impl Default for TopicSettings {
 pub struct ProcessorSettings {
     /// Consumer group of the processor on the input topics. Default `ksched-processor`.
     pub group_id: String,
-    /// The journal partition this processor owns. Default 0.
+    /// The shard (journal partition) a processor runs. Set by the scheduler for each shard's
+    /// processor; in the settings file it only matters to tools that read one shard
+    /// (`audit --shard` overrides it). Default 0.
     pub journal_partition: i32,
     /// Most input records per transaction. Default 500.
     pub max_batch: usize,
@@ -164,11 +166,12 @@ pub struct ProcessorSettings {
     /// `tick_interval_ms`, means the input consumer is stuck: the processor is rebuilt (new
     /// consumer and producer), as after any failure. Default 30000.
     pub input_stall_ms: u64,
-    /// Instances with the same `group_id` elect the owner of the journal partition through
-    /// Kafka's consumer-group protocol (group `<group_id>-owners`): one runs the processor,
-    /// the others stand by, tailing the journal into their own RocksDB, and take over when
-    /// the owner leaves or dies. Off: this instance runs the processor unconditionally (and a
-    /// second one fences it). Default true.
+    /// Instances with the same `group_id` share the shards (journal partitions) through
+    /// Kafka's consumer-group protocol (group `<group_id>-owners`, cooperative-sticky): each
+    /// shard is owned by one instance, which runs its processor; the others stand by for it,
+    /// tailing its journal into their own RocksDB, and take over when the owner leaves or
+    /// dies. Off: this instance runs every shard's processor unconditionally (and a second
+    /// one fences it). Default true.
     pub lease: bool,
     /// How long the owner may go unheard before a standby takes over, in ms (the lease
     /// group's `session.timeout.ms`; brokers refuse less than their
@@ -585,10 +588,14 @@ impl Config {
             ..Rules::default()
         };
         pools.apply_to(&mut rules);
-        rules.validate().map_err(|e| Error::Config {
-            source_name: settings.pools_file.display().to_string(),
-            detail: e.to_string(),
-        })?;
+        let shards = u32::try_from(settings.topics.journal_partitions).unwrap_or(1);
+        rules
+            .validate()
+            .and_then(|()| ksched_core::rules::check_shards(&rules, shards))
+            .map_err(|e| Error::Config {
+                source_name: settings.pools_file.display().to_string(),
+                detail: e.to_string(),
+            })?;
         let policy = if settings.policy_dir.is_dir() {
             PolicyBundle::from_dir(&settings.policy_dir).map_err(|e| Error::Config {
                 source_name: settings.policy_dir.display().to_string(),
@@ -755,12 +762,6 @@ impl Settings {
         }
         if p.max_batch == 0 {
             return bad("processor.max_batch must be at least 1".into());
-        }
-        if p.lease && t.journal_partitions != 1 {
-            return bad(format!(
-                "processor.lease elects one owner for a one-partition journal; with topics.journal_partitions {} pin each instance to its partition (processor.journal_partition) and set processor.lease: false",
-                t.journal_partitions
-            ));
         }
         if p.lease && p.lease_session_timeout_ms < 1_000 {
             return bad("processor.lease_session_timeout_ms must be at least 1000".into());

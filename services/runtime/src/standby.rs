@@ -1,4 +1,4 @@
-//! Standing by: while another instance owns the journal partition, this one tails the journal
+//! Standing by: while another instance owns a shard, this one tails the shard's journal
 //! into its own RocksDB, so that taking over is a short catch-up, not a rebuild. It reads
 //! through one long-lived [`PartitionTail`], a few milliseconds behind the owner.
 
@@ -36,7 +36,7 @@ pub(crate) fn stand_by(
     lease: &Lease,
     shutdown: &CancellationToken,
 ) {
-    info!("standing by: tailing the journal until this instance owns it");
+    info!("standing by: tailing the shard's journal until this instance owns it");
     status.set_caught_up(false);
     let mut client = client_config(settings);
     client
@@ -46,7 +46,7 @@ pub(crate) fn stand_by(
     let partition = settings.processor.journal_partition;
     let mut follower: Option<Follower> = None;
     let mut last_warning: Option<Instant> = None;
-    while !shutdown.is_cancelled() && !lease.owned() {
+    while !shutdown.is_cancelled() && !lease.owned(partition) {
         let step = match follower.as_mut() {
             Some(f) => f.step(status),
             None => Follower::open(store, &client, &topics.journal, partition).map(|f| {

@@ -2,8 +2,8 @@
 //! or not, stopped for good (fenced, replaced) or not, when it last judged time, the journal
 //! watermark, and the Prometheus metrics.
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use crate::metrics::Metrics;
 use crate::processor::wall_clock_ms;
@@ -36,6 +36,11 @@ impl Default for Status {
 
 impl Status {
     pub fn new() -> Status {
+        Status::for_shard(None)
+    }
+
+    /// The status of one shard's processor; its metrics carry the shard's label when given.
+    pub fn for_shard(shard: Option<i32>) -> Status {
         Status {
             caught_up: AtomicBool::new(false),
             watermark: AtomicI64::new(-1),
@@ -43,7 +48,7 @@ impl Status {
             last_tick_ms: AtomicI64::new(0),
             owner: AtomicBool::new(true),
             stopped: Mutex::new(None),
-            metrics: Metrics::new(),
+            metrics: Metrics::for_shard(shard),
         }
     }
 
@@ -87,5 +92,85 @@ impl Status {
     /// Why the processor stopped for good, if it did.
     pub fn stopped(&self) -> Option<String> {
         self.stopped.lock().ok().and_then(|s| s.clone())
+    }
+}
+
+/// The statuses of an instance's shards (index = shard), for what speaks for the whole
+/// instance: health, the ticker, the metrics.
+#[derive(Debug, Clone)]
+pub struct Shards(pub Vec<Arc<Status>>);
+
+impl Shards {
+    /// `count` shards; with more than one, each one's metrics carry its `shard` label.
+    pub fn new(count: i32) -> Shards {
+        let labelled = count > 1;
+        Shards(
+            (0..count.max(1))
+                .map(|s| Arc::new(Status::for_shard(labelled.then_some(s))))
+                .collect(),
+        )
+    }
+
+    /// One shard's status (shard 0's when out of range).
+    pub fn get(&self, shard: i32) -> &Arc<Status> {
+        usize::try_from(shard)
+            .ok()
+            .and_then(|s| self.0.get(s))
+            .unwrap_or(&self.0[0])
+    }
+
+    fn owned(&self) -> impl Iterator<Item = &Arc<Status>> {
+        self.0.iter().filter(|s| s.is_owner())
+    }
+
+    /// This instance runs the processor of at least one shard.
+    pub fn is_owner(&self) -> bool {
+        self.owned().next().is_some()
+    }
+
+    /// Every shard this instance owns has recovered and reads its inputs; owning none (a
+    /// standby), every shard's standby has read its journal to the end.
+    pub fn is_caught_up(&self) -> bool {
+        if self.is_owner() {
+            self.owned().all(|s| s.is_caught_up())
+        } else {
+            self.0.iter().all(|s| s.is_caught_up())
+        }
+    }
+
+    /// Why a shard's processor stopped for good, if one did.
+    pub fn stopped(&self) -> Option<String> {
+        self.0.iter().find_map(|s| s.stopped())
+    }
+
+    /// Milliseconds since the owned shard that judged a Tick longest ago did; None while
+    /// one of them has judged none.
+    pub fn since_last_tick_ms(&self) -> Option<i64> {
+        let mut worst = None;
+        for s in self.owned() {
+            let ms = s.since_last_tick_ms()?;
+            worst = Some(worst.map_or(ms, |w: i64| w.max(ms)));
+        }
+        worst
+    }
+
+    /// The shards this instance runs the processor of.
+    pub fn owned_ids(&self) -> Vec<usize> {
+        (0..self.0.len())
+            .filter(|i| self.0[*i].is_owner())
+            .collect()
+    }
+
+    /// Each shard's journal watermark.
+    pub fn watermarks(&self) -> Vec<i64> {
+        self.0
+            .iter()
+            .map(|s| s.watermark.load(Ordering::Relaxed))
+            .collect()
+    }
+
+    /// Every shard's metrics in one exposition.
+    pub fn render_metrics(&self) -> String {
+        crate::metrics::render_all(self.0.iter().map(|s| &s.metrics))
     }
 }

@@ -5,7 +5,6 @@
 //! timestamps are the broker's (those topics use LogAppendTime), so every decision uses one
 //! clock. It stops on shutdown and when the processor stopped for good.
 
-use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -17,7 +16,7 @@ use tracing::{info, warn};
 use crate::error::{Result, kafka};
 use crate::processor::wall_clock_ms;
 use crate::settings::Settings;
-use crate::status::Status;
+use crate::status::Shards;
 use crate::topics::{Topics, client_config, partition_count};
 
 /// The `source` of marker Ticks on evidence partitions.
@@ -27,7 +26,7 @@ pub const MARKER_SOURCE: &str = "watermark-marker";
 pub fn spawn(
     settings: &Settings,
     topics: &Topics,
-    status: Arc<Status>,
+    status: Shards,
     shutdown: CancellationToken,
 ) -> Result<JoinHandle<()>> {
     let producer: BaseProducer = client_config(settings)

@@ -288,6 +288,15 @@ impl Store {
         self.partition
     }
 
+    /// The same database, for another journal partition (shard): keys of each shard carry
+    /// its partition, so shards share one RocksDB and never see each other's records.
+    pub fn for_partition(&self, partition: u16) -> Store {
+        Store {
+            db: self.db.clone(),
+            partition,
+        }
+    }
+
     pub fn path(&self) -> &Path {
         self.db.path()
     }

@@ -91,6 +91,8 @@ impl JobContext {
             message: (!message.is_empty()).then(|| message.to_owned()),
             sent_at: now_ms(),
         };
-        self.reporter.send_result_topic(self.job_id(), &p).await;
+        self.reporter
+            .send_result_topic(self.dispatch.reply_partition, self.job_id(), &p)
+            .await;
     }
 }

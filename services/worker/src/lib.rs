@@ -420,10 +420,12 @@ impl Worker {
     {
         let job_id = ctx.job_id().to_owned();
         let attempt = ctx.attempt();
+        let reply = ctx.dispatch.reply_partition;
         debug!(%job_id, attempt, "job started");
         let started = Instant::now();
         self.reporter
             .deliver_result_topic(
+                reply,
                 &job_id,
                 &JobStarted {
                     job_id: job_id.clone(),
@@ -494,7 +496,9 @@ impl Worker {
             execution_ms: i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX),
             finished_at: now_ms(),
         };
-        self.reporter.deliver_result_topic(&job_id, &result).await;
+        self.reporter
+            .deliver_result_topic(reply, &job_id, &result)
+            .await;
         debug!(%job_id, attempt, status = status.as_str(), "job finished");
     }
 }
@@ -593,7 +597,7 @@ mod tests {
             started_at: now_ms(),
         };
         let r = reporter.clone();
-        let sending = tokio::spawn(async move { r.deliver("results", "j-1", &result).await });
+        let sending = tokio::spawn(async move { r.deliver("results", None, "j-1", &result).await });
         tokio::time::sleep(Duration::from_millis(1500)).await;
         assert!(
             !sending.is_finished(),

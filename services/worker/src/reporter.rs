@@ -145,6 +145,17 @@ impl Reporter {
         key: &str,
         value: &T,
     ) -> bool {
+        self.send_to(topic, None, key, value).await
+    }
+
+    /// [`Reporter::send`] to a given partition (None: the partitioner's, by key).
+    pub(crate) async fn send_to<T: ksched_codec::Record>(
+        &self,
+        topic: &str,
+        partition: Option<i32>,
+        key: &str,
+        value: &T,
+    ) -> bool {
         let bytes = match ksched_codec::encode(value) {
             Ok(b) => b,
             Err(e) => {
@@ -155,7 +166,10 @@ impl Reporter {
         // Once more on a new producer when the first one turns out broken.
         for _ in 0..2 {
             let (producer, generation) = self.current();
-            let record = FutureRecord::to(topic).key(key).payload(&bytes);
+            let mut record = FutureRecord::to(topic).key(key).payload(&bytes);
+            if let Some(p) = partition {
+                record = record.partition(p);
+            }
             // Bounded, whatever state the client is in: a report that cannot be delivered is
             // given up (the scheduler's timeouts cover it) rather than holding up the job or
             // the worker's shutdown.
@@ -183,9 +197,15 @@ impl Reporter {
     /// once more after the drain gave up. A broker outage longer than a report's timeout
     /// does not lose it: a lost result leaves its job RUNNING until `running_timeout_ms`
     /// and runs it again.
-    pub(crate) async fn deliver<T: ksched_codec::Record>(&self, topic: &str, key: &str, value: &T) {
+    pub(crate) async fn deliver<T: ksched_codec::Record>(
+        &self,
+        topic: &str,
+        partition: Option<i32>,
+        key: &str,
+        value: &T,
+    ) {
         loop {
-            if self.send(topic, key, value).await {
+            if self.send_to(topic, partition, key, value).await {
                 return;
             }
             if self.give_up.is_cancelled() {
@@ -204,15 +224,23 @@ impl Reporter {
         }
     }
 
-    pub(crate) async fn send_result_topic<T: ksched_codec::Record>(&self, job_id: &str, value: &T) {
-        self.send(&self.results, job_id, value).await;
-    }
-
-    pub(crate) async fn deliver_result_topic<T: ksched_codec::Record>(
+    /// A report on the results topic, to the partition the Dispatch named (its shard's).
+    pub(crate) async fn send_result_topic<T: ksched_codec::Record>(
         &self,
+        partition: Option<i32>,
         job_id: &str,
         value: &T,
     ) {
-        self.deliver(&self.results, job_id, value).await;
+        self.send_to(&self.results, partition, job_id, value).await;
+    }
+
+    /// [`Reporter::send_result_topic`] until delivered ([`Reporter::deliver`]).
+    pub(crate) async fn deliver_result_topic<T: ksched_codec::Record>(
+        &self,
+        partition: Option<i32>,
+        job_id: &str,
+        value: &T,
+    ) {
+        self.deliver(&self.results, partition, job_id, value).await;
     }
 }

@@ -170,6 +170,7 @@ pub(crate) fn dispatch() -> Dispatch {
         constraints: constraints(),
         deadline_at: Some(1_700_000_300_123),
         dispatched_at: 1_700_000_000_400,
+        reply_partition: Some(3),
     }
 }
 

@@ -110,6 +110,7 @@ pub(crate) fn rules() -> Rules {
             requires: vec!["gpu".into(), "cuda".into()],
             strategy: StrategyKind::LeastLoaded,
             workers: Vec::new(),
+            shard: None,
         },
     );
     r.pools.insert("a".into(), PoolRules::default());

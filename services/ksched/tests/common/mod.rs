@@ -107,22 +107,59 @@ impl RunningScheduler {
     }
 
     fn start_full(extra: &str, topics: &[&str], tls: Option<ApiTls>) -> RunningScheduler {
+        let routes = |prefix: &str| -> String {
+            let routes: String = topics
+                .iter()
+                .map(|t| format!("  {prefix}{t}: default\n"))
+                .collect();
+            format!("topics:\n{routes}pools:\n  default: {{}}\n")
+        };
+        RunningScheduler::start_custom(&routes, topics[0], "", "", extra, tls)
+    }
+
+    /// `shards` shards (journal partitions), with a pool `pool-<s>` on each shard `s` and a
+    /// job topic `<prefix>jobs-<s>` routed to it; a short lease session (1 s heartbeats
+    /// apart at most), so that a killed instance's shards move within seconds.
+    pub(crate) fn start_sharded(shards: u32) -> RunningScheduler {
+        let pools = |prefix: &str| -> String {
+            let mut t = String::from("topics:\n");
+            let mut p = String::from("pools:\n");
+            for s in 0..shards {
+                t.push_str(&format!("  {prefix}jobs-{s}: pool-{s}\n"));
+                p.push_str(&format!("  pool-{s}: {{shard: {s}}}\n"));
+            }
+            t + &p
+        };
+        RunningScheduler::start_custom(
+            &pools,
+            "jobs-0",
+            &format!(
+                "  journal_partitions: {shards}\n  heartbeats_partitions: 2\n  control_partitions: 2\n"
+            ),
+            "  lease_session_timeout_ms: 2000\n",
+            "",
+            None,
+        )
+    }
+
+    /// The general form: `pools` writes pools.yaml for a topic prefix; `topics_extra` and
+    /// `processor_extra` are lines added to those sections.
+    fn start_custom(
+        pools: &dyn Fn(&str) -> String,
+        first_topic: &str,
+        topics_extra: &str,
+        processor_extra: &str,
+        extra: &str,
+        tls: Option<ApiTls>,
+    ) -> RunningScheduler {
         let bootstrap = bootstrap_servers().unwrap_or_else(|e| panic!("{e}"));
         let prefix = format!("{}.", unique("cli"));
-        let job_topic = format!("{prefix}{}", topics[0]);
+        let job_topic = format!("{prefix}{first_topic}");
         let dir = tempfile::tempdir().unwrap();
         let policy = dir.path().join("policy");
         std::fs::create_dir_all(&policy).unwrap();
         std::fs::write(policy.join("input.rego"), TEST_POLICY).unwrap();
-        let routes: String = topics
-            .iter()
-            .map(|t| format!("  {prefix}{t}: default\n"))
-            .collect();
-        std::fs::write(
-            dir.path().join("pools.yaml"),
-            format!("topics:\n{routes}pools:\n  default: {{}}\n"),
-        )
-        .unwrap();
+        std::fs::write(dir.path().join("pools.yaml"), pools(&prefix)).unwrap();
         let port = free_port();
         let scheme = if tls.is_some() { "https" } else { "http" };
         let api = format!("{scheme}://127.0.0.1:{port}");
@@ -131,8 +168,8 @@ impl RunningScheduler {
             &config,
             format!(
                 "kafka:\n  bootstrap_servers: {bootstrap}\n\
-                 topics:\n  prefix: {prefix}\n  dispatch_partitions: 2\n  job_partitions: 2\n  results_partitions: 2\n\
-                 processor:\n  group_id: {prefix}processor\n  tick_interval_ms: 200\n  commit_interval_ms: 10\n\
+                 topics:\n  prefix: {prefix}\n  dispatch_partitions: 2\n  job_partitions: 2\n  results_partitions: 4\n{topics_extra}\
+                 processor:\n  group_id: {prefix}processor\n  tick_interval_ms: 200\n  commit_interval_ms: 10\n{processor_extra}\
                  scheduler:\n  overload:\n    cpu_load: 1000\n  retry:\n    initial_backoff_ms: 100\n    max_backoff_ms: 500\n  timing:\n    worker_ttl_ms: 3000\n    clock_gap_ms: 1000\n\
                  storage:\n  data_dir: {}\n\
                  http:\n  listen: 127.0.0.1:{port}\n{extra}",

@@ -27,8 +27,9 @@ pub(crate) struct AuditArgs {
     /// Journal topic (default: `<prefix>journal`).
     #[arg(long, global = true)]
     pub journal_topic: Option<String>,
-    /// Journal partition.
-    #[arg(long, global = true, default_value_t = 0)]
+    /// Journal partition: the shard to audit (`--shard` is the same flag). Each shard has its
+    /// own journal partition; audit them one by one.
+    #[arg(long, visible_alias = "shard", global = true, default_value_t = 0)]
     pub partition: i32,
 }
 

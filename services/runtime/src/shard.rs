@@ -1,0 +1,294 @@
+//! Shards: which input partitions each shard's processor reads, where workers answer it, and
+//! which inputs it leaves to the other shards (docs/architecture.md, "Shards").
+//!
+//! A shard is one journal partition. It schedules a set of pools (pools.yaml `shard:`, or a
+//! hash of the pool's name) and takes the jobs of the topics routed to them. Its processor
+//! reads, with its own consumer group (assigned by hand, so every shard reads what it needs
+//! whatever the others read):
+//!
+//! - every partition of the job topics routed to its pools;
+//! - the results partitions `p` with `p % shards == shard`: a Dispatch names one of them
+//!   (`reply_partition`), and workers write JobStarted, JobProgress and JobResult there;
+//! - every partition of the heartbeats topic: a worker heartbeats before any Dispatch could
+//!   tell it where, so every shard reads every heartbeat and takes those of its own pools;
+//! - every partition of the control topic: an operator addresses a job by id alone, so every
+//!   shard reads every command and takes those for the jobs it holds. Ticks reach them all.
+//!
+//! What a shard leaves to another is not journaled: its journal says what it decided, and a
+//! replay of it sees the same.
+
+use std::collections::BTreeMap;
+
+use ksched_core::events::Input;
+use ksched_core::rules::{Rules, shard_of_pool, shard_of_topic};
+
+use crate::topics::{InputKind, Topics};
+
+/// One shard among `count`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shard {
+    pub id: u32,
+    pub count: u32,
+}
+
+/// Whether a shard takes an input, or which job it depends on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Takes {
+    Yes,
+    /// Another shard's.
+    No,
+    /// Only if this shard holds the job.
+    IfItHolds(String),
+}
+
+impl Shard {
+    pub fn new(id: i32, count: i32) -> Shard {
+        Shard {
+            id: u32::try_from(id).unwrap_or(0),
+            count: u32::try_from(count).unwrap_or(1).max(1),
+        }
+    }
+
+    /// The consumer group of this shard's input offsets. Shard 0 keeps the processor's
+    /// group (the one a single-shard scheduler always used), so its committed offsets stay
+    /// where they were.
+    pub fn input_group(&self, group_id: &str) -> String {
+        if self.id == 0 {
+            group_id.to_owned()
+        } else {
+            format!("{group_id}-shard-{}", self.id)
+        }
+    }
+
+    /// The input partitions this shard reads, given each topic's partition count.
+    pub fn inputs(
+        &self,
+        topics: &Topics,
+        rules: &Rules,
+        partitions: &BTreeMap<String, i32>,
+    ) -> Vec<(String, i32)> {
+        let all = |topic: &str| -> Vec<(String, i32)> {
+            (0..partitions.get(topic).copied().unwrap_or(0))
+                .map(|p| (topic.to_owned(), p))
+                .collect()
+        };
+        let mut out = Vec::new();
+        for topic in &topics.jobs {
+            if shard_of_topic(rules, topic, self.count).is_none_or(|s| s == self.id) {
+                out.extend(all(topic));
+            }
+        }
+        out.extend(
+            all(&topics.results)
+                .into_iter()
+                .filter(|(_, p)| self.owns_results_partition(*p)),
+        );
+        out.extend(all(&topics.heartbeats));
+        out.extend(all(&topics.control));
+        out
+    }
+
+    fn owns_results_partition(&self, p: i32) -> bool {
+        u32::try_from(p).is_ok_and(|p| p % self.count == self.id)
+    }
+
+    /// The results partition a Dispatch of `job_id` asks its worker to answer on: one of
+    /// this shard's (spread by job id), or None when the topic has too few partitions (the
+    /// start refuses that, [`Shard::check_results_partitions`]).
+    pub fn reply_partition(&self, job_id: &str, results_partitions: i32) -> Option<i32> {
+        let own: Vec<i32> = (0..results_partitions)
+            .filter(|p| self.owns_results_partition(*p))
+            .collect();
+        if own.is_empty() {
+            return None;
+        }
+        let h = ksched_core::hash::fnv1a64(&[job_id.as_bytes()]);
+        let i = usize::try_from(h % own.len() as u64).unwrap_or(0);
+        Some(own[i])
+    }
+
+    /// Why a results topic of `results_partitions` partitions cannot serve the shards, if it
+    /// cannot.
+    pub fn check_results_partitions(count: u32, results_partitions: i32) -> Option<String> {
+        (i64::from(results_partitions) < i64::from(count)).then(|| {
+            format!(
+                "the results topic has {results_partitions} partitions, fewer than the {count} shards (topics.journal_partitions): each shard answers on its own; add partitions to it (kafka-topics --alter --partitions {count})"
+            )
+        })
+    }
+
+    /// Whether this shard takes `input`, read from a topic of `kind` it reads. Job topics
+    /// and results partitions are its own already; heartbeats and control records are every
+    /// shard's to read and one shard's to take.
+    pub fn takes(&self, rules: &Rules, kind: InputKind, input: &Input) -> Takes {
+        if self.count == 1 || matches!(kind, InputKind::Jobs | InputKind::Results) {
+            return Takes::Yes;
+        }
+        match input {
+            Input::Heartbeat(hb) => {
+                if shard_of_pool(rules, &hb.pool, self.count) == self.id {
+                    Takes::Yes
+                } else {
+                    Takes::No
+                }
+            }
+            Input::Cancel(c) => Takes::IfItHolds(c.job_id.clone()),
+            Input::Approve(a) => Takes::IfItHolds(a.job_id.clone()),
+            Input::Reject(r) => Takes::IfItHolds(r.job_id.clone()),
+            // A heartbeat or command that does not decode: one shard dead-letters it.
+            Input::Malformed(_) => {
+                if self.id == 0 {
+                    Takes::Yes
+                } else {
+                    Takes::No
+                }
+            }
+            Input::Submit(_)
+            | Input::Started(_)
+            | Input::Progress(_)
+            | Input::Result(_)
+            | Input::Tick(_)
+            | Input::Reconfigure(_) => Takes::Yes,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ksched_core::records::{ApproveJob, Heartbeat, Tick};
+    use ksched_core::rules::PoolRules;
+
+    fn rules() -> Rules {
+        let mut r = Rules::default();
+        for (pool, shard) in [("a", 0), ("b", 1)] {
+            r.pools.insert(
+                pool.into(),
+                PoolRules {
+                    shard: Some(shard),
+                    ..Default::default()
+                },
+            );
+        }
+        r.topics.insert("jobs-a".into(), vec!["a".into()]);
+        r.topics.insert("jobs-b".into(), vec!["b".into()]);
+        r
+    }
+
+    fn topics() -> Topics {
+        Topics::new(
+            "x.",
+            vec!["jobs-a".into(), "jobs-b".into()],
+            vec!["a".into(), "b".into()],
+        )
+    }
+
+    fn counts(t: &Topics) -> BTreeMap<String, i32> {
+        [
+            ("jobs-a".to_owned(), 2),
+            ("jobs-b".to_owned(), 2),
+            (t.results.clone(), 4),
+            (t.heartbeats.clone(), 1),
+            (t.control.clone(), 1),
+        ]
+        .into()
+    }
+
+    #[test]
+    fn each_shard_reads_its_job_topics_its_results_partitions_and_every_heartbeat_and_command() {
+        let t = topics();
+        let shard1 = Shard::new(1, 2).inputs(&t, &rules(), &counts(&t));
+        assert_eq!(
+            shard1,
+            vec![
+                ("jobs-b".into(), 0),
+                ("jobs-b".into(), 1),
+                (t.results.clone(), 1),
+                (t.results.clone(), 3),
+                (t.heartbeats.clone(), 0),
+                (t.control.clone(), 0),
+            ]
+        );
+        let shard0 = Shard::new(0, 2).inputs(&t, &rules(), &counts(&t));
+        assert!(shard0.contains(&("jobs-a".into(), 1)));
+        assert!(!shard0.iter().any(|(topic, _)| topic == "jobs-b"));
+        assert!(shard0.contains(&(t.results.clone(), 2)));
+        // No results partition is read by two shards, none by no shard.
+        let results: Vec<i32> = shard0
+            .iter()
+            .chain(&shard1)
+            .filter(|(topic, _)| *topic == t.results)
+            .map(|(_, p)| *p)
+            .collect();
+        let mut sorted = results.clone();
+        sorted.sort();
+        assert_eq!(sorted, vec![0, 1, 2, 3]);
+    }
+
+    #[test]
+    fn one_shard_reads_everything_with_the_processor_group() {
+        let t = topics();
+        let only = Shard::new(0, 1);
+        assert_eq!(
+            only.inputs(&t, &rules(), &counts(&t)).len(),
+            2 + 2 + 4 + 1 + 1
+        );
+        assert_eq!(only.input_group("g"), "g");
+        assert_eq!(Shard::new(2, 3).input_group("g"), "g-shard-2");
+    }
+
+    #[test]
+    fn a_dispatch_asks_for_answers_on_a_results_partition_of_its_shard() {
+        for id in 0..3 {
+            let s = Shard::new(id, 3);
+            for job in ["j-1", "j-2", "j-3", "j-4"] {
+                let p = s.reply_partition(job, 7).unwrap();
+                assert_eq!(p as u32 % 3, s.id, "{job}");
+                assert_eq!(s.reply_partition(job, 7), Some(p), "stable");
+            }
+        }
+        assert_eq!(Shard::new(2, 3).reply_partition("j", 2), None);
+        assert!(Shard::check_results_partitions(3, 2).is_some());
+        assert!(Shard::check_results_partitions(3, 3).is_none());
+    }
+
+    #[test]
+    fn heartbeats_go_to_their_pools_shard_and_commands_to_the_shard_holding_the_job() {
+        let r = rules();
+        let hb = |pool: &str| {
+            Input::Heartbeat(Heartbeat {
+                pool: pool.into(),
+                ..Default::default()
+            })
+        };
+        let (s0, s1) = (Shard::new(0, 2), Shard::new(1, 2));
+        let (beat, control) = (InputKind::Heartbeats, InputKind::Control);
+        assert_eq!(s0.takes(&r, beat, &hb("a")), Takes::Yes);
+        assert_eq!(s1.takes(&r, beat, &hb("a")), Takes::No);
+        assert_eq!(s1.takes(&r, beat, &hb("b")), Takes::Yes);
+        let approve = Input::Approve(ApproveJob {
+            job_id: "j-9".into(),
+            ..Default::default()
+        });
+        assert_eq!(
+            s1.takes(&r, control, &approve),
+            Takes::IfItHolds("j-9".into())
+        );
+        assert_eq!(
+            s0.takes(&r, control, &Input::Tick(Tick::default())),
+            Takes::Yes,
+            "every shard judges time"
+        );
+        let garbage = Input::Malformed(Default::default());
+        assert_eq!(s0.takes(&r, control, &garbage), Takes::Yes);
+        assert_eq!(
+            s1.takes(&r, control, &garbage),
+            Takes::No,
+            "one shard dead-letters it"
+        );
+        assert_eq!(s1.takes(&r, InputKind::Jobs, &garbage), Takes::Yes);
+        // One shard: everything, as before shards.
+        assert_eq!(Shard::new(0, 1).takes(&r, beat, &hb("b")), Takes::Yes);
+        assert_eq!(Shard::new(0, 1).takes(&r, control, &approve), Takes::Yes);
+    }
+}
