@@ -1,7 +1,8 @@
 //! Shards (docs/architecture.md, "Shards"), against `ksched run` processes and the real
 //! broker: four shards, each with its own pool and job topic. Two instances share the shards
 //! through the owners' group; SDK workers run jobs on every pool while one instance is
-//! SIGKILLed, and the survivor takes its shards over. Every job ends SUCCEEDED exactly once,
+//! SIGKILLed, and the survivor takes its shards over; the instance is added back and the
+//! shards spread again. Every job ends SUCCEEDED exactly once,
 //! journaled on its own shard only; no attempt is dispatched twice; `audit verify` reproduces
 //! every shard's journal.
 
@@ -90,7 +91,7 @@ fn shards_spread_over_instances_and_move_when_one_is_killed() {
         .unwrap();
     let topic = |s: u32| format!("{}jobs-{s}", a.prefix);
     let mut ids: BTreeMap<String, u32> = BTreeMap::new();
-    let mut round = |tag: &str| {
+    let round = |tag: &str, ids: &mut BTreeMap<String, u32>| {
         for i in 0..40 {
             for s in 0..SHARDS {
                 let id = format!("acme:{tag}-{s}-{i}");
@@ -100,7 +101,7 @@ fn shards_spread_over_instances_and_move_when_one_is_killed() {
             std::thread::sleep(Duration::from_millis(5));
         }
     };
-    round("before");
+    round("before", &mut ids);
     // Jobs run on every shard, whichever instance owns it; either instance's API answers.
     wait_until("a job of every shard to succeed", 90, || {
         (0..SHARDS).all(|s| {
@@ -110,7 +111,7 @@ fn shards_spread_over_instances_and_move_when_one_is_killed() {
 
     let killed = Instant::now();
     b.kill();
-    round("after");
+    round("after", &mut ids);
     producer.flush(Duration::from_secs(10)).unwrap();
     wait_until("the survivor to own every shard", 60, || {
         owned(&a).is_some_and(|o| o.len() == SHARDS as usize)
@@ -119,6 +120,28 @@ fn shards_spread_over_instances_and_move_when_one_is_killed() {
         "shards {b_shards:?} moved to the survivor {:.1} s after the SIGKILL (lease session timeout 2 s)",
         killed.elapsed().as_secs_f64()
     );
+    for id in ids.keys() {
+        wait_until(&format!("{id} to succeed"), 120, || {
+            job_state(&a.api, id).as_deref() == Some("SUCCEEDED")
+        });
+    }
+
+    // Added back (same host and data directory): the shards spread again, and jobs of every
+    // shard still run once.
+    let back = Instant::now();
+    b.start_again();
+    wait_until("the shards to spread again", 90, || {
+        let (oa, ob) = (owned(&a), owned(&b));
+        oa.zip(ob)
+            .is_some_and(|(oa, ob)| oa.len() == 2 && ob.len() == 2 && oa.is_disjoint(&ob))
+    });
+    println!(
+        "instance added back: shards {:?} moved to it {:.1} s after it started",
+        owned(&b).unwrap_or_default(),
+        back.elapsed().as_secs_f64()
+    );
+    round("back", &mut ids);
+    producer.flush(Duration::from_secs(10)).unwrap();
     for id in ids.keys() {
         wait_until(&format!("{id} to succeed"), 120, || {
             job_state(&a.api, id).as_deref() == Some("SUCCEEDED")
