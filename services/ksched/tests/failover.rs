@@ -11,10 +11,9 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use common::*;
-use ksched_core::records::JobRequest;
 use ksched_worker::{Outcome, Worker};
 use rdkafka::ClientConfig;
-use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::producer::{BaseProducer, Producer};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
@@ -22,21 +21,6 @@ fn role(c: &RunningScheduler) -> Option<String> {
     let (_, body) = http(&format!("{}/health/ready", c.api), "GET", None).ok()?;
     let v: Value = serde_json::from_str(&body).ok()?;
     v["role"].as_str().map(str::to_owned)
-}
-
-fn submit(producer: &BaseProducer, topic: &str, id: &str) {
-    let job = JobRequest {
-        job_id: id.to_owned(),
-        topic: topic.to_owned(),
-        tenant_id: "acme".into(),
-        submitted_at: 1,
-        ..JobRequest::default()
-    };
-    let bytes = ksched_codec::encode(&job).unwrap();
-    producer
-        .send(BaseRecord::to(topic).key(id).payload(&bytes))
-        .unwrap();
-    producer.poll(Duration::ZERO);
 }
 
 #[test]

@@ -12,10 +12,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use common::*;
-use ksched_core::records::JobRequest;
 use ksched_worker::{Outcome, Worker};
 use rdkafka::ClientConfig;
-use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::producer::{BaseProducer, Producer};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
@@ -32,21 +31,6 @@ fn owned(c: &RunningScheduler) -> Option<BTreeSet<u64>> {
             .filter_map(Value::as_u64)
             .collect(),
     )
-}
-
-fn submit(producer: &BaseProducer, topic: &str, id: &str) {
-    let job = JobRequest {
-        job_id: id.to_owned(),
-        topic: topic.to_owned(),
-        tenant_id: "acme".into(),
-        submitted_at: 1,
-        ..JobRequest::default()
-    };
-    let bytes = ksched_codec::encode(&job).unwrap();
-    producer
-        .send(BaseRecord::to(topic).key(id).payload(&bytes))
-        .unwrap();
-    producer.poll(Duration::ZERO);
 }
 
 #[test]

@@ -467,3 +467,20 @@ pub(crate) fn wait_state(api: &str, id: &str, state: &str) {
 pub(crate) fn path_str(p: &Path) -> String {
     p.display().to_string()
 }
+
+/// Produces a job of tenant `acme` with id `id` to `topic` (keyed by its id).
+pub(crate) fn submit(producer: &rdkafka::producer::BaseProducer, topic: &str, id: &str) {
+    use rdkafka::producer::BaseRecord;
+    let job = ksched_core::records::JobRequest {
+        job_id: id.to_owned(),
+        topic: topic.to_owned(),
+        tenant_id: "acme".into(),
+        submitted_at: 1,
+        ..Default::default()
+    };
+    let bytes = ksched_codec::encode(&job).unwrap();
+    producer
+        .send(BaseRecord::to(topic).key(id).payload(&bytes))
+        .unwrap();
+    producer.poll(Duration::ZERO);
+}
