@@ -348,6 +348,7 @@ async fn ready(AxState(api): AxState<Arc<Api>>) -> Response {
         "journal_watermark": api.shards.watermarks().first(),
         "journal_watermarks": api.shards.watermarks(),
         "owned_shards": api.shards.owned_ids(),
+        "standby_shards": api.shards.standby_ids(),
     });
     let code = if ok {
         StatusCode::OK

@@ -35,6 +35,8 @@ use crate::topics::client_config;
 /// How often the lease thread polls its consumer (group heartbeats run in librdkafka's
 /// background thread; the poll serves rebalances).
 const POLL: Duration = Duration::from_millis(100);
+/// How often the lease thread reads the group's members to choose each shard's standbys.
+const STANDBYS_EVERY: Duration = Duration::from_secs(2);
 
 /// The ownership of every shard (journal partition), kept current by a thread.
 #[derive(Debug)]
@@ -56,6 +58,8 @@ struct Shared {
 #[derive(Debug)]
 struct Part {
     owned: AtomicBool,
+    /// This instance is one of the shard's standbys (`processor.standby_replicas`).
+    standby: AtomicBool,
     /// Cancelled when ownership ends; a new one each time it begins.
     ownership: Mutex<CancellationToken>,
     status: Arc<Status>,
@@ -76,6 +80,14 @@ impl Shared {
             token.cancel();
         }
         part.status.set_owner(owns);
+    }
+
+    fn set_standby(&self, partition: i32, standby: bool) {
+        if let Some(part) = self.parts.get(&partition)
+            && part.standby.swap(standby, Ordering::SeqCst) != standby
+        {
+            part.status.set_standby(standby);
+        }
     }
 
     fn owned(&self) -> Vec<i32> {
@@ -135,16 +147,20 @@ impl Lease {
         consumer
             .subscribe(&[&topics.journal])
             .map_err(kafka("joining the owners' group"))?;
+        // Until the group's members are known, every instance that may stand by does.
+        let standby = p.standby_replicas != Some(0);
         let parts = statuses
             .into_iter()
             .map(|(n, status)| {
                 status.set_owner(false);
+                status.set_standby(standby);
                 let t = CancellationToken::new();
                 t.cancel();
                 (
                     n,
                     Part {
                         owned: AtomicBool::new(false),
+                        standby: AtomicBool::new(standby),
                         ownership: Mutex::new(t),
                         status,
                     },
@@ -162,10 +178,19 @@ impl Lease {
             let elsewhere = topics.control.clone();
             let session = Duration::from_millis(session);
             let client_id = client_id.clone();
+            let standbys = p
+                .standby_replicas
+                .map_or(usize::MAX, |k| usize::try_from(k).unwrap_or(usize::MAX));
             std::thread::Builder::new()
                 .name("ksched-lease".into())
                 .spawn(move || {
-                    hold(&consumer, &journal, &shared, &stop, &group);
+                    let ids = LeaseIds {
+                        group: &group,
+                        journal: &journal,
+                        partitions: &[],
+                        client_id: &client_id,
+                    };
+                    hold(&consumer, &ids, &shared, &stop, standbys);
                     let owned = shared.owned();
                     if !owned.is_empty() {
                         let ids = LeaseIds {
@@ -195,6 +220,14 @@ impl Lease {
             .parts
             .get(&partition)
             .is_some_and(|p| p.owned.load(Ordering::SeqCst))
+    }
+
+    /// Whether this instance stands by for shard `partition` while another owns it.
+    pub fn stands_by(&self, partition: i32) -> bool {
+        self.shared
+            .parts
+            .get(&partition)
+            .is_some_and(|p| p.standby.load(Ordering::SeqCst))
     }
 
     /// A token cancelled when the current ownership of shard `partition` ends (or at
@@ -239,14 +272,16 @@ fn instance_id(settings: &Settings) -> String {
     format!("ksched-{}", &digest[..16])
 }
 
-/// Polls the lease consumer until `stop`, keeping `shared` in step with the assignment.
+/// Polls the lease consumer until `stop`, keeping `shared` in step with the assignment, and
+/// every [`STANDBYS_EVERY`] with the group's choice of `standbys` standbys per shard.
 fn hold(
     consumer: &BaseConsumer,
-    journal: &str,
+    lease: &LeaseIds<'_>,
     shared: &Shared,
     stop: &CancellationToken,
-    group: &str,
+    standbys: usize,
 ) {
+    let (group, journal) = (lease.group, lease.journal);
     info!(
         group,
         journal,
@@ -255,7 +290,12 @@ fn hold(
     );
     let mut paused: Vec<i32> = Vec::new();
     let mut last_warning: Option<Instant> = None;
+    let mut standbys_at: Option<Instant> = None;
     while !stop.is_cancelled() {
+        if standbys_at.is_none_or(|t| t.elapsed() >= STANDBYS_EVERY) {
+            standbys_at = Some(Instant::now());
+            choose_standbys(consumer, lease, shared, standbys);
+        }
         if let Some(Err(e)) = consumer.poll(POLL)
             && last_warning.is_none_or(|t| t.elapsed() > Duration::from_secs(10))
         {
@@ -296,6 +336,44 @@ fn hold(
             }
         }
     }
+}
+
+/// Marks the shards this instance stands by for, from the group's members as the coordinator
+/// describes them once the group is stable (mid-rebalance, the previous choice stands).
+fn choose_standbys(consumer: &BaseConsumer, lease: &LeaseIds<'_>, shared: &Shared, k: usize) {
+    // None, or every other instance: nothing to choose.
+    if k == 0 || k == usize::MAX {
+        return;
+    }
+    let Some((state, members)) = describe(consumer, lease.group) else {
+        return;
+    };
+    if state != "Stable" || !members.iter().any(|m| m.client_id == lease.client_id) {
+        return;
+    }
+    for partition in shared.parts.keys() {
+        let chosen = standbys_of(&members, lease.journal, *partition, k);
+        shared.set_standby(*partition, chosen.contains(&lease.client_id));
+    }
+}
+
+/// The members that stand by for shard `partition`: of those that do not own it, the `k`
+/// that rank highest for it by rendezvous hashing (SHA-256 of the member's client id and the
+/// shard). Each shard's standbys spread over the members, and a member joining or leaving
+/// changes only the choices it ranks in.
+fn standbys_of<'a>(members: &'a [Member], journal: &str, partition: i32, k: usize) -> Vec<&'a str> {
+    let mut ranked: Vec<(String, &str)> = members
+        .iter()
+        .filter(|m| !assigned(&m.assignment, journal, partition))
+        .map(|m| {
+            let score =
+                ksched_core::hash::sha256_hex(format!("{}\0{partition}", m.client_id).as_bytes());
+            (score, m.client_id.as_str())
+        })
+        .collect();
+    ranked.sort_unstable_by(|a, b| b.cmp(a));
+    ranked.dedup_by(|a, b| a.1 == b.1);
+    ranked.into_iter().take(k).map(|(_, id)| id).collect()
 }
 
 /// Hands the shards this instance owns over to the standbys as it stops, instead of leaving
@@ -439,7 +517,7 @@ fn assigned(bytes: &[u8], topic: &str, partition: i32) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::assigned;
+    use super::{Member, assigned, standbys_of};
 
     /// Version 0, one topic with partitions 0 and 3, no user data.
     fn assignment(topic: &str, partitions: &[i32]) -> Vec<u8> {
@@ -471,5 +549,52 @@ mod tests {
         assert!(!assigned(&a[..a.len() - 8], "x.journal", 0));
         assert!(!assigned(&[], "x.journal", 0));
         assert!(!assigned(&[0, 0, 0x7f, 0xff, 0xff, 0xff], "x.journal", 0));
+    }
+
+    fn member(id: &str, owns: &[i32]) -> Member {
+        Member {
+            client_id: id.to_owned(),
+            assignment: assignment("x.journal", owns),
+        }
+    }
+
+    #[test]
+    fn a_shard_has_k_standbys_none_of_them_its_owner() {
+        let members = [
+            member("a", &[0, 1]),
+            member("b", &[2, 3]),
+            member("c", &[4, 5]),
+        ];
+        for shard in 0..6 {
+            let owner = members
+                .iter()
+                .find(|m| assigned(&m.assignment, "x.journal", shard))
+                .unwrap();
+            let one = standbys_of(&members, "x.journal", shard, 1);
+            assert_eq!(one.len(), 1);
+            assert_ne!(one[0], owner.client_id);
+            let all = standbys_of(&members, "x.journal", shard, 5);
+            assert_eq!(all.len(), 2, "more than the other members: all of them");
+            assert!(!all.contains(&owner.client_id.as_str()));
+            assert!(standbys_of(&members, "x.journal", shard, 0).is_empty());
+        }
+    }
+
+    #[test]
+    fn standbys_are_spread_and_stay_put_when_an_unrelated_member_joins() {
+        let ids: Vec<String> = (0..8).map(|i| format!("ksched-lease-{i}")).collect();
+        let members: Vec<Member> = ids.iter().map(|id| member(id, &[])).collect();
+        let chosen: Vec<String> = (0..64)
+            .map(|s| standbys_of(&members, "x.journal", s, 1)[0].to_owned())
+            .collect();
+        let distinct: std::collections::BTreeSet<&String> = chosen.iter().collect();
+        assert!(distinct.len() >= 6, "64 shards' standbys on {distinct:?}");
+        // A ninth member takes only the shards it ranks first for; the others keep theirs.
+        let mut more = members;
+        more.push(member("ksched-lease-new", &[]));
+        for (s, before) in chosen.iter().enumerate() {
+            let now = standbys_of(&more, "x.journal", s as i32, 1)[0];
+            assert!(now == before || now == "ksched-lease-new");
+        }
     }
 }

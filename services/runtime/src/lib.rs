@@ -90,8 +90,8 @@ impl Fences {
 ///   doubles up to 10 s and starts over once a processor ran well for 30 s.
 ///
 /// The shard is `config.settings.processor.journal_partition`; `store` is that shard's.
-/// With a `lease`, the processor runs while this instance owns the shard, and the instance
-/// stands by for it otherwise.
+/// With a `lease`, the processor runs while this instance owns the shard; otherwise the
+/// instance stands by for it when the lease chose it as one of the shard's standbys.
 ///
 /// Returns an error only when continuing cannot help (fenced or replaced by another
 /// instance, a journal record that does not decode, a store that does not match the
@@ -117,8 +117,16 @@ pub fn run_shard(
         let run_until = match &lease {
             None => shutdown.clone(),
             Some(l) if l.owned(shard) && !l.ownership(shard).is_cancelled() => l.ownership(shard),
-            Some(l) => {
+            Some(l) if l.stands_by(shard) => {
                 standby::stand_by(&config.settings, &topics, &store, &status, l, &shutdown);
+                continue;
+            }
+            // Neither owner nor standby (`processor.standby_replicas`): wait for a role.
+            Some(l) => {
+                status.set_caught_up(false);
+                while !shutdown.is_cancelled() && !l.owned(shard) && !l.stands_by(shard) {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
                 continue;
             }
         };

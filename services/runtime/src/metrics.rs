@@ -6,8 +6,8 @@ use ksched_core::events::{Event, JobState, JournalEntry};
 use ksched_core::reason::DlqReason;
 use ksched_core::state::State;
 use prometheus::{
-    Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
-    Opts, Registry, TextEncoder,
+    Counter, Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 pub const JOBS: &str = "ksched_jobs";
@@ -30,6 +30,8 @@ pub const UNREADABLE: &str = "ksched_unreadable_records_total";
 pub const CONTINUATIONS: &str = "ksched_continuations_total";
 pub const STOPPED: &str = "ksched_processor_stopped";
 pub const SHARD_OWNER: &str = "ksched_shard_owner";
+pub const SHARD_STANDBY: &str = "ksched_shard_standby";
+pub const PROCESSOR_CPU: &str = "ksched_processor_cpu_seconds_total";
 
 /// The `reason` label of a dead letter whose reason is a worker's own error code: worker
 /// codes are free text, and a label value per code would let any worker grow the metric
@@ -62,6 +64,8 @@ pub struct Metrics {
     pub continuations: IntCounter,
     pub stopped: IntGauge,
     pub shard_owner: IntGauge,
+    pub shard_standby: IntGauge,
+    pub processor_cpu: Counter,
 }
 
 impl Default for Metrics {
@@ -236,6 +240,22 @@ impl Metrics {
                 )
                 .unwrap_or_else(|e| unreachable!("{e}")),
             ),
+            shard_standby: reg(
+                &r,
+                IntGauge::new(
+                    SHARD_STANDBY,
+                    "1 while this instance stands by for the shard (tails its journal), 0 otherwise.",
+                )
+                .unwrap_or_else(|e| unreachable!("{e}")),
+            ),
+            processor_cpu: reg(
+                &r,
+                Counter::new(
+                    PROCESSOR_CPU,
+                    "CPU time of the processor thread (deciding, encoding, RocksDB writes, Kafka client calls; not librdkafka's own threads), from the thread's CPU clock.",
+                )
+                .unwrap_or_else(|e| unreachable!("{e}")),
+            ),
             registry: r,
         }
     }
@@ -268,6 +288,16 @@ impl Metrics {
                 }
                 _ => {}
             }
+        }
+    }
+
+    /// Adds the CPU time the calling thread used since `last` (its previous reading, updated).
+    pub fn add_thread_cpu(&self, last: &mut Option<f64>) {
+        let Some(now) = thread_cpu_seconds() else {
+            return;
+        };
+        if let Some(before) = last.replace(now) {
+            self.processor_cpu.inc_by((now - before).max(0.0));
         }
     }
 
@@ -340,9 +370,42 @@ pub fn render_all<'a>(metrics: impl IntoIterator<Item = &'a Metrics>) -> String 
     String::from_utf8(buf).unwrap_or_default()
 }
 
+/// CPU time the calling thread has used, in seconds: the first field of
+/// `/proc/thread-self/schedstat` (nanoseconds on a CPU). None where Linux does not keep it.
+pub fn thread_cpu_seconds() -> Option<f64> {
+    let text = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    let ns: u64 = text.split_whitespace().next()?.parse().ok()?;
+    Some(ns as f64 / 1e9)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The processor's CPU counter moves with work done on the thread, not with time.
+    #[test]
+    fn thread_cpu_time_grows_with_work_on_the_thread() {
+        let m = Metrics::new();
+        let mut last = None;
+        m.add_thread_cpu(&mut last);
+        assert_eq!(m.processor_cpu.get(), 0.0, "the first reading only starts the count");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        // Work until the thread's own clock says 30 ms (however busy the machine is).
+        let started = std::time::Instant::now();
+        let clock0 = thread_cpu_seconds().unwrap();
+        let mut x = 0u64;
+        while thread_cpu_seconds().unwrap() - clock0 < 0.03 {
+            x = std::hint::black_box(x.wrapping_add(1));
+            assert!(started.elapsed().as_secs() < 10);
+        }
+        let worked = started.elapsed().as_secs_f64();
+        m.add_thread_cpu(&mut last);
+        let cpu = m.processor_cpu.get();
+        assert!(
+            cpu >= 0.03 && cpu <= worked + 0.01,
+            "{cpu} s counted for {worked} s of work after 100 ms of sleep"
+        );
+    }
 
     /// Every metric the shipped Grafana dashboard queries exists.
     #[test]

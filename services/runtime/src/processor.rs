@@ -564,7 +564,9 @@ impl Processor {
     /// Processes batches until shutdown, then commits what it has and returns. `recovery`
     /// says which inputs to isolate or set aside, and is updated as they pass.
     pub fn run(&mut self, recovery: &mut Recovery) -> Result<()> {
+        let mut cpu = None;
         while !self.shutdown.is_cancelled() {
+            self.status.metrics.add_thread_cpu(&mut cpu);
             self.check_membership()?;
             if self.inputs_checked.elapsed() > INPUTS_REFRESH {
                 self.assign_inputs()?;

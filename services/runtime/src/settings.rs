@@ -177,6 +177,16 @@ pub struct ProcessorSettings {
     /// group's `session.timeout.ms`; brokers refuse less than their
     /// `group.min.session.timeout.ms`, 6000 by default). Default 6000.
     pub lease_session_timeout_ms: u64,
+    /// How many instances besides its owner stand by for each shard: tail its journal into
+    /// their own RocksDB, so that taking it over is a short catch-up. The standbys of a shard
+    /// are chosen among the owners' group's members by rendezvous hashing (spread over the
+    /// instances; one joining or leaving moves only the standbys it must). 0: none, a new
+    /// owner catches up from its own store (a full rebuild when it has none). Kafka's
+    /// assignor does not know the standbys: when a shard's owner dies, the shard may go to
+    /// an instance that was not its standby, which then catches up from its own store; only
+    /// with every other instance standing by is every takeover warm. Unset (the default):
+    /// every other instance stands by.
+    pub standby_replicas: Option<u32>,
 }
 
 impl Default for ProcessorSettings {
@@ -192,6 +202,7 @@ impl Default for ProcessorSettings {
             input_stall_ms: 30_000,
             lease: true,
             lease_session_timeout_ms: 6_000,
+            standby_replicas: None,
         }
     }
 }
@@ -753,6 +764,12 @@ impl Settings {
                 return bad(format!("{name} must be at least 1, got {n}"));
             }
         }
+        if t.results_partitions < t.journal_partitions {
+            return bad(format!(
+                "topics.results_partitions ({}) must be at least topics.journal_partitions ({}): each shard answers on its own results partitions",
+                t.results_partitions, t.journal_partitions
+            ));
+        }
         let p = &self.processor;
         if p.journal_partition < 0 || p.journal_partition >= t.journal_partitions {
             return bad(format!(
@@ -863,5 +880,16 @@ mod tests {
         let e = parse_pools("topics:\n  job.acme:\n    pools: [default]\n    tenant: [acme]\n")
             .unwrap_err();
         assert!(e.to_string().contains("tenants: [...]"), "{e}");
+    }
+
+    #[test]
+    fn fewer_results_partitions_than_shards_are_refused_before_any_topic_is_made() {
+        let mut s = Settings::default();
+        s.topics.journal_partitions = 6;
+        s.topics.results_partitions = 4;
+        let e = s.validate().unwrap_err().to_string();
+        assert!(e.contains("results_partitions (4)"), "{e}");
+        s.topics.results_partitions = 6;
+        s.validate().unwrap();
     }
 }

@@ -27,7 +27,8 @@ const STEP: Duration = Duration::from_millis(100);
 /// How often a standby asks where the journal ends, to say whether it is caught up.
 const END_EVERY: Duration = Duration::from_secs(1);
 
-/// Tails the journal into `store` until this instance owns the partition or shuts down.
+/// Tails the journal into `store` until this instance owns the partition, is no longer one of
+/// its standbys, or shuts down.
 pub(crate) fn stand_by(
     settings: &Settings,
     topics: &Topics,
@@ -46,7 +47,7 @@ pub(crate) fn stand_by(
     let partition = settings.processor.journal_partition;
     let mut follower: Option<Follower> = None;
     let mut last_warning: Option<Instant> = None;
-    while !shutdown.is_cancelled() && !lease.owned(partition) {
+    while !shutdown.is_cancelled() && !lease.owned(partition) && lease.stands_by(partition) {
         let step = match follower.as_mut() {
             Some(f) => f.step(status),
             None => Follower::open(store, &client, &topics.journal, partition).map(|f| {

@@ -23,6 +23,9 @@ pub struct Status {
     /// This instance owns its shard and runs the processor; false while it stands by
     /// (`processor.lease`). True until a lease says otherwise.
     owner: AtomicBool,
+    /// This instance stands by for the shard (tails its journal) while another owns it
+    /// (`processor.standby_replicas`).
+    standby: AtomicBool,
     /// Why the processor stopped for good, once it has (another instance took over).
     stopped: Mutex<Option<String>>,
     pub metrics: Metrics,
@@ -47,6 +50,7 @@ impl Status {
             last_commit_ms: AtomicI64::new(0),
             last_tick_ms: AtomicI64::new(0),
             owner: AtomicBool::new(true),
+            standby: AtomicBool::new(false),
             stopped: Mutex::new(None),
             metrics: Metrics::for_shard(shard),
         }
@@ -68,6 +72,15 @@ impl Status {
 
     pub fn is_owner(&self) -> bool {
         self.owner.load(Ordering::Relaxed)
+    }
+
+    pub fn set_standby(&self, v: bool) {
+        self.standby.store(v, Ordering::Relaxed);
+        self.metrics.shard_standby.set(i64::from(v));
+    }
+
+    pub fn is_standby(&self) -> bool {
+        self.standby.load(Ordering::Relaxed)
     }
 
     pub fn tick_processed(&self) {
@@ -128,13 +141,17 @@ impl Shards {
         self.owned().next().is_some()
     }
 
-    /// Every shard this instance owns has recovered and reads its inputs; owning none (a
-    /// standby), every shard's standby has read its journal to the end.
+    /// Every shard this instance owns has recovered and reads its inputs; owning none, every
+    /// shard it stands by for has been read to the end of its journal (an instance that
+    /// neither owns nor stands by for any shard has nothing to catch up).
     pub fn is_caught_up(&self) -> bool {
         if self.is_owner() {
             self.owned().all(|s| s.is_caught_up())
         } else {
-            self.0.iter().all(|s| s.is_caught_up())
+            self.0
+                .iter()
+                .filter(|s| s.is_standby())
+                .all(|s| s.is_caught_up())
         }
     }
 
@@ -158,6 +175,13 @@ impl Shards {
     pub fn owned_ids(&self) -> Vec<usize> {
         (0..self.0.len())
             .filter(|i| self.0[*i].is_owner())
+            .collect()
+    }
+
+    /// The shards this instance stands by for.
+    pub fn standby_ids(&self) -> Vec<usize> {
+        (0..self.0.len())
+            .filter(|i| !self.0[*i].is_owner() && self.0[*i].is_standby())
             .collect()
     }
 
