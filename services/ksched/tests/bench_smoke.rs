@@ -40,6 +40,8 @@ fn the_smoke_benchmark_measures_every_phase() {
     positive(&["baseline", "records_per_sec"]);
     positive(&["saturation_small_history", "jobs_per_sec"]);
     positive(&["saturation_small_history", "kafka_records_per_job"]);
+    positive(&["saturation_small_history", "processor_cpu_us_per_job"]);
+    positive(&["saturation_small_history", "process_cpu_us_per_job"]);
     positive(&["saturation_large_history", "jobs_per_sec"]);
     positive(&["history_large", "rebuild_events_per_sec"]);
     positive(&["recovery", "recovery_seconds"]);
@@ -53,5 +55,41 @@ fn the_smoke_benchmark_measures_every_phase() {
             l["submit_to_completed_ms"]["p99"].as_f64().unwrap()
                 >= l["submit_to_completed_ms"]["p50"].as_f64().unwrap()
         );
+    }
+}
+
+/// `ksched bench --shards 1,2 --smoke`: one instance holding 1, then 2 shards, each measured
+/// with its jobs spread over the shards; every count reports throughput and CPU per job.
+#[test]
+fn the_shards_benchmark_measures_every_shard_count() {
+    let bootstrap = bootstrap_servers().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("shards.json");
+    let run = Command::new(env!("CARGO_BIN_EXE_ksched"))
+        .args([
+            "bench",
+            "--smoke",
+            "--shards",
+            "1,2",
+            "--bootstrap-servers",
+            &bootstrap,
+            "--out",
+        ])
+        .arg(&out)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("| shards | jobs/s at saturation"), "{stdout}");
+    let r: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let runs = r.as_array().unwrap();
+    let shards: Vec<u64> = runs.iter().map(|x| x["shards"].as_u64().unwrap()).collect();
+    assert_eq!(shards, [1, 2]);
+    for x in runs {
+        for k in ["jobs_per_sec", "processor_cpu_us_per_job", "process_cpu_us_per_job"] {
+            let v = &x["saturation"][k];
+            assert!(v.as_f64().is_some_and(|v| v > 0.0), "{k} = {v}");
+        }
     }
 }

@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use ksched_core::events::{Event, JournalEntry};
 use ksched_core::records::JobRequest;
-use ksched_runtime::{Config, Scheduler, Status};
+use ksched_runtime::status::Shards;
+use ksched_runtime::{Config, Scheduler};
 use ksched_worker::{Outcome, Worker, WorkerConfig};
 use rdkafka::ClientConfig;
 use rdkafka::consumer::BaseConsumer;
@@ -66,6 +67,12 @@ pub(super) struct Saturation {
     pub mean_batch: f64,
     /// Mean time per batch (processing and commit), ms.
     pub mean_batch_ms: f64,
+    /// CPU time of the processor threads per job (their thread CPU clocks,
+    /// `ksched_processor_cpu_seconds_total`), microseconds.
+    pub processor_cpu_us_per_job: f64,
+    /// CPU time of this whole bench process per job (processors, librdkafka's threads, the
+    /// SDK workers, the submitter and the tailer; not the broker), microseconds.
+    pub process_cpu_us_per_job: f64,
 }
 
 /// When each job was sent, dispatched and completed (ms on one clock).
@@ -76,11 +83,12 @@ struct Times {
     completed: HashMap<String, f64>,
 }
 
-/// A running scheduler with workers, a tailer and a submitter.
+/// A running scheduler with workers, a tailer and a submitter. With several pools (and
+/// shards), the workers are spread over the pools and the jobs over the job topics.
 pub(super) struct Rig {
     config: Config,
     scheduler: Option<Scheduler>,
-    status: Arc<Status>,
+    shards: Shards,
     rt: tokio::runtime::Runtime,
     workers_stop: CancellationToken,
     workers: Vec<tokio::task::JoinHandle<ksched_worker::Result<()>>>,
@@ -99,7 +107,8 @@ fn now_ms(epoch: Instant) -> f64 {
 
 impl Rig {
     /// Starts the scheduler (on `config`, whose data directory may hold history), `workers`
-    /// SDK workers and the journal tailer.
+    /// SDK workers (at least one per pool, spread over the pools) and the journal tailer
+    /// (every shard's journal partition).
     pub(super) fn start(
         config: Config,
         client: ClientConfig,
@@ -113,19 +122,25 @@ impl Rig {
             .enable_all()
             .build()?;
         let scheduler = rt.block_on(Scheduler::start(config.clone()))?;
-        let status = scheduler.status.clone();
+        let shards = scheduler.shards.clone();
         anyhow::ensure!(
             scheduler.wait_ready(Duration::from_secs(600)),
             "the scheduler did not recover within 10 minutes: {}",
-            status.stopped().unwrap_or_default()
+            shards.stopped().unwrap_or_default()
         );
+        let pools: Vec<String> = config.rules.pools.keys().cloned().collect();
+        let workers = workers.max(pools.len());
         let epoch = Instant::now();
         let times = Arc::new(Mutex::new(Times::default()));
         let tail_stop = Arc::new(AtomicBool::new(false));
         let tailer = {
             let journal = &topics.journal;
-            let consumer =
-                super::journal_from_end(&client, journal, &format!("{journal}-bench-tail"))?;
+            let consumer = super::journal_from_end(
+                &client,
+                journal,
+                settings.topics.journal_partitions,
+                &format!("{journal}-bench-tail"),
+            )?;
             let (times, stop) = (times.clone(), tail_stop.clone());
             std::thread::spawn(move || tail(&consumer, &times, &stop, epoch))
         };
@@ -135,9 +150,9 @@ impl Rig {
         {
             let _guard = rt.enter();
             for i in 0..workers {
-                let mut cfg =
-                    WorkerConfig::new(&bootstrap, &format!("{label}-worker-{i}"), "default")
-                        .with_properties(settings.kafka.properties.clone());
+                let pool = &pools[i % pools.len()];
+                let mut cfg = WorkerConfig::new(&bootstrap, &format!("{label}-worker-{i}"), pool)
+                    .with_properties(settings.kafka.properties.clone());
                 cfg.topic_prefix = settings.topics.prefix.clone();
                 cfg.max_parallel_jobs = 64;
                 cfg.heartbeat_interval = Duration::from_secs(1);
@@ -158,7 +173,7 @@ impl Rig {
         let rig = Rig {
             config,
             scheduler: Some(scheduler),
-            status,
+            shards,
             rt,
             workers_stop,
             workers: handles,
@@ -174,16 +189,22 @@ impl Rig {
         Ok(rig)
     }
 
-    /// Waits until the scheduler knows `n` live workers.
+    /// Waits until the scheduler knows `n` live workers (over every pool of every shard).
     fn wait_workers(&self, n: usize) -> Result<()> {
         let started = Instant::now();
         loop {
-            let ready = self
-                .status
-                .metrics
-                .workers
-                .with_label_values(&["default", "true"])
-                .get();
+            let ready: i64 = self
+                .shards
+                .0
+                .iter()
+                .flat_map(|s| {
+                    self.config
+                        .rules
+                        .pools
+                        .keys()
+                        .map(|p| s.metrics.workers.with_label_values(&[p, "true"]).get())
+                })
+                .sum();
             if ready >= i64::try_from(n).unwrap_or(i64::MAX) {
                 return Ok(());
             }
@@ -195,13 +216,10 @@ impl Rig {
         }
     }
 
-    fn job_topic(&self) -> String {
-        ksched_runtime::topics_of(&self.config).jobs[0].clone()
-    }
-
-    /// Submits `n` jobs, at `rate` per second or as fast as possible; returns their ids.
+    /// Submits `n` jobs, at `rate` per second or as fast as possible, round-robin over the
+    /// job topics; returns their ids.
     fn submit(&mut self, n: u64, rate: Option<f64>) -> Result<Vec<String>> {
-        let topic = self.job_topic();
+        let topics = ksched_runtime::topics_of(&self.config).jobs;
         let started = Instant::now();
         let mut ids = Vec::with_capacity(n as usize);
         for i in 0..n {
@@ -212,6 +230,7 @@ impl Rig {
                 }
             }
             self.seq += 1;
+            let topic = &topics[(self.seq as usize) % topics.len()];
             let id = format!("{}-{}", self.label, self.seq);
             let req = JobRequest {
                 job_id: id.clone(),
@@ -228,7 +247,7 @@ impl Rig {
                 .insert(id.clone(), now_ms(self.epoch));
             super::send(
                 &self.producer,
-                BaseRecord::to(&topic).key(&id).payload(&bytes),
+                BaseRecord::to(topic).key(&id).payload(&bytes),
             )?;
             self.producer.poll(Duration::ZERO);
             ids.push(id);
@@ -261,24 +280,40 @@ impl Rig {
     }
 
     fn io_records(&self) -> f64 {
-        let m = &self.status.metrics;
-        let entries = m.journal_entries.get() as f64;
-        let dispatches = m.events.with_label_values(&["JobDispatched"]).get() as f64;
-        let dead = m.events.with_label_values(&["DeadLettered"]).get() as f64;
-        // Each input is consumed once and journaled once; dispatches and dead letters are
-        // records of their own.
-        2.0 * entries + dispatches + dead
+        self.shards
+            .0
+            .iter()
+            .map(|s| {
+                let m = &s.metrics;
+                let entries = m.journal_entries.get() as f64;
+                let dispatches = m.events.with_label_values(&["JobDispatched"]).get() as f64;
+                let dead = m.events.with_label_values(&["DeadLettered"]).get() as f64;
+                // Each input is consumed once and journaled once; dispatches and dead
+                // letters are records of their own.
+                2.0 * entries + dispatches + dead
+            })
+            .sum()
+    }
+
+    /// Summed over the shards: batches' records, batches, their seconds, and the
+    /// processors' CPU seconds.
+    fn batch_totals(&self) -> (f64, u64, f64, f64) {
+        self.shards.0.iter().fold((0.0, 0, 0.0, 0.0), |t, s| {
+            let m = &s.metrics;
+            (
+                t.0 + m.batch_size.get_sample_sum(),
+                t.1 + m.batch_size.get_sample_count(),
+                t.2 + m.commit_latency.get_sample_sum(),
+                t.3 + m.processor_cpu.get(),
+            )
+        })
     }
 
     /// As many jobs as fast as possible: the completion rate is the saturation throughput.
     pub(super) fn saturation(&mut self, jobs: u64) -> Result<Saturation> {
         let before = self.io_records();
-        let m = &self.status.metrics;
-        let (b0, n0, c0) = (
-            m.batch_size.get_sample_sum(),
-            m.batch_size.get_sample_count(),
-            m.commit_latency.get_sample_sum(),
-        );
+        let (b0, n0, c0, cpu0) = self.batch_totals();
+        let process0 = process_cpu_seconds();
         let t0 = now_ms(self.epoch);
         let ids = self.submit(jobs, None)?;
         self.wait_completed(&ids, Duration::from_secs(600))?;
@@ -288,15 +323,18 @@ impl Rig {
             .filter_map(|i| t.completed.get(i))
             .fold(0.0f64, |a, b| a.max(*b));
         let seconds = ((last - t0) / 1000.0).max(1e-9);
-        let m = &self.status.metrics;
-        let batches = (m.batch_size.get_sample_count() - n0).max(1) as f64;
+        let (b1, n1, c1, cpu1) = self.batch_totals();
+        let batches = (n1 - n0).max(1) as f64;
+        let per_job_us = |secs: f64| 1e6 * secs / jobs as f64;
         Ok(Saturation {
             jobs,
             seconds,
             jobs_per_sec: jobs as f64 / seconds,
             kafka_records_per_job: (self.io_records() - before) / jobs as f64,
-            mean_batch: (m.batch_size.get_sample_sum() - b0) / batches,
-            mean_batch_ms: 1000.0 * (m.commit_latency.get_sample_sum() - c0) / batches,
+            mean_batch: (b1 - b0) / batches,
+            mean_batch_ms: 1000.0 * (c1 - c0) / batches,
+            processor_cpu_us_per_job: per_job_us(cpu1 - cpu0),
+            process_cpu_us_per_job: per_job_us(process_cpu_seconds() - process0),
         })
     }
 
@@ -374,4 +412,23 @@ fn tail(consumer: &BaseConsumer, times: &Mutex<Times>, stop: &AtomicBool, epoch:
             }
         }
     }
+}
+
+/// CPU time (user + system) of this process so far, in seconds, from `/proc/self/stat`
+/// (clock ticks of 10 ms); 0 where Linux does not say.
+fn process_cpu_seconds() -> f64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return 0.0;
+    };
+    // The command name may hold spaces: the fields that follow start after its ')'.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or("", |(_, rest)| rest)
+        .split_whitespace()
+        .collect();
+    // utime and stime are fields 14 and 15 of the whole line, 12 and 13 after the name.
+    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok());
+    ticks(11)
+        .zip(ticks(12))
+        .map_or(0.0, |(u, s)| (u + s) / 100.0)
 }

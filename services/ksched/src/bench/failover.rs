@@ -140,7 +140,7 @@ fn probe(
     from: Instant,
 ) -> Result<(Option<f64>, f64)> {
     // At the journal's end before the probe is sent, so that its decision cannot be missed.
-    let journal = super::journal_from_end(s.client, s.journal_topic, "ksched-bench-failover")?;
+    let journal = super::journal_from_end(s.client, s.journal_topic, 1, "ksched-bench-failover")?;
     let probe = format!("failover-probe-{tag}");
     send(producer, s.job_topic, &probe)?;
     producer.flush(Duration::from_secs(30))?;

@@ -8,6 +8,7 @@ mod failover;
 mod history;
 mod memory;
 mod recovery;
+mod shards;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -53,6 +54,10 @@ pub(crate) struct BenchArgs {
     /// SDK workers in the end-to-end runs.
     #[arg(long, default_value_t = 4)]
     pub workers: usize,
+    /// Only measure saturation throughput and CPU per job with each of these shard counts
+    /// (one in-process instance holding them all, a processor thread per shard).
+    #[arg(long, value_delimiter = ',', value_name = "N,N,...")]
+    pub shards: Option<Vec<u32>>,
     /// Only measure memory per pending job, with this many pending jobs (no broker needed).
     #[arg(long, value_name = "JOBS")]
     pub memory: Option<u64>,
@@ -205,9 +210,14 @@ where
     }
 }
 
-/// A `read_committed` consumer of the journal (partition 0) positioned at its current end:
-/// it sees what is committed from now on.
-fn journal_from_end(client: &ClientConfig, journal: &str, group: &str) -> Result<BaseConsumer> {
+/// A `read_committed` consumer of the journal's first `partitions` partitions (the shards),
+/// positioned at their current ends: it sees what is committed from now on.
+fn journal_from_end(
+    client: &ClientConfig,
+    journal: &str,
+    partitions: i32,
+    group: &str,
+) -> Result<BaseConsumer> {
     let consumer: BaseConsumer = client
         .clone()
         .set("group.id", group)
@@ -216,9 +226,11 @@ fn journal_from_end(client: &ClientConfig, journal: &str, group: &str) -> Result
         .set("fetch.wait.max.ms", "5")
         .set("fetch.queue.backoff.ms", "1")
         .create()?;
-    let (_, high) = consumer.fetch_watermarks(journal, 0, Duration::from_secs(30))?;
     let mut tpl = TopicPartitionList::new();
-    tpl.add_partition_offset(journal, 0, Offset::Offset(high))?;
+    for p in 0..partitions.max(1) {
+        let (_, high) = consumer.fetch_watermarks(journal, p, Duration::from_secs(30))?;
+        tpl.add_partition_offset(journal, p, Offset::Offset(high))?;
+    }
     consumer.assign(&tpl)?;
     Ok(consumer)
 }
@@ -272,6 +284,9 @@ fn bench(args: BenchArgs) -> Result<()> {
     }
     if let Some(jobs) = args.memory {
         return memory_only(&args, jobs);
+    }
+    if let Some(counts) = &args.shards {
+        return shards_only(&args, counts);
     }
     let total = Instant::now();
     let sizes = Sizes::of(args.smoke);
@@ -536,6 +551,11 @@ fn print_table(r: &Report) {
         "| ratio (jobs/s x records/job) / baseline | {:.2} |",
         r.ratio
     );
+    println!(
+        "| CPU per job at saturation: processor thread / whole bench process (workers, clients; not the broker) | {:.0} us / {:.0} us |",
+        r.saturation_small_history.processor_cpu_us_per_job,
+        r.saturation_small_history.process_cpu_us_per_job
+    );
     for (i, name) in ["25 %", "50 %", "80 %"].iter().enumerate() {
         println!(
             "| submit -> dispatch at {name} load (p50 / p99 / p999) | {:.1} / {:.1} / {:.1} ms |",
@@ -586,6 +606,103 @@ fn print_table(r: &Report) {
                 - 1.0)
     );
     println!("| total bench time | {:.0} s |", r.total_seconds);
+}
+
+/// `ksched bench --shards 1,2,4`: saturation and CPU per job for each shard count, each
+/// count measured `runs` times, interleaved (1, 2, 4, 1, 2, 4, ...) so that a machine that
+/// slows down or speeds up during the bench weighs on every count alike.
+fn shards_only(args: &BenchArgs, counts: &[u32]) -> Result<()> {
+    anyhow::ensure!(
+        !counts.is_empty() && counts.iter().all(|n| (1..=64).contains(n)),
+        "--shards takes shard counts from 1 to 64"
+    );
+    let total = Instant::now();
+    let sizes = Sizes::of(args.smoke);
+    let runs = if args.smoke { 1 } else { 3 };
+    let run = format!("bench-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let work = tempfile::tempdir()?;
+    let kafka = KafkaSettings {
+        bootstrap_servers: args.bootstrap_servers.clone(),
+        client_id: "ksched-bench".into(),
+        properties: args.kafka.properties()?.into_iter().collect(),
+    };
+    let client = ksched_runtime::topics::client_config(&Settings {
+        kafka: kafka.clone(),
+        ..Settings::default()
+    });
+    let mut results: Vec<shards::ShardRun> = Vec::new();
+    for round in 0..runs {
+        for n in counts {
+            phase(&format!(
+                "shards: {n} (run {} of {runs}), saturation with {} jobs",
+                round + 1,
+                sizes.saturation_jobs
+            ));
+            let prefix = format!("{run}.shards-{n}-{round}.");
+            let r = shards::run(
+                &kafka,
+                &client,
+                &prefix,
+                &work.path().join(format!("{n}-{round}")),
+                *n,
+                args.workers,
+                sizes.saturation_jobs,
+            )?;
+            eprintln!(
+                "        {:.0} jobs/s, processor CPU {:.0} us/job, process CPU {:.0} us/job",
+                r.saturation.jobs_per_sec,
+                r.saturation.processor_cpu_us_per_job,
+                r.saturation.process_cpu_us_per_job
+            );
+            results.push(r);
+        }
+    }
+    println!();
+    println!(
+        "ksched bench --shards ({} build{}) on {}",
+        if cfg!(debug_assertions) {
+            "debug"
+        } else {
+            "release"
+        },
+        if args.smoke { ", smoke sizes" } else { "" },
+        machine()
+    );
+    println!();
+    println!(
+        "| shards | jobs/s at saturation (median; runs) | processor CPU per job (median) | process CPU per job (median) | Kafka records per job |"
+    );
+    println!("|---|---|---|---|---|");
+    let median = |mut v: Vec<f64>| -> f64 {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    for n in counts {
+        let of: Vec<&shards::ShardRun> = results.iter().filter(|r| r.shards == *n).collect();
+        let field = |f: fn(&e2e::Saturation) -> f64| -> Vec<f64> {
+            of.iter().map(|r| f(&r.saturation)).collect()
+        };
+        let jps = field(|s| s.jobs_per_sec);
+        println!(
+            "| {n} | {:.0} ({}) | {:.0} us | {:.0} us | {:.1} |",
+            median(jps.clone()),
+            jps.iter()
+                .map(|x| format!("{x:.0}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            median(field(|s| s.processor_cpu_us_per_job)),
+            median(field(|s| s.process_cpu_us_per_job)),
+            median(field(|s| s.kafka_records_per_job)),
+        );
+    }
+    println!(
+        "| total bench time | {:.0} s |||",
+        total.elapsed().as_secs_f64()
+    );
+    std::fs::write(&args.out, serde_json::to_string_pretty(&results)?)
+        .with_context(|| format!("writing {}", args.out.display()))?;
+    eprintln!("results written to {}", args.out.display());
+    Ok(())
 }
 
 /// `ksched bench --memory N`: resident memory per pending job, live and after a restart.

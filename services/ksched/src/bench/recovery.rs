@@ -92,7 +92,8 @@ struct Journal {
 
 impl Journal {
     fn at_end(client: &ClientConfig, topic: &str) -> Result<Journal> {
-        let consumer = super::journal_from_end(client, topic, &format!("{topic}-bench-recovery"))?;
+        let consumer =
+            super::journal_from_end(client, topic, 1, &format!("{topic}-bench-recovery"))?;
         Ok(Journal { consumer })
     }
 
