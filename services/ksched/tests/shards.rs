@@ -1,14 +1,21 @@
 //! Shards (docs/architecture.md, "Shards"), against `ksched run` processes and the real
-//! broker: four shards, each with its own pool and job topic. Two instances share the shards
-//! through the owners' group; SDK workers run jobs on every pool while one instance is
-//! SIGKILLed, and the survivor takes its shards over; the instance is added back and the
-//! shards spread again. Every job ends SUCCEEDED exactly once,
-//! journaled on its own shard only; no attempt is dispatched twice; `audit verify` reproduces
-//! every shard's journal.
+//! broker: six shards, each with its own pool and job topic, shared by three instances
+//! through the owners' group, one standby per shard (`processor.standby_replicas: 1`). SDK
+//! workers run a steady load of jobs on every pool while one instance is SIGKILLed (its
+//! shards move to the two others) and then added back (the shards spread again). A tenant
+//! with `max_concurrent_jobs: 2` sends bursts to every shard. Afterwards, from each shard's
+//! journal: every job ended SUCCEEDED exactly once, on its own shard only; no attempt was
+//! dispatched twice; the capped tenant never had more than 2 jobs placed at once on a shard
+//! (tenant limits are per shard); and `audit verify` reproduces every shard's journal.
+//!
+//! CI runs the short version; `KSCHED_SHARDS_FULL=1 cargo test -p ksched --test shards --
+//! --nocapture` runs the full one (a heavier load held longer in every phase).
 
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -18,35 +25,88 @@ use rdkafka::producer::{BaseProducer, Producer};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-const SHARDS: u32 = 4;
+const SHARDS: u32 = 6;
+/// The capped tenant's limit of jobs placed at once (per shard).
+const CAP: usize = 2;
 
-/// The shards an instance runs the processor of, from its readiness report.
-fn owned(c: &RunningScheduler) -> Option<BTreeSet<u64>> {
+/// How hard and how long the test pushes.
+struct Load {
+    /// Pause between two rounds of the steady load (one job per shard each round).
+    every: Duration,
+    /// How long each phase (all up, one killed, added back) holds the load once settled.
+    hold: Duration,
+    /// Jobs of the capped tenant per shard in each burst.
+    burst: usize,
+}
+
+impl Load {
+    fn from_env() -> Load {
+        if std::env::var("KSCHED_SHARDS_FULL").is_ok_and(|v| v == "1") {
+            Load {
+                every: Duration::from_millis(20),
+                hold: Duration::from_secs(20),
+                burst: 60,
+            }
+        } else {
+            Load {
+                every: Duration::from_millis(150),
+                hold: Duration::from_secs(2),
+                burst: 12,
+            }
+        }
+    }
+}
+
+/// The shards an instance owns and those it stands by for, from its readiness report.
+fn roles(c: &RunningScheduler) -> Option<(BTreeSet<u64>, BTreeSet<u64>)> {
     let (_, body) = http(&format!("{}/health/ready", c.api), "GET", None).ok()?;
     let v: Value = serde_json::from_str(&body).ok()?;
-    Some(
-        v["owned_shards"]
-            .as_array()?
-            .iter()
-            .filter_map(Value::as_u64)
-            .collect(),
-    )
+    let set = |k: &str| -> Option<BTreeSet<u64>> {
+        Some(v[k].as_array()?.iter().filter_map(Value::as_u64).collect())
+    };
+    Some((set("owned_shards")?, set("standby_shards")?))
+}
+
+/// Every shard owned by exactly one of `instances`, each owning `per` of them, and (with
+/// `standbys`) stood by for by exactly one other.
+fn spread(instances: &[&RunningScheduler], per: usize, standbys: bool) -> bool {
+    let Some(all) = instances
+        .iter()
+        .map(|c| roles(c))
+        .collect::<Option<Vec<_>>>()
+    else {
+        return false;
+    };
+    (0..u64::from(SHARDS)).all(|s| {
+        all.iter().filter(|(o, _)| o.contains(&s)).count() == 1
+            && (!standbys || all.iter().filter(|(_, b)| b.contains(&s)).count() == 1)
+    }) && all.iter().all(|(o, _)| o.len() == per)
+}
+
+fn describe(instances: &[&RunningScheduler]) -> String {
+    instances
+        .iter()
+        .map(|c| format!("{:?}", roles(c)))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 #[test]
 fn shards_spread_over_instances_and_move_when_one_is_killed() {
-    let a = RunningScheduler::start_sharded(SHARDS);
-    wait_until("the first instance to own every shard", 60, || {
-        owned(&a).is_some_and(|o| o.len() == SHARDS as usize)
-    });
+    let load = Load::from_env();
+    let a = RunningScheduler::start_sharded(
+        SHARDS,
+        &format!("tenants:\n  capped: {{max_concurrent_jobs: {CAP}}}\n"),
+        "  standby_replicas: 1\n",
+    );
     let mut b = a.another_instance();
-    // Cooperative-sticky: the newcomer gets its share, taken from the first one's.
-    wait_until("the shards to spread over both instances", 90, || {
-        let (oa, ob) = (owned(&a), owned(&b));
-        oa.zip(ob)
-            .is_some_and(|(oa, ob)| oa.len() == 2 && ob.len() == 2 && oa.is_disjoint(&ob))
+    let c = a.another_instance();
+    // Cooperative-sticky: each newcomer gets its share, taken from the others'; each shard
+    // gets one standby among the two instances that do not own it.
+    wait_until("the shards to spread over three instances", 90, || {
+        spread(&[&a, &b, &c], 2, true)
     });
-    let b_shards = owned(&b).unwrap();
+    println!("all up: {}", describe(&[&a, &b, &c]));
 
     let rt = tokio::runtime::Runtime::new().unwrap();
     let stop = CancellationToken::new();
@@ -68,95 +128,154 @@ fn shards_spread_over_instances_and_move_when_one_is_killed() {
                 .await
         });
     }
-    let producer: BaseProducer = ClientConfig::new()
-        .set("bootstrap.servers", &a.bootstrap)
-        .set("enable.idempotence", "true")
-        .create()
-        .unwrap();
-    let topic = |s: u32| format!("{}jobs-{s}", a.prefix);
-    let mut ids: BTreeMap<String, u32> = BTreeMap::new();
-    let round = |tag: &str, ids: &mut BTreeMap<String, u32>| {
-        for i in 0..40 {
-            for s in 0..SHARDS {
-                let id = format!("acme:{tag}-{s}-{i}");
-                submit(&producer, &topic(s), &id);
-                ids.insert(id, s);
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
+    let producer = || -> BaseProducer {
+        ClientConfig::new()
+            .set("bootstrap.servers", &a.bootstrap)
+            .set("enable.idempotence", "true")
+            .create()
+            .unwrap()
     };
-    round("before", &mut ids);
-    // Jobs run on every shard, whichever instance owns it; either instance's API answers.
-    wait_until("a job of every shard to succeed", 90, || {
-        (0..SHARDS).all(|s| {
-            job_state(&a.api, &format!("acme:before-{s}-39")).as_deref() == Some("SUCCEEDED")
+    let topic = {
+        let prefix = a.prefix.clone();
+        move |s: u32| format!("{prefix}jobs-{s}")
+    };
+
+    // The steady load: one job per shard every `load.every`, from the start to the end.
+    let ids: Arc<Mutex<BTreeMap<String, u32>>> = Arc::default();
+    let phase: Arc<Mutex<&'static str>> = Arc::new(Mutex::new("up"));
+    let loading = Arc::new(AtomicBool::new(true));
+    let steady = {
+        let (ids, phase, loading, topic) = (ids.clone(), phase.clone(), loading.clone(), topic);
+        let producer = producer();
+        let every = load.every;
+        std::thread::spawn(move || {
+            let mut i = 0u64;
+            while loading.load(Ordering::Relaxed) {
+                let tag = *phase.lock().unwrap();
+                for s in 0..SHARDS {
+                    let id = format!("acme:{tag}-{s}-{i}");
+                    submit(&producer, &topic(s), &id);
+                    ids.lock().unwrap().insert(id, s);
+                }
+                i += 1;
+                std::thread::sleep(every);
+            }
+            producer.flush(Duration::from_secs(10)).unwrap();
         })
+    };
+    let bursts = producer();
+    let burst = |tag: &str| {
+        for s in 0..SHARDS {
+            for i in 0..load.burst {
+                let id = format!("capped:{tag}-{s}-{i}");
+                submit_as(&bursts, &format!("{}jobs-{s}", a.prefix), &id, "capped");
+                ids.lock().unwrap().insert(id, s);
+            }
+        }
+        bursts.flush(Duration::from_secs(10)).unwrap();
+    };
+    burst("up");
+    // Jobs run on every shard, whichever instance owns it. An instance answers from its own
+    // store, current only for the shards it owns or stands by for: ask them all (a store
+    // that does not follow a shard can lag, never contradict: SUCCEEDED is final).
+    let succeeded = |apis: &[&str], id: &str| {
+        apis.iter()
+            .any(|api| job_state(api, id).as_deref() == Some("SUCCEEDED"))
+    };
+    let apis = [a.api.clone(), b.api.clone(), c.api.clone()];
+    let apis: Vec<&str> = apis.iter().map(String::as_str).collect();
+    wait_until("a job of every shard to succeed", 90, || {
+        (0..SHARDS).all(|s| succeeded(&apis, &format!("acme:up-{s}-0")))
     });
+    std::thread::sleep(load.hold);
 
     let killed = Instant::now();
+    *phase.lock().unwrap() = "killed";
+    let b_shards = roles(&b).unwrap().0;
     b.kill();
-    round("after", &mut ids);
-    producer.flush(Duration::from_secs(10)).unwrap();
-    wait_until("the survivor to own every shard", 60, || {
-        owned(&a).is_some_and(|o| o.len() == SHARDS as usize)
+    burst("killed");
+    wait_until("the two survivors to own every shard", 60, || {
+        spread(&[&a, &c], 3, false)
+    });
+    let moved = killed.elapsed().as_secs_f64();
+    wait_until("each shard to have a standby again", 30, || {
+        spread(&[&a, &c], 3, true)
     });
     println!(
-        "shards {b_shards:?} moved to the survivor {:.1} s after the SIGKILL (lease session timeout 2 s)",
-        killed.elapsed().as_secs_f64()
+        "shards {b_shards:?} moved {moved:.1} s after the SIGKILL (lease session timeout 2 s), standbys chosen again at {:.1} s: {}",
+        killed.elapsed().as_secs_f64(),
+        describe(&[&a, &c])
     );
-    for id in ids.keys() {
-        wait_until(&format!("{id} to succeed"), 120, || {
-            job_state(&a.api, id).as_deref() == Some("SUCCEEDED")
-        });
-    }
+    std::thread::sleep(load.hold);
 
-    // Added back (same host and data directory): the shards spread again, and jobs of every
-    // shard still run once.
+    // Added back (same host and data directory): the shards spread again.
     let back = Instant::now();
+    *phase.lock().unwrap() = "back";
     b.start_again();
+    burst("back");
     wait_until("the shards to spread again", 90, || {
-        let (oa, ob) = (owned(&a), owned(&b));
-        oa.zip(ob)
-            .is_some_and(|(oa, ob)| oa.len() == 2 && ob.len() == 2 && oa.is_disjoint(&ob))
+        spread(&[&a, &b, &c], 2, false)
+    });
+    let moved = back.elapsed().as_secs_f64();
+    wait_until("the standbys to spread again", 30, || {
+        spread(&[&a, &b, &c], 2, true)
     });
     println!(
-        "instance added back: shards {:?} moved to it {:.1} s after it started",
-        owned(&b).unwrap_or_default(),
-        back.elapsed().as_secs_f64()
+        "instance added back: it owns {:?} {moved:.1} s after it started, standbys chosen again at {:.1} s: {}",
+        roles(&b).unwrap().0,
+        back.elapsed().as_secs_f64(),
+        describe(&[&a, &b, &c])
     );
-    round("back", &mut ids);
-    producer.flush(Duration::from_secs(10)).unwrap();
+    std::thread::sleep(load.hold);
+    loading.store(false, Ordering::Relaxed);
+    steady.join().unwrap();
+
+    let ids = ids.lock().unwrap().clone();
+    println!("{} jobs submitted over {SHARDS} shards", ids.len());
     for id in ids.keys() {
-        wait_until(&format!("{id} to succeed"), 120, || {
-            job_state(&a.api, id).as_deref() == Some("SUCCEEDED")
-        });
+        wait_until(&format!("{id} to succeed"), 120, || succeeded(&apis, id));
     }
     stop.cancel();
 
-    // Exactly once, per shard, from its journal: every job on its own shard only, one
-    // dispatch per attempt, one success per job; and every shard's journal replays.
+    // From every shard's journal: each job succeeded once, on its own shard; no attempt was
+    // dispatched twice; the capped tenant never had more than CAP jobs placed at once.
     let mut succeeded: BTreeMap<String, (u32, u32)> = BTreeMap::new();
+    let mut capped_peaks = Vec::new();
     for s in 0..SHARDS {
         let part = s.to_string();
-        let (code, out, err) = a.cli(&["audit", "--partition", &part, "export"]);
+        let (code, out, err) = a.cli(&["audit", "--shard", &part, "export"]);
         assert_eq!(code, 0, "{err}");
         let mut dispatched: BTreeMap<(String, i64), u32> = BTreeMap::new();
+        let mut placed: BTreeSet<String> = BTreeSet::new();
+        let mut peak = 0;
         for line in out.lines() {
             let entry: Value = serde_json::from_str(line).unwrap();
             for e in entry["events"].as_array().into_iter().flatten() {
                 let job = e["job_id"].as_str().unwrap_or_default().to_owned();
+                let capped = job.starts_with("capped:");
                 match e["type"].as_str() {
+                    Some("JobScheduled") if capped => {
+                        placed.insert(job.clone());
+                        peak = peak.max(placed.len());
+                    }
                     Some("JobDispatched") => {
                         *dispatched
-                            .entry((job, e["attempt"].as_i64().unwrap()))
+                            .entry((job.clone(), e["attempt"].as_i64().unwrap()))
                             .or_default() += 1;
                     }
-                    Some("JobSucceeded") => {
-                        let n = succeeded.entry(job).or_insert((s, 0));
-                        assert_eq!(n.0, s, "a job succeeded on two shards");
-                        n.1 += 1;
+                    Some(
+                        "JobRetrying" | "JobFailed" | "JobCancelled" | "JobTimedOut"
+                        | "DeadLettered" | "JobQuarantined",
+                    ) => {
+                        placed.remove(&job);
                     }
                     _ => {}
+                }
+                if e["type"].as_str() == Some("JobSucceeded") {
+                    placed.remove(&job);
+                    let n = succeeded.entry(job).or_insert((s, 0));
+                    assert_eq!(n.0, s, "a job succeeded on two shards");
+                    n.1 += 1;
                 }
             }
         }
@@ -165,9 +284,17 @@ fn shards_spread_over_instances_and_move_when_one_is_killed() {
             twice.is_empty(),
             "shard {s}: attempts dispatched twice: {twice:?}"
         );
-        let (code, out, err) = a.cli(&["audit", "--partition", &part, "verify"]);
+        assert!(
+            peak <= CAP,
+            "shard {s}: the capped tenant had {peak} jobs placed at once (limit {CAP})"
+        );
+        capped_peaks.push(peak);
+        let (code, out, err) = a.cli(&["audit", "--shard", &part, "verify"]);
         assert_eq!(code, 0, "audit verify of shard {s}: {out}{err}");
     }
+    println!("the capped tenant's most jobs placed at once, per shard: {capped_peaks:?}");
+    // The limit was reached, not only respected: bursts of CAP x 6 jobs queue behind it.
+    assert!(capped_peaks.iter().all(|p| *p == CAP), "{capped_peaks:?}");
     for (id, shard) in &ids {
         assert_eq!(
             succeeded.get(id),

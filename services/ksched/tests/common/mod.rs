@@ -119,8 +119,9 @@ impl RunningScheduler {
 
     /// `shards` shards (journal partitions), with a pool `pool-<s>` on each shard `s` and a
     /// job topic `<prefix>jobs-<s>` routed to it; a short lease session (1 s heartbeats
-    /// apart at most), so that a killed instance's shards move within seconds.
-    pub(crate) fn start_sharded(shards: u32) -> RunningScheduler {
+    /// apart at most), so that a killed instance's shards move within seconds. `rules` and
+    /// `processor` are lines added to pools.yaml and to the `processor` section.
+    pub(crate) fn start_sharded(shards: u32, rules: &str, processor: &str) -> RunningScheduler {
         let pools = |prefix: &str| -> String {
             let mut t = String::from("topics:\n");
             let mut p = String::from("pools:\n");
@@ -128,15 +129,15 @@ impl RunningScheduler {
                 t.push_str(&format!("  {prefix}jobs-{s}: pool-{s}\n"));
                 p.push_str(&format!("  pool-{s}: {{shard: {s}}}\n"));
             }
-            t + &p
+            t + &p + rules
         };
         RunningScheduler::start_custom(
             &pools,
             "jobs-0",
             &format!(
-                "  journal_partitions: {shards}\n  heartbeats_partitions: 2\n  control_partitions: 2\n"
+                "  journal_partitions: {shards}\n  results_partitions: {shards}\n  heartbeats_partitions: 2\n  control_partitions: 2\n"
             ),
-            "  lease_session_timeout_ms: 2000\n",
+            &format!("  lease_session_timeout_ms: 2000\n{processor}"),
             "",
             None,
         )
@@ -164,11 +165,16 @@ impl RunningScheduler {
         let scheme = if tls.is_some() { "https" } else { "http" };
         let api = format!("{scheme}://127.0.0.1:{port}");
         let config = dir.path().join("ksched.yaml");
+        let results = if topics_extra.contains("results_partitions") {
+            ""
+        } else {
+            "  results_partitions: 4\n"
+        };
         std::fs::write(
             &config,
             format!(
                 "kafka:\n  bootstrap_servers: {bootstrap}\n\
-                 topics:\n  prefix: {prefix}\n  dispatch_partitions: 2\n  job_partitions: 2\n  results_partitions: 4\n{topics_extra}\
+                 topics:\n  prefix: {prefix}\n  dispatch_partitions: 2\n  job_partitions: 2\n{results}{topics_extra}\
                  processor:\n  group_id: {prefix}processor\n  tick_interval_ms: 200\n  commit_interval_ms: 10\n{processor_extra}\
                  scheduler:\n  overload:\n    cpu_load: 1000\n  retry:\n    initial_backoff_ms: 100\n    max_backoff_ms: 500\n  timing:\n    worker_ttl_ms: 3000\n    clock_gap_ms: 1000\n\
                  storage:\n  data_dir: {}\n\
@@ -178,7 +184,7 @@ impl RunningScheduler {
         )
         .unwrap();
         let child = spawn_run(&config, dir.path());
-        let c = RunningScheduler {
+        let mut c = RunningScheduler {
             child,
             bootstrap,
             prefix,
@@ -217,7 +223,7 @@ impl RunningScheduler {
         std::fs::write(&config, text).unwrap();
         let child = spawn_run(&config, dir.path());
         let scheme = if self.tls.is_some() { "https" } else { "http" };
-        let c = RunningScheduler {
+        let mut c = RunningScheduler {
             child,
             bootstrap: self.bootstrap.clone(),
             prefix: self.prefix.clone(),
@@ -241,7 +247,7 @@ impl RunningScheduler {
         std::fs::read_to_string(self.dir.path().join("ksched.log")).unwrap_or_default()
     }
 
-    fn wait_ready(&self) {
+    fn wait_ready(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let url = format!("{}/health/ready", self.api);
@@ -251,6 +257,12 @@ impl RunningScheduler {
             };
             if ready {
                 return;
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!(
+                    "ksched run exited ({status}) before it got ready:\n{}",
+                    self.log()
+                );
             }
             assert!(
                 Instant::now() < deadline,
@@ -470,11 +482,21 @@ pub(crate) fn path_str(p: &Path) -> String {
 
 /// Produces a job of tenant `acme` with id `id` to `topic` (keyed by its id).
 pub(crate) fn submit(producer: &rdkafka::producer::BaseProducer, topic: &str, id: &str) {
+    submit_as(producer, topic, id, "acme");
+}
+
+/// Produces a job of `tenant` with id `id` to `topic` (keyed by its id).
+pub(crate) fn submit_as(
+    producer: &rdkafka::producer::BaseProducer,
+    topic: &str,
+    id: &str,
+    tenant: &str,
+) {
     use rdkafka::producer::BaseRecord;
     let job = ksched_core::records::JobRequest {
         job_id: id.to_owned(),
         topic: topic.to_owned(),
-        tenant_id: "acme".into(),
+        tenant_id: tenant.into(),
         submitted_at: 1,
         ..Default::default()
     };
