@@ -71,18 +71,28 @@ pub(crate) struct DevArgs {
     pub kafka: crate::kafka_args::KafkaArgs,
 }
 
+/// Shards of the dev scheduler: cpu on shard 0, gpu on shard 1.
+const DEV_SHARDS: i32 = 2;
+
 fn dev_rules() -> Rules {
     let mut r = Rules::default();
     r.topics.insert(CPU_TOPIC.into(), vec!["cpu".into()]);
     r.topics.insert(GPU_TOPIC.into(), vec!["gpu".into()]);
-    r.pools.insert("cpu".into(), PoolRules::default());
+    // Two shards, one pool each, as a scaled-out deployment has them.
+    r.pools.insert(
+        "cpu".into(),
+        PoolRules {
+            shard: Some(0),
+            ..PoolRules::default()
+        },
+    );
     r.pools.insert(
         "gpu".into(),
         PoolRules {
             requires: vec!["gpu".into()],
             strategy: StrategyKind::Capacity,
             workers: Vec::new(),
-            shard: None,
+            shard: Some(1),
         },
     );
     r.four_eyes = true;
@@ -107,11 +117,12 @@ fn dev_config(
     settings.topics.verify = !in_memory;
     settings.topics.trust_create_time = in_memory;
     settings.topics.dispatch_partitions = 4;
+    settings.topics.journal_partitions = DEV_SHARDS;
     settings.processor.group_id = "ksched-dev-processor".into();
     settings.processor.tick_interval_ms = 500;
     settings.storage.data_dir = args.data_dir.clone();
-    // One instance, nothing to stand by for (and the in-memory Kafka's group support is
-    // partial): no owners' group.
+    // One instance runs both shards, with nothing to stand by for (and the in-memory
+    // Kafka's group support is partial): no owners' group.
     settings.processor.lease = false;
     settings.http.listen = args.http_listen.clone();
     settings.log.level = "warn,ksched=warn".into();
@@ -431,7 +442,7 @@ fn banner(args: &DevArgs, bootstrap: &str, in_memory: bool, keyring: &Path) {
     };
     let api = format!("http://{}", args.http_listen);
     println!(
-        "\nksched dev\n  {kafka}\n  RocksDB projection in {}\n  HTTP API {api}: NO AUTHENTICATION (anyone on this machine may approve and cancel; see docs/security.md)\n  keyring {} seals the demo tenant's secrets (ksched submit --keyring it)\n  pools: cpu (2 workers, least_loaded), gpu (1 worker, capacity)\n\n\
+        "\nksched dev\n  {kafka}\n  RocksDB projection in {}\n  HTTP API {api}: NO AUTHENTICATION (anyone on this machine may approve and cancel; see docs/security.md)\n  keyring {} seals the demo tenant's secrets (ksched submit --keyring it)\n  2 shards: cpu pool on shard 0 (2 workers, least_loaded), gpu pool on shard 1 (1 worker, capacity)\n\n\
          Inspect while it runs (another terminal):\n  \
          curl {api}/api/v1/jobs\n  \
          ksched jobs list --api {api}\n  \
@@ -462,11 +473,15 @@ fn print_journal(client: &ClientConfig, topic: &str, shutdown: &CancellationToke
         }
     };
     let mut tpl = TopicPartitionList::new();
-    if tpl
-        .add_partition_offset(topic, 0, Offset::Beginning)
-        .is_err()
-        || consumer.assign(&tpl).is_err()
-    {
+    for shard in 0..DEV_SHARDS {
+        if tpl
+            .add_partition_offset(topic, shard, Offset::Beginning)
+            .is_err()
+        {
+            return;
+        }
+    }
+    if consumer.assign(&tpl).is_err() {
         return;
     }
     while !shutdown.is_cancelled() {
@@ -477,7 +492,11 @@ fn print_journal(client: &ClientConfig, topic: &str, shutdown: &CancellationToke
             continue;
         };
         for line in describe(&entry, verbose) {
-            println!("{}  {line}", &time(entry.log_time)[11..]);
+            println!(
+                "{}  shard {}  {line}",
+                &time(entry.log_time)[11..],
+                m.partition()
+            );
         }
     }
 }
