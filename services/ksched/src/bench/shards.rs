@@ -66,9 +66,9 @@ pub(super) fn run(
         &ksched_runtime::topics_of(&config),
     ))?;
     drop(rt);
-    // As many workers per shard as the single-shard run has in all, up to 8 in all: the
-    // workers are not what is measured, and must not be what limits.
-    let workers = (workers * shards as usize).clamp(workers, workers.max(8));
+    // The same workers whatever the shard count (at least one per pool), spread over the
+    // pools: every count carries the same fleet, and only the processors differ.
+    let workers = workers.max(shards as usize);
     let mut rig = Rig::start(config, client.clone(), workers, &format!("shards-{shards}"))?;
     rig.saturation((jobs / 10).max(50))?;
     // Give the warm-up's stragglers (heartbeats, ticks) a moment to settle.
