@@ -32,6 +32,8 @@ pub const STOPPED: &str = "ksched_processor_stopped";
 pub const SHARD_OWNER: &str = "ksched_shard_owner";
 pub const SHARD_STANDBY: &str = "ksched_shard_standby";
 pub const PROCESSOR_CPU: &str = "ksched_processor_cpu_seconds_total";
+pub const RECORDS: &str = "ksched_records_total";
+pub const RECORD_BYTES: &str = "ksched_record_bytes_total";
 
 /// The `reason` label of a dead letter whose reason is a worker's own error code: worker
 /// codes are free text, and a label value per code would let any worker grow the metric
@@ -66,6 +68,8 @@ pub struct Metrics {
     pub shard_owner: IntGauge,
     pub shard_standby: IntGauge,
     pub processor_cpu: Counter,
+    pub records: IntCounterVec,
+    pub record_bytes: IntCounterVec,
 }
 
 impl Default for Metrics {
@@ -256,6 +260,28 @@ impl Metrics {
                 )
                 .unwrap_or_else(|e| unreachable!("{e}")),
             ),
+            records: reg(
+                &r,
+                IntCounterVec::new(
+                    Opts::new(
+                        RECORDS,
+                        "Kafka records the processor consumed (direction in) and produced (out), by the topic's role.",
+                    ),
+                    &["direction", "topic"],
+                )
+                .unwrap_or_else(|e| unreachable!("{e}")),
+            ),
+            record_bytes: reg(
+                &r,
+                IntCounterVec::new(
+                    Opts::new(
+                        RECORD_BYTES,
+                        "Key and value bytes of the records the processor consumed (in) and produced (out), by the topic's role.",
+                    ),
+                    &["direction", "topic"],
+                )
+                .unwrap_or_else(|e| unreachable!("{e}")),
+            ),
             registry: r,
         }
     }
@@ -289,6 +315,15 @@ impl Metrics {
                 _ => {}
             }
         }
+    }
+
+    /// Counts one record of `bytes` key and value bytes, consumed (`in`) or produced (`out`)
+    /// on a topic of role `topic`.
+    pub fn record(&self, direction: &str, topic: &str, bytes: usize) {
+        self.records.with_label_values(&[direction, topic]).inc();
+        self.record_bytes
+            .with_label_values(&[direction, topic])
+            .inc_by(bytes as u64);
     }
 
     /// Adds the CPU time the calling thread used since `last` (its previous reading, updated).
@@ -388,7 +423,11 @@ mod tests {
         let m = Metrics::new();
         let mut last = None;
         m.add_thread_cpu(&mut last);
-        assert_eq!(m.processor_cpu.get(), 0.0, "the first reading only starts the count");
+        assert_eq!(
+            m.processor_cpu.get(),
+            0.0,
+            "the first reading only starts the count"
+        );
         std::thread::sleep(std::time::Duration::from_millis(100));
         // Work until the thread's own clock says 30 ms (however busy the machine is).
         let started = std::time::Instant::now();

@@ -739,6 +739,11 @@ impl Processor {
     /// else is decided on and journaled (or set aside, when it failed before).
     fn process_record(&mut self, rec: &InputRecord, recovery: &mut Recovery) -> Result<()> {
         let kind = self.topics.kind(&rec.topic);
+        self.status.metrics.record(
+            "in",
+            kind.as_str(),
+            rec.key.as_ref().map_or(0, Vec::len) + rec.payload.as_ref().map_or(0, Vec::len),
+        );
         if let Some(gap) = self.unreadable.read(rec) {
             let cause = Cause {
                 topic: gap.topic.clone(),
@@ -1088,6 +1093,16 @@ impl Processor {
                 Err((e, _)) => return Err(kafka(format!("producing to {topic}"))(e)),
             }
         }
+        let role = if topic == self.topics.journal {
+            "journal"
+        } else if topic == self.topics.dlq {
+            "dlq"
+        } else {
+            "dispatch"
+        };
+        self.status
+            .metrics
+            .record("out", role, key.len() + payload.len());
         self.sent += 1;
         if self.sent.is_multiple_of(1024) {
             self.producer.poll(Duration::ZERO);

@@ -37,6 +37,18 @@ pub enum InputKind {
     Heartbeats,
 }
 
+impl InputKind {
+    /// The topic's role, as metrics name it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            InputKind::Jobs => "jobs",
+            InputKind::Results => "results",
+            InputKind::Control => "control",
+            InputKind::Heartbeats => "heartbeats",
+        }
+    }
+}
+
 impl Topics {
     pub fn new(prefix: &str, jobs: Vec<String>, pools: Vec<String>) -> Topics {
         Topics {
