@@ -81,13 +81,20 @@ fn the_shards_benchmark_measures_every_shard_count() {
     let stdout = String::from_utf8_lossy(&run.stdout);
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert!(run.status.success(), "{stdout}\n{stderr}");
-    assert!(stdout.contains("| shards | jobs/s at saturation"), "{stdout}");
+    assert!(
+        stdout.contains("| shards | jobs/s at saturation"),
+        "{stdout}"
+    );
     let r: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
     let runs = r.as_array().unwrap();
     let shards: Vec<u64> = runs.iter().map(|x| x["shards"].as_u64().unwrap()).collect();
     assert_eq!(shards, [1, 2]);
     for x in runs {
-        for k in ["jobs_per_sec", "processor_cpu_us_per_job", "process_cpu_us_per_job"] {
+        for k in [
+            "jobs_per_sec",
+            "processor_cpu_us_per_job",
+            "process_cpu_us_per_job",
+        ] {
             let v = &x["saturation"][k];
             assert!(v.as_f64().is_some_and(|v| v > 0.0), "{k} = {v}");
         }

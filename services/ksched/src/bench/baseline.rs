@@ -24,6 +24,12 @@ pub(super) struct Baseline {
 }
 
 impl Baseline {
+    /// Consumed + produced records/s over 3: the most jobs/s this Kafka could carry if a job
+    /// cost only its submission in, its dispatch out and its result in.
+    pub(super) fn physical_limit_jobs_per_sec(&self) -> f64 {
+        self.io_records_per_sec / 3.0
+    }
+
     /// The run with the median throughput, listing all runs' figures.
     pub(super) fn median(mut runs: Vec<Baseline>) -> Baseline {
         runs.sort_by(|a, b| a.records_per_sec.total_cmp(&b.records_per_sec));

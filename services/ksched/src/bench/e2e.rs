@@ -2,7 +2,7 @@
 //! complete them, and a journal tailer times each job from its submission to its dispatch
 //! and to its success becoming durable in the journal.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -73,6 +73,35 @@ pub(super) struct Saturation {
     /// CPU time of this whole bench process per job (processors, librdkafka's threads, the
     /// SDK workers, the submitter and the tailer; not the broker), microseconds.
     pub process_cpu_us_per_job: f64,
+    /// Records and bytes per job the processor consumed and produced, by topic role
+    /// (`in jobs`, `out journal`, ...; `ksched_records_total`, `ksched_record_bytes_total`).
+    pub per_job_by_topic: BTreeMap<String, PerJob>,
+}
+
+/// Records and bytes per job on one topic role.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub(super) struct PerJob {
+    pub records: f64,
+    pub bytes: f64,
+}
+
+/// Topic roles the processor reads (`in`) and writes (`out`).
+const ROLES: [(&str, &str); 7] = [
+    ("in", "jobs"),
+    ("in", "results"),
+    ("in", "heartbeats"),
+    ("in", "control"),
+    ("out", "journal"),
+    ("out", "dispatch"),
+    ("out", "dlq"),
+];
+
+impl Saturation {
+    /// The run with the median throughput.
+    pub(super) fn median(mut runs: Vec<Saturation>) -> Saturation {
+        runs.sort_by(|a, b| a.jobs_per_sec.total_cmp(&b.jobs_per_sec));
+        runs.swap_remove(runs.len() / 2)
+    }
 }
 
 /// When each job was sent, dispatched and completed (ms on one clock).
@@ -295,6 +324,22 @@ impl Rig {
             .sum()
     }
 
+    /// Records and bytes so far per topic role, summed over the shards.
+    fn by_topic(&self) -> BTreeMap<String, PerJob> {
+        ROLES
+            .iter()
+            .map(|(direction, topic)| {
+                let mut t = PerJob::default();
+                for s in &self.shards.0 {
+                    let m = &s.metrics;
+                    t.records += m.records.with_label_values(&[direction, topic]).get() as f64;
+                    t.bytes += m.record_bytes.with_label_values(&[direction, topic]).get() as f64;
+                }
+                (format!("{direction} {topic}"), t)
+            })
+            .collect()
+    }
+
     /// Summed over the shards: batches' records, batches, their seconds, and the
     /// processors' CPU seconds.
     fn batch_totals(&self) -> (f64, u64, f64, f64) {
@@ -313,6 +358,7 @@ impl Rig {
     pub(super) fn saturation(&mut self, jobs: u64) -> Result<Saturation> {
         let before = self.io_records();
         let (b0, n0, c0, cpu0) = self.batch_totals();
+        let topics0 = self.by_topic();
         let process0 = process_cpu_seconds();
         let t0 = now_ms(self.epoch);
         let ids = self.submit(jobs, None)?;
@@ -335,6 +381,18 @@ impl Rig {
             mean_batch_ms: 1000.0 * (c1 - c0) / batches,
             processor_cpu_us_per_job: per_job_us(cpu1 - cpu0),
             process_cpu_us_per_job: per_job_us(process_cpu_seconds() - process0),
+            per_job_by_topic: self
+                .by_topic()
+                .into_iter()
+                .map(|(k, v)| {
+                    let before = topics0.get(&k).copied().unwrap_or_default();
+                    let per_job = PerJob {
+                        records: (v.records - before.records) / jobs as f64,
+                        bytes: (v.bytes - before.bytes) / jobs as f64,
+                    };
+                    (k, per_job)
+                })
+                .collect(),
         })
     }
 

@@ -120,8 +120,31 @@ struct Report {
     failover: failover::Failover,
     /// (jobs/s x Kafka records per job) / baseline I/O records/s.
     ratio: f64,
+    /// Each turn's pipe and saturation, measured one after the other.
+    turns: Vec<Turn>,
+    /// Median over the turns of jobs/s / the turn's physical limit.
+    of_physical_limit: f64,
     commit_interval_ms: u64,
     total_seconds: f64,
+}
+
+/// One turn: the raw pipe, then the scheduler at saturation right after it.
+#[derive(Debug, Serialize)]
+struct Turn {
+    pipe_records_per_sec: f64,
+    /// The pipe's consumed + produced records/s over 3: a job needs at least a submission
+    /// in, a dispatch out and a result in.
+    physical_limit_jobs_per_sec: f64,
+    jobs_per_sec: f64,
+    of_physical_limit: f64,
+}
+
+fn median_of(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
 }
 
 /// Settings and rules of a bench scheduler under topic prefix `prefix`.
@@ -311,38 +334,9 @@ fn bench(args: BenchArgs) -> Result<()> {
         ..Settings::default()
     });
 
-    // 1. Raw Kafka baseline, records the size of a bench job request.
-    phase("baseline: transactional consume -> produce pipe");
-    let sample = JobRequest {
-        job_id: format!("{run}.small-1234567"),
-        topic: format!("{run}.small.jobs"),
-        tenant_id: "tenant-1".into(),
-        ..Default::default()
-    };
-    let record_bytes = ksched_codec::encode(&sample)?.len();
+    // 1. A history of `small_history` jobs, rebuilt into a projection.
     let rt = tokio::runtime::Runtime::new()?;
     let defaults = Settings::default().processor;
-    let mut runs = Vec::new();
-    for i in 0..sizes.baseline_runs {
-        let pipe_in = format!("{run}.baseline-{i}.in");
-        let pipe_out = format!("{run}.baseline-{i}.out");
-        rt.block_on(create_topics(&client, &[(&pipe_in, 4), (&pipe_out, 1)]))?;
-        let b = baseline::run(
-            &client,
-            &pipe_in,
-            &pipe_out,
-            sizes.baseline_records,
-            record_bytes,
-            defaults.max_batch,
-            Duration::from_millis(defaults.commit_interval_ms),
-        )?;
-        eprintln!("        run {}: {:.0} records/s", i + 1, b.records_per_sec);
-        runs.push(b);
-    }
-    let baseline = baseline::Baseline::median(runs);
-    eprintln!("        median {:.0} records/s", baseline.records_per_sec);
-
-    // 2. A history of `small_history` jobs, rebuilt into a projection.
     phase(&format!(
         "history: {} jobs written and rebuilt",
         sizes.small_history
@@ -360,16 +354,68 @@ fn bench(args: BenchArgs) -> Result<()> {
         history_small.rebuild_events_per_sec
     );
 
-    // 3. End to end on it: saturation, then latency at 25/50/80 % of it.
-    phase("end to end: saturation");
+    // 2. The raw Kafka pipe and the scheduler at saturation, warmed up, then measured in
+    // turns (pipe, scheduler, pipe, scheduler, ...), so that a broker or machine that speeds
+    // up or slows down during the bench weighs on both alike.
+    let sample = JobRequest {
+        job_id: format!("{run}.small-1234567"),
+        topic: format!("{run}.small.jobs"),
+        tenant_id: "tenant-1".into(),
+        ..Default::default()
+    };
+    let record_bytes = ksched_codec::encode(&sample)?.len();
+    let pipe = |name: &str, records: u64| -> Result<baseline::Baseline> {
+        let pipe_in = format!("{run}.baseline-{name}.in");
+        let pipe_out = format!("{run}.baseline-{name}.out");
+        rt.block_on(create_topics(&client, &[(&pipe_in, 4), (&pipe_out, 1)]))?;
+        baseline::run(
+            &client,
+            &pipe_in,
+            &pipe_out,
+            records,
+            record_bytes,
+            defaults.max_batch,
+            Duration::from_millis(defaults.commit_interval_ms),
+        )
+    };
+    phase("warm-up: the raw pipe and the scheduler, not measured");
+    pipe("warm-up", (sizes.baseline_records / 4).max(1_000))?;
     let mut rig = e2e::Rig::start(small_cfg, client.clone(), args.workers, "e2e")?;
-    // Warm up (connections, JIT-free but caches and group joins).
     rig.saturation((sizes.saturation_jobs / 10).max(50))?;
-    let saturation_small = rig.saturation(sizes.saturation_jobs)?;
-    eprintln!(
-        "        {:.0} jobs/s (mean batch {:.0} records, {:.1} ms)",
-        saturation_small.jobs_per_sec, saturation_small.mean_batch, saturation_small.mean_batch_ms
-    );
+    let mut pipes = Vec::new();
+    let mut saturations = Vec::new();
+    for i in 0..sizes.baseline_runs {
+        phase(&format!(
+            "turn {} of {}: raw Kafka pipe (transactional consume -> produce), then the scheduler at saturation",
+            i + 1,
+            sizes.baseline_runs
+        ));
+        let b = pipe(&i.to_string(), sizes.baseline_records)?;
+        let s = rig.saturation(sizes.saturation_jobs)?;
+        eprintln!(
+            "        pipe {:.0} records/s; scheduler {:.0} jobs/s (mean batch {:.0} records, {:.1} ms), {:.2} of the physical limit",
+            b.records_per_sec,
+            s.jobs_per_sec,
+            s.mean_batch,
+            s.mean_batch_ms,
+            s.jobs_per_sec / b.physical_limit_jobs_per_sec()
+        );
+        pipes.push(b);
+        saturations.push(s);
+    }
+    let turns: Vec<Turn> = pipes
+        .iter()
+        .zip(&saturations)
+        .map(|(b, s)| Turn {
+            pipe_records_per_sec: b.records_per_sec,
+            physical_limit_jobs_per_sec: b.physical_limit_jobs_per_sec(),
+            jobs_per_sec: s.jobs_per_sec,
+            of_physical_limit: s.jobs_per_sec / b.physical_limit_jobs_per_sec(),
+        })
+        .collect();
+    let baseline = baseline::Baseline::median(pipes);
+    let saturation_small = e2e::Saturation::median(saturations);
+
     let mut levels = Vec::new();
     for load in [0.25, 0.5, 0.8] {
         phase(&format!("end to end: {:.0} % of saturation", load * 100.0));
@@ -463,6 +509,7 @@ fn bench(args: BenchArgs) -> Result<()> {
 
     let ratio = saturation_small.jobs_per_sec * saturation_small.kafka_records_per_job
         / baseline.io_records_per_sec;
+    let of_physical_limit = median_of(turns.iter().map(|t| t.of_physical_limit).collect());
     let report = Report {
         machine: machine(),
         build: if cfg!(debug_assertions) {
@@ -472,6 +519,8 @@ fn bench(args: BenchArgs) -> Result<()> {
         },
         smoke: args.smoke,
         baseline,
+        turns,
+        of_physical_limit,
         history_small,
         saturation_small_history: saturation_small,
         levels,
@@ -542,14 +591,46 @@ fn print_table(r: &Report) {
             .join(", ")
     );
     println!(
-        "| end to end at saturation ({} jobs of history) | {:.0} jobs/s, {:.1} Kafka records per job |",
+        "| end to end at saturation ({} jobs of history; median of {}) | {:.0} jobs/s, {:.1} Kafka records per job; runs {} |",
         r.history_small.jobs,
+        r.turns.len(),
         r.saturation_small_history.jobs_per_sec,
-        r.saturation_small_history.kafka_records_per_job
+        r.saturation_small_history.kafka_records_per_job,
+        r.turns
+            .iter()
+            .map(|t| format!("{:.0}", t.jobs_per_sec))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    println!(
+        "| physical limit (pipe consumed+produced records/s / 3) and saturation's share of it, per turn | {} ; median share {:.2} |",
+        r.turns
+            .iter()
+            .map(|t| format!(
+                "{:.0} jobs/s -> {:.2}",
+                t.physical_limit_jobs_per_sec, t.of_physical_limit
+            ))
+            .collect::<Vec<_>>()
+            .join(", "),
+        r.of_physical_limit
     );
     println!(
         "| ratio (jobs/s x records/job) / baseline | {:.2} |",
         r.ratio
+    );
+    let per = &r.saturation_small_history.per_job_by_topic;
+    let total = per
+        .values()
+        .fold((0.0, 0.0), |t, p| (t.0 + p.records, t.1 + p.bytes));
+    println!(
+        "| records / bytes per job at saturation, by topic | {} ; total {:.2} / {:.0} B |",
+        per.iter()
+            .filter(|(_, p)| p.records > 0.0)
+            .map(|(k, p)| format!("{k} {:.2} / {:.0} B", p.records, p.bytes))
+            .collect::<Vec<_>>()
+            .join(", "),
+        total.0,
+        total.1
     );
     println!(
         "| CPU per job at saturation: processor thread / whole bench process (workers, clients; not the broker) | {:.0} us / {:.0} us |",
