@@ -34,7 +34,10 @@ fn the_smoke_benchmark_measures_every_phase() {
     );
     let r: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
     let positive = |path: &[&str]| {
-        let v = path.iter().fold(&r, |v, k| &v[*k]);
+        let v = path.iter().fold(&r, |v, k| match k.parse::<usize>() {
+            Ok(i) => &v[i],
+            Err(_) => &v[*k],
+        });
         assert!(v.as_f64().is_some_and(|x| x > 0.0), "{path:?} = {v}");
     };
     positive(&["baseline", "records_per_sec"]);
@@ -42,11 +45,13 @@ fn the_smoke_benchmark_measures_every_phase() {
     positive(&["saturation_small_history", "kafka_records_per_job"]);
     positive(&["saturation_small_history", "processor_cpu_us_per_job"]);
     positive(&["saturation_small_history", "process_cpu_us_per_job"]);
-    positive(&["saturation_large_history", "jobs_per_sec"]);
-    positive(&["history_large", "rebuild_events_per_sec"]);
-    positive(&["recovery", "recovery_seconds"]);
-    positive(&["recovery", "first_decision_seconds"]);
+    positive(&["large", "saturation_large_history", "jobs_per_sec"]);
+    positive(&["large", "history_large", "rebuild_events_per_sec"]);
+    positive(&["large", "recovery", "recovery_seconds"]);
+    positive(&["large", "recovery", "first_decision_seconds"]);
     positive(&["ratio"]);
+    positive(&["of_physical_limit"]);
+    positive(&["turns", "0", "physical_limit_jobs_per_sec"]);
     let levels = r["levels"].as_array().unwrap();
     assert_eq!(levels.len(), 3);
     for l in levels {

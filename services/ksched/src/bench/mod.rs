@@ -54,6 +54,10 @@ pub(crate) struct BenchArgs {
     /// SDK workers in the end-to-end runs.
     #[arg(long, default_value_t = 4)]
     pub workers: usize,
+    /// Only the small-history phases (baseline and saturation turns, latency levels): skip
+    /// the large history, recovery and failover (minutes of set-up).
+    #[arg(long)]
+    pub skip_large: bool,
     /// Only measure saturation throughput and CPU per job with each of these shard counts
     /// (one in-process instance holding them all, a processor thread per shard).
     #[arg(long, value_delimiter = ',', value_name = "N,N,...")]
@@ -114,10 +118,7 @@ struct Report {
     history_small: history::History,
     saturation_small_history: e2e::Saturation,
     levels: Vec<e2e::Level>,
-    history_large: history::History,
-    saturation_large_history: e2e::Saturation,
-    recovery: recovery::Recovery,
-    failover: failover::Failover,
+    large: Option<Large>,
     /// (jobs/s x Kafka records per job) / baseline I/O records/s.
     ratio: f64,
     /// Each turn's pipe and saturation, measured one after the other.
@@ -126,6 +127,15 @@ struct Report {
     of_physical_limit: f64,
     commit_interval_ms: u64,
     total_seconds: f64,
+}
+
+/// The large-history phases.
+#[derive(Debug, Serialize)]
+struct Large {
+    history_large: history::History,
+    saturation_large_history: e2e::Saturation,
+    recovery: recovery::Recovery,
+    failover: failover::Failover,
 }
 
 /// One turn: the raw pipe, then the scheduler at saturation right after it.
@@ -431,6 +441,53 @@ fn bench(args: BenchArgs) -> Result<()> {
     }
     rig.stop()?;
 
+    let large = if args.skip_large {
+        None
+    } else {
+        Some(large_phases(&args, &sizes, &kafka, &client, &run, &work)?)
+    };
+
+    let ratio = saturation_small.jobs_per_sec * saturation_small.kafka_records_per_job
+        / baseline.io_records_per_sec;
+    let of_physical_limit = median_of(turns.iter().map(|t| t.of_physical_limit).collect());
+    let report = Report {
+        machine: machine(),
+        build: if cfg!(debug_assertions) {
+            "debug"
+        } else {
+            "release"
+        },
+        smoke: args.smoke,
+        baseline,
+        turns,
+        of_physical_limit,
+        history_small,
+        saturation_small_history: saturation_small,
+        levels,
+        large,
+        ratio,
+        commit_interval_ms: defaults.commit_interval_ms,
+        total_seconds: total.elapsed().as_secs_f64(),
+    };
+    print_table(&report);
+    std::fs::write(&args.out, serde_json::to_string_pretty(&report)?)
+        .with_context(|| format!("writing {}", args.out.display()))?;
+    eprintln!("results written to {}", args.out.display());
+    Ok(())
+}
+
+/// The large history, rebuilt (the replay figure); recovery after SIGKILL; saturation on it;
+/// failover between two instances on it.
+fn large_phases(
+    args: &BenchArgs,
+    sizes: &Sizes,
+    kafka: &KafkaSettings,
+    client: &ClientConfig,
+    run: &str,
+    work: &Path,
+) -> Result<Large> {
+    let rt = tokio::runtime::Runtime::new()?;
+    let kafka = kafka.clone();
     // 4. A large history, rebuilt (the replay figure), then saturation on it.
     phase(&format!(
         "history: {} jobs written and rebuilt",
@@ -449,7 +506,7 @@ fn bench(args: BenchArgs) -> Result<()> {
         &large_cfg.settings,
         &ksched_runtime::topics_of(&large_cfg),
     ))?;
-    let history_large = history::build(&client, &large_cfg, sizes.large_history, &large_dir)?;
+    let history_large = history::build(client, &large_cfg, sizes.large_history, &large_dir)?;
     eprintln!(
         "        rebuild {:.0} events/s",
         history_large.rebuild_events_per_sec
@@ -459,7 +516,7 @@ fn bench(args: BenchArgs) -> Result<()> {
     phase("recovery: ksched run killed with SIGKILL under load, restarted");
     let config_file = write_config(&large_cfg, &work.join("large-config"))?;
     let recovery = recovery::run(
-        &client,
+        client,
         &config_file,
         &format!("http://127.0.0.1:{port}"),
         &format!("{large_prefix}jobs"),
@@ -490,12 +547,12 @@ fn bench(args: BenchArgs) -> Result<()> {
         sizes.large_history, args.lease_session_ms
     ));
     let failover = failover::run(&failover::Setup {
-        client: &client,
+        client,
         config: &large_cfg,
         job_topic: &format!("{large_prefix}jobs"),
         journal_topic: &ksched_runtime::topics_of(&large_cfg).journal,
         history_jobs: sizes.large_history,
-        work: &work,
+        work,
         lease_session_timeout_ms: args.lease_session_ms,
     })?;
     eprintln!(
@@ -507,36 +564,12 @@ fn bench(args: BenchArgs) -> Result<()> {
         failover.killed_to_first_decision_without_standby_seconds
     );
 
-    let ratio = saturation_small.jobs_per_sec * saturation_small.kafka_records_per_job
-        / baseline.io_records_per_sec;
-    let of_physical_limit = median_of(turns.iter().map(|t| t.of_physical_limit).collect());
-    let report = Report {
-        machine: machine(),
-        build: if cfg!(debug_assertions) {
-            "debug"
-        } else {
-            "release"
-        },
-        smoke: args.smoke,
-        baseline,
-        turns,
-        of_physical_limit,
-        history_small,
-        saturation_small_history: saturation_small,
-        levels,
+    Ok(Large {
         history_large,
         saturation_large_history: saturation_large,
         recovery,
         failover,
-        ratio,
-        commit_interval_ms: defaults.commit_interval_ms,
-        total_seconds: total.elapsed().as_secs_f64(),
-    };
-    print_table(&report);
-    std::fs::write(&args.out, serde_json::to_string_pretty(&report)?)
-        .with_context(|| format!("writing {}", args.out.display()))?;
-    eprintln!("results written to {}", args.out.display());
-    Ok(())
+    })
 }
 
 struct Cleanup(Option<PathBuf>);
@@ -651,41 +684,44 @@ fn print_table(r: &Report) {
             l(i).submit_to_completed_ms.p999
         );
     }
-    println!(
-        "| rebuild of {} events ({} jobs) | {:.0} events/s ({:.1} s) |",
-        r.history_large.events,
-        r.history_large.jobs,
-        r.history_large.rebuild_events_per_sec,
-        r.history_large.rebuild_seconds
-    );
-    println!(
-        "| recovery after SIGKILL, {} jobs of history | {:.2} s to ready, {:.2} s to the first decision (clean start {:.2} s) |",
-        r.recovery.history_jobs,
-        r.recovery.recovery_seconds,
-        r.recovery.first_decision_seconds,
-        r.recovery.cold_start_seconds
-    );
-    let f = &r.failover;
-    println!(
-        "| failover, {} jobs of history, lease session timeout {} ms | owner SIGKILLed: the standby owns at {:.2} s, first decision at {:.2} s; owner stopped: the standby owns at {:.2} s, a job sent at the signal is decided at {:.2} s; no standby (rebuild from the journal): first decision at {:.2} s |",
-        f.history_jobs,
-        f.lease_session_timeout_ms,
-        f.killed_to_owned_seconds,
-        f.killed_to_first_decision_seconds,
-        f.stopped_to_owned_seconds,
-        f.stopped_to_first_decision_seconds,
-        f.killed_to_first_decision_without_standby_seconds
-    );
-    println!(
-        "| saturation with {} vs {} jobs of history | {:.0} vs {:.0} jobs/s ({:+.1} %) |",
-        r.history_small.jobs,
-        r.history_large.jobs,
-        r.saturation_small_history.jobs_per_sec,
-        r.saturation_large_history.jobs_per_sec,
-        100.0
-            * (r.saturation_large_history.jobs_per_sec / r.saturation_small_history.jobs_per_sec
-                - 1.0)
-    );
+    if let Some(g) = &r.large {
+        println!(
+            "| rebuild of {} events ({} jobs) | {:.0} events/s ({:.1} s) |",
+            g.history_large.events,
+            g.history_large.jobs,
+            g.history_large.rebuild_events_per_sec,
+            g.history_large.rebuild_seconds
+        );
+        println!(
+            "| recovery after SIGKILL, {} jobs of history | {:.2} s to ready, {:.2} s to the first decision (clean start {:.2} s) |",
+            g.recovery.history_jobs,
+            g.recovery.recovery_seconds,
+            g.recovery.first_decision_seconds,
+            g.recovery.cold_start_seconds
+        );
+        let f = &g.failover;
+        println!(
+            "| failover, {} jobs of history, lease session timeout {} ms | owner SIGKILLed: the standby owns at {:.2} s, first decision at {:.2} s; owner stopped: the standby owns at {:.2} s, a job sent at the signal is decided at {:.2} s; no standby (rebuild from the journal): first decision at {:.2} s |",
+            f.history_jobs,
+            f.lease_session_timeout_ms,
+            f.killed_to_owned_seconds,
+            f.killed_to_first_decision_seconds,
+            f.stopped_to_owned_seconds,
+            f.stopped_to_first_decision_seconds,
+            f.killed_to_first_decision_without_standby_seconds
+        );
+        println!(
+            "| saturation with {} vs {} jobs of history | {:.0} vs {:.0} jobs/s ({:+.1} %) |",
+            r.history_small.jobs,
+            g.history_large.jobs,
+            r.saturation_small_history.jobs_per_sec,
+            g.saturation_large_history.jobs_per_sec,
+            100.0
+                * (g.saturation_large_history.jobs_per_sec
+                    / r.saturation_small_history.jobs_per_sec
+                    - 1.0)
+        );
+    }
     println!("| total bench time | {:.0} s |", r.total_seconds);
 }
 
