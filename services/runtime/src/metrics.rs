@@ -6,8 +6,8 @@ use ksched_core::events::{Event, JobState, JournalEntry};
 use ksched_core::reason::DlqReason;
 use ksched_core::state::State;
 use prometheus::{
-    Counter, Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge,
-    IntGaugeVec, Opts, Registry, TextEncoder,
+    Counter, CounterVec, Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec,
+    IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 pub const JOBS: &str = "ksched_jobs";
@@ -33,6 +33,7 @@ pub const SHARD_OWNER: &str = "ksched_shard_owner";
 pub const SHARD_STANDBY: &str = "ksched_shard_standby";
 pub const PROCESSOR_CPU: &str = "ksched_processor_cpu_seconds_total";
 pub const RECORDS: &str = "ksched_records_total";
+pub const BATCH_PHASES: &str = "ksched_batch_phase_seconds_total";
 pub const RECORD_BYTES: &str = "ksched_record_bytes_total";
 
 /// The `reason` label of a dead letter whose reason is a worker's own error code: worker
@@ -70,6 +71,7 @@ pub struct Metrics {
     pub processor_cpu: Counter,
     pub records: IntCounterVec,
     pub record_bytes: IntCounterVec,
+    pub batch_phases: CounterVec,
 }
 
 impl Default for Metrics {
@@ -279,6 +281,17 @@ impl Metrics {
                         "Key and value bytes of the records the processor consumed (in) and produced (out), by the topic's role.",
                     ),
                     &["direction", "topic"],
+                )
+                .unwrap_or_else(|e| unreachable!("{e}")),
+            ),
+            batch_phases: reg(
+                &r,
+                CounterVec::new(
+                    Opts::new(
+                        BATCH_PHASES,
+                        "Time the processor spent in each phase of its batches: decide (decide, journal and produce every input), offsets (send_offsets_to_transaction), deliveries (await the produced records' acknowledgements), commit (commit_transaction), persist (write the projection to RocksDB).",
+                    ),
+                    &["phase"],
                 )
                 .unwrap_or_else(|e| unreachable!("{e}")),
             ),

@@ -614,6 +614,11 @@ impl Processor {
             settings.max_batch
         };
         let window = Duration::from_millis(settings.commit_interval_ms);
+        // Adaptive batching: once the consumer has nothing more at hand, every input waiting
+        // is in the batch, and waiting out the window would only delay it. Inputs that arrive
+        // while this batch commits make the next one: under load batches grow by themselves
+        // (up to `max_batch` and the window).
+        let adaptive = settings.adaptive_batching;
         let trust_create_time = self.config.settings.topics.trust_create_time;
         let stalled = self.last_record.elapsed();
         if stalled > Duration::from_millis(settings.input_stall_ms) {
@@ -631,6 +636,7 @@ impl Processor {
             let wait = match deadline {
                 None => first_wait,
                 Some(d) => match d.checked_duration_since(Instant::now()) {
+                    Some(_) if adaptive => Duration::ZERO,
                     Some(left) if !left.is_zero() => left,
                     _ => break,
                 },
@@ -662,7 +668,7 @@ impl Processor {
                     }
                 }
                 None => {
-                    if deadline.is_none() {
+                    if deadline.is_none() || adaptive {
                         break;
                     }
                 }
@@ -906,7 +912,10 @@ impl Processor {
                 kafka("begin_transaction")(e)
             }
         })?;
+        let phases = self.status.metrics.batch_phases.clone();
+        let mut phase = Phase::start(&phases, "decide");
         let outcome = body(self).and_then(|offsets| {
+            phase.next("offsets");
             if let Some(tpl) = offsets {
                 let consumer = self.consumer()?;
                 let meta = consumer.group_metadata().ok_or(Error::Invariant(
@@ -917,8 +926,10 @@ impl Processor {
                 })?
                 .map_err(kafka("send_offsets_to_transaction"))?;
             }
+            phase.next("deliveries");
             self.await_deliveries(timeout)?;
             self.refusals()?;
+            phase.next("commit");
             self.bounded("commit_transaction", timeout, move |p| {
                 p.commit_transaction(timeout)
             })?
@@ -945,7 +956,9 @@ impl Processor {
             .context()
             .last_journal_offset
             .load(Ordering::Relaxed);
+        phase.next("persist");
         self.persist((last >= 0).then_some(last))?;
+        phase.end();
         Ok(())
     }
 
@@ -1201,6 +1214,37 @@ pub(crate) fn wall_clock_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// Times the phases of a batch into `ksched_batch_phase_seconds_total` (one phase at a time;
+/// a phase left by an error is not counted).
+struct Phase<'a> {
+    counters: &'a prometheus::CounterVec,
+    name: &'static str,
+    since: Instant,
+}
+
+impl<'a> Phase<'a> {
+    fn start(counters: &'a prometheus::CounterVec, name: &'static str) -> Phase<'a> {
+        Phase {
+            counters,
+            name,
+            since: Instant::now(),
+        }
+    }
+
+    /// Ends the current phase and starts `name`.
+    fn next(&mut self, name: &'static str) {
+        self.end();
+        self.name = name;
+        self.since = Instant::now();
+    }
+
+    fn end(&self) {
+        self.counters
+            .with_label_values(&[self.name])
+            .inc_by(self.since.elapsed().as_secs_f64());
+    }
 }
 
 #[cfg(test)]

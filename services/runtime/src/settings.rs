@@ -156,6 +156,12 @@ pub struct ProcessorSettings {
     pub max_batch: usize,
     /// Longest a batch collects before it commits, in ms. Default 20.
     pub commit_interval_ms: u64,
+    /// Adaptive batching: a batch commits as soon as the input consumer has nothing more at
+    /// hand, instead of waiting out `commit_interval_ms`; the inputs that arrive while it
+    /// commits make the next batch, so under load batches grow by themselves (up to
+    /// `max_batch` and the interval). Off: every batch waits out the interval once it has an
+    /// input (fewer, larger transactions at low load, at the price of latency). Default true.
+    pub adaptive_batching: bool,
     /// Kafka `transaction.timeout.ms`. Default 60000.
     pub transaction_timeout_ms: u64,
     /// Interval between Tick records, in ms. Default 1000.
@@ -196,6 +202,7 @@ impl Default for ProcessorSettings {
             journal_partition: 0,
             max_batch: 500,
             commit_interval_ms: 20,
+            adaptive_batching: true,
             transaction_timeout_ms: 60_000,
             tick_interval_ms: 1_000,
             shutdown_grace_ms: 10_000,

@@ -53,6 +53,12 @@ pub(super) struct Level {
     pub jobs: u64,
     pub submit_to_dispatch_ms: Percentiles,
     pub submit_to_completed_ms: Percentiles,
+    /// Mean input records per transaction, and mean time per batch (processing and
+    /// commit), ms, during the level.
+    pub mean_batch: f64,
+    pub mean_batch_ms: f64,
+    /// Mean ms per batch in each phase.
+    pub phase_ms_per_batch: BTreeMap<String, f64>,
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -76,7 +82,12 @@ pub(super) struct Saturation {
     /// Records and bytes per job the processor consumed and produced, by topic role
     /// (`in jobs`, `out journal`, ...; `ksched_records_total`, `ksched_record_bytes_total`).
     pub per_job_by_topic: BTreeMap<String, PerJob>,
+    /// Mean ms per batch in each phase (`ksched_batch_phase_seconds_total`).
+    pub phase_ms_per_batch: BTreeMap<String, f64>,
 }
+
+/// The phases of a batch, as the processor times them.
+const PHASES: [&str; 5] = ["decide", "offsets", "deliveries", "commit", "persist"];
 
 /// Records and bytes per job on one topic role.
 #[derive(Debug, Clone, Copy, Default, serde::Serialize)]
@@ -340,6 +351,22 @@ impl Rig {
             .collect()
     }
 
+    /// Seconds so far in each batch phase, summed over the shards.
+    fn phases(&self) -> BTreeMap<String, f64> {
+        PHASES
+            .iter()
+            .map(|p| {
+                let secs = self
+                    .shards
+                    .0
+                    .iter()
+                    .map(|s| s.metrics.batch_phases.with_label_values(&[p]).get())
+                    .sum();
+                ((*p).to_owned(), secs)
+            })
+            .collect()
+    }
+
     /// Summed over the shards: batches' records, batches, their seconds, and the
     /// processors' CPU seconds.
     fn batch_totals(&self) -> (f64, u64, f64, f64) {
@@ -359,6 +386,7 @@ impl Rig {
         let before = self.io_records();
         let (b0, n0, c0, cpu0) = self.batch_totals();
         let topics0 = self.by_topic();
+        let phases0 = self.phases();
         let process0 = process_cpu_seconds();
         let t0 = now_ms(self.epoch);
         let ids = self.submit(jobs, None)?;
@@ -381,6 +409,7 @@ impl Rig {
             mean_batch_ms: 1000.0 * (c1 - c0) / batches,
             processor_cpu_us_per_job: per_job_us(cpu1 - cpu0),
             process_cpu_us_per_job: per_job_us(process_cpu_seconds() - process0),
+            phase_ms_per_batch: per_batch_ms(&phases0, &self.phases(), batches),
             per_job_by_topic: self
                 .by_topic()
                 .into_iter()
@@ -400,6 +429,8 @@ impl Rig {
     pub(super) fn level(&mut self, load: f64, saturation: f64, seconds: f64) -> Result<Level> {
         let rate = (load * saturation).max(1.0);
         let n = (rate * seconds).ceil().max(1.0) as u64;
+        let (b0, n0, c0, _) = self.batch_totals();
+        let phases0 = self.phases();
         let t0 = now_ms(self.epoch);
         let ids = self.submit(n, Some(rate))?;
         self.wait_completed(&ids, Duration::from_secs(600))?;
@@ -417,7 +448,12 @@ impl Rig {
                 last = last.max(*c);
             }
         }
+        let (b1, n1, c1, _) = self.batch_totals();
+        let batches = (n1 - n0).max(1) as f64;
         Ok(Level {
+            phase_ms_per_batch: per_batch_ms(&phases0, &self.phases(), batches),
+            mean_batch: (b1 - b0) / batches,
+            mean_batch_ms: 1000.0 * (c1 - c0) / batches,
             load,
             offered_jobs_per_sec: rate,
             achieved_jobs_per_sec: n as f64 / ((last - t0) / 1000.0).max(1e-9),
@@ -489,4 +525,19 @@ fn process_cpu_seconds() -> f64 {
     ticks(11)
         .zip(ticks(12))
         .map_or(0.0, |(u, s)| (u + s) / 100.0)
+}
+
+/// Mean ms per batch in each phase between two readings.
+fn per_batch_ms(
+    before: &BTreeMap<String, f64>,
+    after: &BTreeMap<String, f64>,
+    batches: f64,
+) -> BTreeMap<String, f64> {
+    after
+        .iter()
+        .map(|(k, v)| {
+            let d = v - before.get(k).copied().unwrap_or(0.0);
+            (k.clone(), 1000.0 * d / batches)
+        })
+        .collect()
 }

@@ -431,11 +431,13 @@ fn bench(args: BenchArgs) -> Result<()> {
         phase(&format!("end to end: {:.0} % of saturation", load * 100.0));
         let l = rig.level(load, saturation_small.jobs_per_sec, sizes.level_seconds)?;
         eprintln!(
-            "        dispatch p50 {:.1} ms p99 {:.1} ms; completed p50 {:.1} ms p99 {:.1} ms",
+            "        dispatch p50 {:.1} ms p99 {:.1} ms; completed p50 {:.1} ms p99 {:.1} ms; mean batch {:.0} records, {:.1} ms",
             l.submit_to_dispatch_ms.p50,
             l.submit_to_dispatch_ms.p99,
             l.submit_to_completed_ms.p50,
-            l.submit_to_completed_ms.p99
+            l.submit_to_completed_ms.p99,
+            l.mean_batch,
+            l.mean_batch_ms
         );
         levels.push(l);
     }
@@ -665,6 +667,26 @@ fn print_table(r: &Report) {
         total.0,
         total.1
     );
+    let phases = |m: &std::collections::BTreeMap<String, f64>| -> String {
+        ["decide", "offsets", "deliveries", "commit", "persist"]
+            .iter()
+            .map(|p| format!("{p} {:.1}", m.get(*p).copied().unwrap_or(0.0)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    println!(
+        "| a batch at saturation: mean input records; ms per phase | {:.0}; {} |",
+        r.saturation_small_history.mean_batch,
+        phases(&r.saturation_small_history.phase_ms_per_batch)
+    );
+    for l in &r.levels {
+        println!(
+            "| a batch at {:.0} % load: mean input records; ms per phase | {:.0}; {} |",
+            100.0 * l.load,
+            l.mean_batch,
+            phases(&l.phase_ms_per_batch)
+        );
+    }
     println!(
         "| CPU per job at saturation: processor thread / whole bench process (workers, clients; not the broker) | {:.0} us / {:.0} us |",
         r.saturation_small_history.processor_cpu_us_per_job,

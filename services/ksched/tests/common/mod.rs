@@ -100,6 +100,14 @@ impl RunningScheduler {
         RunningScheduler::start_full(extra, topics, None)
     }
 
+    /// Like [`RunningScheduler::start`], with `processor` lines added to the `processor`
+    /// section of the settings.
+    pub(crate) fn start_with_processor(processor: &str) -> RunningScheduler {
+        let routes =
+            |prefix: &str| format!("topics:\n  {prefix}jobs: default\npools:\n  default: {{}}\n");
+        RunningScheduler::start_custom(&routes, "jobs", "", processor, "", None)
+    }
+
     /// Like [`RunningScheduler::start`], with the API over TLS (`extra` configures
     /// `http.tls`); `tls` says how to reach it.
     pub(crate) fn start_tls(extra: &str, tls: ApiTls) -> RunningScheduler {
@@ -165,6 +173,11 @@ impl RunningScheduler {
         let scheme = if tls.is_some() { "https" } else { "http" };
         let api = format!("{scheme}://127.0.0.1:{port}");
         let config = dir.path().join("ksched.yaml");
+        let commit = if processor_extra.contains("commit_interval_ms") {
+            ""
+        } else {
+            "  commit_interval_ms: 10\n"
+        };
         let results = if topics_extra.contains("results_partitions") {
             ""
         } else {
@@ -175,7 +188,7 @@ impl RunningScheduler {
             format!(
                 "kafka:\n  bootstrap_servers: {bootstrap}\n\
                  topics:\n  prefix: {prefix}\n  dispatch_partitions: 2\n  job_partitions: 2\n{results}{topics_extra}\
-                 processor:\n  group_id: {prefix}processor\n  tick_interval_ms: 200\n  commit_interval_ms: 10\n{processor_extra}\
+                 processor:\n  group_id: {prefix}processor\n  tick_interval_ms: 200\n{commit}{processor_extra}\
                  scheduler:\n  overload:\n    cpu_load: 1000\n  retry:\n    initial_backoff_ms: 100\n    max_backoff_ms: 500\n  timing:\n    worker_ttl_ms: 3000\n    clock_gap_ms: 1000\n\
                  storage:\n  data_dir: {}\n\
                  http:\n  listen: 127.0.0.1:{port}\n{extra}",
