@@ -175,8 +175,85 @@ fn forbidden_builtin(text: &str) -> Option<&'static str> {
         })
 }
 
+/// The parts of the input document a bundle's modules can read, found in their source: for
+/// each reference to the root document `input`, its longest static path (`input.job.tenant`
+/// reads `job.tenant`; `input.job[k]` reads `job`; `import input.job as j` reads `job`).
+/// None when a reference may read the whole document (a bare `input`, as in `input[k]`,
+/// `f(input)` or `with input as`). Conservative by construction: text in comments and
+/// strings only adds paths or falls back to the whole document.
+fn input_paths(bundle: &PolicyBundle) -> Option<Vec<Vec<String>>> {
+    let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    let mut paths: Vec<Vec<String>> = Vec::new();
+    for text in bundle.modules.values() {
+        let mut from = 0;
+        while let Some(at) = text[from..].find("input").map(|i| from + i) {
+            from = at + "input".len();
+            let before = text[..at].chars().next_back();
+            if before.is_some_and(|c| ident(c) || c == '.') {
+                // `myinput`, or `ksched.input` (a package, not the document).
+                continue;
+            }
+            let rest = &text[from..];
+            if rest.chars().next().is_some_and(ident) {
+                continue; // `input_x`, `inputs`
+            }
+            let mut path = Vec::new();
+            let mut r = rest;
+            while let Some(after_dot) = r.strip_prefix('.') {
+                let len = after_dot
+                    .find(|c: char| !ident(c))
+                    .unwrap_or(after_dot.len());
+                if len == 0 {
+                    break;
+                }
+                path.push(after_dot[..len].to_owned());
+                r = &after_dot[len..];
+            }
+            if path.is_empty() {
+                return None;
+            }
+            paths.push(path);
+        }
+    }
+    paths.sort();
+    paths.dedup();
+    // A path under another one adds nothing: the shorter one's subtree holds it.
+    let kept: Vec<Vec<String>> = paths
+        .iter()
+        .filter(|p| !paths.iter().any(|q| q.len() < p.len() && p.starts_with(q)))
+        .cloned()
+        .collect();
+    Some(kept)
+}
+
+/// What of `doc` a policy reading `paths` can see: the memo key's document part. Two
+/// documents with the same projection get the same decision. A missing field (`~`) is told
+/// apart from a null one (Rego treats undefined and null differently).
+fn projection(doc: &Json, paths: Option<&[Vec<String>]>) -> String {
+    let Some(paths) = paths else {
+        return doc.to_string();
+    };
+    let mut key = String::new();
+    for p in paths {
+        let mut v = Some(doc);
+        for segment in p {
+            v = v.and_then(|v| v.get(segment));
+        }
+        key.push_str(&p.join("."));
+        key.push('=');
+        match v {
+            Some(v) => key.push_str(&v.to_string()),
+            None => key.push('~'),
+        }
+        key.push('\u{0}');
+    }
+    key
+}
+
 struct Compiled {
     engine: Option<Engine>,
+    /// What the bundle can read of its input ([`input_paths`]).
+    input_paths: Option<Vec<Vec<String>>>,
     has_input: bool,
     has_output: bool,
     error: Option<String>,
@@ -252,10 +329,12 @@ impl RegoEngine {
         let inner = &mut *guard;
         let snapshot = bundle.policy_snapshot.clone();
         let mut compiled = inner.engines.remove(&snapshot).unwrap_or_else(|| {
-            match compile(&PolicyBundle::from_reconfigure(bundle)) {
+            let source = PolicyBundle::from_reconfigure(bundle);
+            match compile(&source) {
                 Ok(engine) => {
                     let packages = engine.get_packages().unwrap_or_default();
                     Compiled {
+                        input_paths: input_paths(&source),
                         has_input: packages.iter().any(|p| p == "data.ksched.input"),
                         has_output: packages.iter().any(|p| p == "data.ksched.output"),
                         engine: Some(engine),
@@ -264,6 +343,7 @@ impl RegoEngine {
                 }
                 Err(e) => Compiled {
                     engine: None,
+                    input_paths: None,
                     has_input: true,
                     has_output: true,
                     error: Some(e.to_string()),
@@ -365,8 +445,12 @@ fn evaluate_output(engine: &mut Engine, doc: &Json) -> std::result::Result<Outpu
 
 impl PolicyEngine for RegoEngine {
     fn evaluate_input(&self, bundle: &Reconfigure, doc: &Json) -> PolicyDecision {
-        let key = format!("{}\u{0}{doc}", bundle.policy_snapshot);
         self.with_engine(bundle, |compiled, inner| {
+            let key = format!(
+                "{}\u{0}{}",
+                bundle.policy_snapshot,
+                projection(doc, compiled.input_paths.as_deref())
+            );
             if let Some(hit) = inner.input_memo.get(&key) {
                 inner.hits += 1;
                 return hit;
@@ -386,8 +470,12 @@ impl PolicyEngine for RegoEngine {
     }
 
     fn evaluate_output(&self, bundle: &Reconfigure, doc: &Json) -> OutputDecision {
-        let key = format!("{}\u{0}{doc}", bundle.policy_snapshot);
         self.with_engine(bundle, |compiled, inner| {
+            let key = format!(
+                "{}\u{0}{}",
+                bundle.policy_snapshot,
+                projection(doc, compiled.input_paths.as_deref())
+            );
             if let Some(hit) = inner.output_memo.get(&key) {
                 inner.hits += 1;
                 return hit;
@@ -419,5 +507,60 @@ fn quarantine_closed(error: &str) -> OutputDecision {
     OutputDecision {
         quarantine: true,
         reasons: vec![format!("output policy evaluation failed: {error}")],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn paths_of(text: &str) -> Option<Vec<Vec<String>>> {
+        let mut b = PolicyBundle::default();
+        b.modules.insert("p.rego".into(), text.into());
+        input_paths(&b)
+    }
+
+    fn p(s: &str) -> Vec<String> {
+        s.split('.').map(str::to_owned).collect()
+    }
+
+    #[test]
+    fn static_references_to_the_input_are_found_and_others_fall_back_to_all_of_it() {
+        let text = "package ksched.input\nimport input.meta as m\nallow if input.job.tenant_id == \"a\"\n\
+                    deny if input.job.labels[k] == \"x\"\nx if data.ksched.input.allow\ny := myinput.z\n";
+        assert_eq!(
+            paths_of(text),
+            Some(vec![p("job.labels"), p("job.tenant_id"), p("meta")])
+        );
+        // Under a shorter path, a longer one adds nothing.
+        assert_eq!(
+            paths_of("allow if input.job.a.b\nallow if input.job.a\n"),
+            Some(vec![p("job.a")])
+        );
+        for whole in [
+            "allow if input[k]",
+            "allow if f(input)",
+            "allow if x with input as {}",
+            "allow if input\n",
+        ] {
+            assert_eq!(paths_of(whole), None, "{whole}");
+        }
+        assert_eq!(paths_of("default allow := true\n"), Some(vec![]));
+    }
+
+    #[test]
+    fn a_projection_tells_missing_from_null_and_ignores_other_fields() {
+        let paths = vec![p("job.team")];
+        let a = projection(
+            &serde_json::json!({"job": {"team": null, "id": 1}}),
+            Some(&paths),
+        );
+        let b = projection(&serde_json::json!({"job": {"id": 2}}), Some(&paths));
+        let c = projection(
+            &serde_json::json!({"job": {"team": null, "id": 3}}),
+            Some(&paths),
+        );
+        assert_ne!(a, b);
+        assert_eq!(a, c);
     }
 }

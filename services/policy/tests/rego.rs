@@ -314,3 +314,73 @@ fn numbers_and_nested_values_of_the_input_reach_the_policy_intact() {
     );
     assert_eq!(d.verdict, Verdict::Allow);
 }
+
+fn inline(text: &str) -> Reconfigure {
+    let mut bundle = PolicyBundle::default();
+    bundle.modules.insert("p.rego".into(), text.into());
+    bundle.data_json = "{}".into();
+    reconfigure(&bundle)
+}
+
+/// The memo keys a decision by what the policy can read of the input: jobs that differ only
+/// in fields it never names share one evaluation, and a change in a field it names is
+/// evaluated anew (with the right verdict).
+#[test]
+fn jobs_differing_only_in_fields_the_policy_never_reads_share_one_evaluation() {
+    let r = inline(
+        "package ksched.input\nimport rego.v1\ndefault allow := true\ndeny contains \"evil\" if input.job.tenant_id == \"evil\"\n",
+    );
+    let engine = RegoEngine::new();
+    let mut j = job("dev", &[], Priority::Batch);
+    for i in 0..5 {
+        j.job_id = format!("j-{i}");
+        j.labels.insert("n".into(), i.to_string());
+        let d = engine.evaluate_input(&r, &input_document(&j, 0, 0, &[]));
+        assert_eq!(d.verdict, Verdict::Allow);
+    }
+    assert_eq!(engine.memo_stats(), (4, 1), "one evaluation for five jobs");
+    j.tenant_id = "evil".into();
+    let d = engine.evaluate_input(&r, &input_document(&j, 0, 0, &[]));
+    assert_eq!(d.verdict, Verdict::Deny, "the field it reads changed");
+    assert_eq!(engine.memo_stats(), (4, 2));
+}
+
+/// A policy that may read the whole input (a bare `input`) is evaluated for every distinct
+/// document, as before.
+#[test]
+fn a_policy_reading_the_whole_input_is_evaluated_for_every_distinct_document() {
+    let r =
+        inline("package ksched.input\nimport rego.v1\nallow if count(object.keys(input)) > 0\n");
+    let engine = RegoEngine::new();
+    let mut j = job("dev", &[], Priority::Batch);
+    for i in 0..3 {
+        j.job_id = format!("j-{i}");
+        let d = engine.evaluate_input(&r, &input_document(&j, 0, 0, &[]));
+        assert_eq!(d.verdict, Verdict::Allow);
+    }
+    assert_eq!(engine.memo_stats(), (0, 3));
+}
+
+/// A label absent and a label present are different inputs even where the value compared
+/// is the same text: the projection keeps "missing" apart from any value.
+#[test]
+fn a_missing_field_is_not_mistaken_for_a_present_one() {
+    let r = inline(
+        "package ksched.input\nimport rego.v1\ndefault allow := false\nallow if not input.job.labels.team\n",
+    );
+    let engine = RegoEngine::new();
+    let mut j = job("dev", &[], Priority::Batch);
+    assert_eq!(
+        engine
+            .evaluate_input(&r, &input_document(&j, 0, 0, &[]))
+            .verdict,
+        Verdict::Allow
+    );
+    j.labels.insert("team".into(), "core".into());
+    assert_eq!(
+        engine
+            .evaluate_input(&r, &input_document(&j, 0, 0, &[]))
+            .verdict,
+        Verdict::Deny
+    );
+}
