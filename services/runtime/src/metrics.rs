@@ -43,6 +43,22 @@ pub const WORKER_ERROR_LABEL: &str = "worker_error";
 /// The `pool` label of workers whose heartbeat names a pool the configuration lacks.
 pub const UNCONFIGURED_POOL_LABEL: &str = "unconfigured";
 
+/// The counters of one direction and topic role of `ksched_records_total` and
+/// `ksched_record_bytes_total`.
+#[derive(Debug, Clone)]
+pub struct RecordCounters {
+    records: IntCounter,
+    bytes: IntCounter,
+}
+
+impl RecordCounters {
+    /// Counts one record of `bytes` key and value bytes.
+    pub fn count(&self, bytes: usize) {
+        self.records.inc();
+        self.bytes.inc_by(bytes as u64);
+    }
+}
+
 /// Every metric of the process.
 #[derive(Debug, Clone)]
 pub struct Metrics {
@@ -330,13 +346,13 @@ impl Metrics {
         }
     }
 
-    /// Counts one record of `bytes` key and value bytes, consumed (`in`) or produced (`out`)
-    /// on a topic of role `topic`.
-    pub fn record(&self, direction: &str, topic: &str, bytes: usize) {
-        self.records.with_label_values(&[direction, topic]).inc();
-        self.record_bytes
-            .with_label_values(&[direction, topic])
-            .inc_by(bytes as u64);
+    /// The record and byte counters of `direction` (`in`, `out`) and topic role `topic`,
+    /// resolved once (the processor counts every record it reads and writes).
+    pub fn record_counters(&self, direction: &str, topic: &str) -> RecordCounters {
+        RecordCounters {
+            records: self.records.with_label_values(&[direction, topic]),
+            bytes: self.record_bytes.with_label_values(&[direction, topic]),
+        }
     }
 
     /// Adds the CPU time the calling thread used since `last` (its previous reading, updated).

@@ -36,6 +36,7 @@ use crate::error::{Coords, Error, Result, kafka, refused_for_what_it_is};
 use crate::inputs::{
     InputRecord, ReadThrough, Taken, Unreadable, set_aside, skips_records, take, unreadable_input,
 };
+use crate::metrics::RecordCounters;
 use crate::replay::{Flow, Replayer, journal_watermarks, read_journal};
 use crate::settings::Config;
 use crate::shard::{Shard, Takes};
@@ -197,6 +198,8 @@ pub struct Processor {
     last_record: Instant,
     /// The shard this processor runs (its journal partition), among how many.
     shard: Shard,
+    /// Records and bytes read and written, by topic role.
+    counters: Counters,
     /// The input partitions assigned to the consumer, and when they were last checked
     /// against the topics' metadata (partitions added to a topic are picked up).
     inputs: Vec<(String, i32)>,
@@ -347,6 +350,7 @@ impl Processor {
             caller,
             consumer: None,
             transactional_id,
+            counters: Counters::new(&status.metrics),
             status,
             shutdown,
             sent: 0,
@@ -745,11 +749,9 @@ impl Processor {
     /// else is decided on and journaled (or set aside, when it failed before).
     fn process_record(&mut self, rec: &InputRecord, recovery: &mut Recovery) -> Result<()> {
         let kind = self.topics.kind(&rec.topic);
-        self.status.metrics.record(
-            "in",
-            kind.as_str(),
-            rec.key.as_ref().map_or(0, Vec::len) + rec.payload.as_ref().map_or(0, Vec::len),
-        );
+        self.counters
+            .input(kind)
+            .count(rec.key.as_ref().map_or(0, Vec::len) + rec.payload.as_ref().map_or(0, Vec::len));
         if let Some(gap) = self.unreadable.read(rec) {
             let cause = Cause {
                 topic: gap.topic.clone(),
@@ -1106,16 +1108,14 @@ impl Processor {
                 Err((e, _)) => return Err(kafka(format!("producing to {topic}"))(e)),
             }
         }
-        let role = if topic == self.topics.journal {
-            "journal"
+        let counters = if topic == self.topics.journal {
+            &self.counters.journal
         } else if topic == self.topics.dlq {
-            "dlq"
+            &self.counters.dlq
         } else {
-            "dispatch"
+            &self.counters.dispatch
         };
-        self.status
-            .metrics
-            .record("out", role, key.len() + payload.len());
+        counters.count(key.len() + payload.len());
         self.sent += 1;
         if self.sent.is_multiple_of(1024) {
             self.producer.poll(Duration::ZERO);
@@ -1214,6 +1214,40 @@ pub(crate) fn wall_clock_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// The processor's record counters, resolved once.
+struct Counters {
+    jobs: RecordCounters,
+    results: RecordCounters,
+    control: RecordCounters,
+    heartbeats: RecordCounters,
+    journal: RecordCounters,
+    dispatch: RecordCounters,
+    dlq: RecordCounters,
+}
+
+impl Counters {
+    fn new(m: &crate::metrics::Metrics) -> Counters {
+        Counters {
+            jobs: m.record_counters("in", InputKind::Jobs.as_str()),
+            results: m.record_counters("in", InputKind::Results.as_str()),
+            control: m.record_counters("in", InputKind::Control.as_str()),
+            heartbeats: m.record_counters("in", InputKind::Heartbeats.as_str()),
+            journal: m.record_counters("out", "journal"),
+            dispatch: m.record_counters("out", "dispatch"),
+            dlq: m.record_counters("out", "dlq"),
+        }
+    }
+
+    fn input(&self, kind: InputKind) -> &RecordCounters {
+        match kind {
+            InputKind::Jobs => &self.jobs,
+            InputKind::Results => &self.results,
+            InputKind::Control => &self.control,
+            InputKind::Heartbeats => &self.heartbeats,
+        }
+    }
 }
 
 /// Times the phases of a batch into `ksched_batch_phase_seconds_total` (one phase at a time;
