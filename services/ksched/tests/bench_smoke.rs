@@ -7,32 +7,34 @@ use std::process::Command;
 use ksched_testkit::bootstrap_servers;
 use serde_json::Value;
 
-#[test]
-fn the_smoke_benchmark_measures_every_phase() {
+/// Runs `ksched bench` with `args` against the test broker; its table and its JSON report.
+fn bench(args: &[&std::ffi::OsStr]) -> (String, Value) {
     let bootstrap = bootstrap_servers().unwrap_or_else(|e| panic!("{e}"));
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("bench.json");
     let run = Command::new(env!("CARGO_BIN_EXE_ksched"))
-        .args([
-            "bench",
-            "--smoke",
-            "--bootstrap-servers",
-            &bootstrap,
-            "--out",
-        ])
+        .arg("bench")
+        .args(args)
+        .args(["--bootstrap-servers", &bootstrap, "--out"])
         .arg(&out)
-        .arg("--work-dir")
-        .arg(dir.path().join("work"))
         .output()
         .unwrap();
-    let stdout = String::from_utf8_lossy(&run.stdout);
+    let stdout = String::from_utf8_lossy(&run.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert!(run.status.success(), "{stdout}\n{stderr}");
+    let report = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    (stdout, report)
+}
+
+#[test]
+fn the_smoke_benchmark_measures_every_phase() {
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path().join("work");
+    let (stdout, r) = bench(&["--smoke".as_ref(), "--work-dir".as_ref(), work.as_os_str()]);
     assert!(
         stdout.contains("| ratio (jobs/s x records/job) / baseline |"),
         "{stdout}"
     );
-    let r: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
     let positive = |path: &[&str]| {
         let v = path.iter().fold(&r, |v, k| match k.parse::<usize>() {
             Ok(i) => &v[i],
@@ -67,30 +69,11 @@ fn the_smoke_benchmark_measures_every_phase() {
 /// with its jobs spread over the shards; every count reports throughput and CPU per job.
 #[test]
 fn the_shards_benchmark_measures_every_shard_count() {
-    let bootstrap = bootstrap_servers().unwrap_or_else(|e| panic!("{e}"));
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("shards.json");
-    let run = Command::new(env!("CARGO_BIN_EXE_ksched"))
-        .args([
-            "bench",
-            "--smoke",
-            "--shards",
-            "1,2",
-            "--bootstrap-servers",
-            &bootstrap,
-            "--out",
-        ])
-        .arg(&out)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&run.stdout);
-    let stderr = String::from_utf8_lossy(&run.stderr);
-    assert!(run.status.success(), "{stdout}\n{stderr}");
+    let (stdout, r) = bench(&["--smoke", "--shards", "1,2"].map(std::ffi::OsStr::new));
     assert!(
         stdout.contains("| shards | jobs/s at saturation"),
         "{stdout}"
     );
-    let r: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
     let runs = r.as_array().unwrap();
     let shards: Vec<u64> = runs.iter().map(|x| x["shards"].as_u64().unwrap()).collect();
     assert_eq!(shards, [1, 2]);

@@ -268,6 +268,21 @@ fn journal_from_end(
     Ok(consumer)
 }
 
+/// The bench's Kafka settings (the broker and client properties given) and the client
+/// configuration they make.
+fn kafka_clients(args: &BenchArgs) -> Result<(KafkaSettings, ClientConfig)> {
+    let kafka = KafkaSettings {
+        bootstrap_servers: args.bootstrap_servers.clone(),
+        client_id: "ksched-bench".into(),
+        properties: args.kafka.properties()?.into_iter().collect(),
+    };
+    let client = ksched_runtime::topics::client_config(&Settings {
+        kafka: kafka.clone(),
+        ..Settings::default()
+    });
+    Ok((kafka, client))
+}
+
 fn free_port() -> Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
@@ -334,15 +349,7 @@ fn bench(args: BenchArgs) -> Result<()> {
     } else {
         None
     });
-    let kafka = KafkaSettings {
-        bootstrap_servers: args.bootstrap_servers.clone(),
-        client_id: "ksched-bench".into(),
-        properties: args.kafka.properties()?.into_iter().collect(),
-    };
-    let client = ksched_runtime::topics::client_config(&Settings {
-        kafka: kafka.clone(),
-        ..Settings::default()
-    });
+    let (kafka, client) = kafka_clients(&args)?;
 
     // 1. A history of `small_history` jobs, rebuilt into a projection.
     let rt = tokio::runtime::Runtime::new()?;
@@ -760,15 +767,7 @@ fn shards_only(args: &BenchArgs, counts: &[u32]) -> Result<()> {
     let runs = if args.smoke { 1 } else { 3 };
     let run = format!("bench-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
     let work = tempfile::tempdir()?;
-    let kafka = KafkaSettings {
-        bootstrap_servers: args.bootstrap_servers.clone(),
-        client_id: "ksched-bench".into(),
-        properties: args.kafka.properties()?.into_iter().collect(),
-    };
-    let client = ksched_runtime::topics::client_config(&Settings {
-        kafka: kafka.clone(),
-        ..Settings::default()
-    });
+    let (kafka, client) = kafka_clients(args)?;
     let mut results: Vec<shards::ShardRun> = Vec::new();
     for round in 0..runs {
         for n in counts {
