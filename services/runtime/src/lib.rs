@@ -125,7 +125,7 @@ pub fn run_shard(
             Some(l) => {
                 status.set_caught_up(false);
                 while !shutdown.is_cancelled() && !l.owned(shard) && !l.stands_by(shard) {
-                    std::thread::sleep(Duration::from_millis(50));
+                    sleep_unless(&shutdown, Duration::from_millis(50));
                 }
                 continue;
             }
