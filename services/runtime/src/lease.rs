@@ -35,8 +35,9 @@ use crate::topics::client_config;
 /// How often the lease thread polls its consumer (group heartbeats run in librdkafka's
 /// background thread; the poll serves rebalances).
 const POLL: Duration = Duration::from_millis(100);
-/// How often the lease thread reads the group's members to choose each shard's standbys.
-const STANDBYS_EVERY: Duration = Duration::from_secs(2);
+/// How often the lease thread reads the group's members from the coordinator: to choose
+/// each shard's standbys, and to check its consumer against the coordinator's view.
+const DESCRIBE_EVERY: Duration = Duration::from_secs(2);
 
 /// The ownership of every shard (journal partition), kept current by a thread.
 #[derive(Debug)]
@@ -123,14 +124,10 @@ impl Lease {
             settings.kafka.client_id,
             instance_id(settings)
         );
-        let consumer: BaseConsumer = client_config(settings)
+        let mut config = client_config(settings);
+        config
             .set("client.id", &client_id)
             .set("group.id", &group)
-            // Static membership: this instance restarted (same host, same data directory)
-            // takes its place back at once instead of waiting for its old session to expire.
-            // The price: a static member does not leave the group when it closes; a
-            // stopping owner hands over explicitly instead (see `hand_over`).
-            .set("group.instance.id", instance_id(settings))
             // A new member takes only its share of the shards, from the others' surplus.
             .set("partition.assignment.strategy", "cooperative-sticky")
             .set("session.timeout.ms", session.to_string())
@@ -141,12 +138,25 @@ impl Lease {
                 (session / 3).clamp(100, 500).to_string(),
             )
             .set("enable.auto.commit", "false")
-            .set("auto.offset.reset", "latest")
-            .create()
-            .map_err(kafka("creating the lease consumer"))?;
-        consumer
-            .subscribe(&[&topics.journal])
-            .map_err(kafka("joining the owners' group"))?;
+            .set("auto.offset.reset", "latest");
+        let journal = topics.journal.clone();
+        // Static membership: this instance restarted (same host, same data directory) takes
+        // its place back at once instead of waiting for its old session to expire. The
+        // price: a static member does not leave the group when it closes; a stopping owner
+        // hands over explicitly instead (see `hand_over`).
+        let connect = move |instance: &str| -> Result<BaseConsumer> {
+            let consumer: BaseConsumer = config
+                .clone()
+                .set("group.instance.id", instance)
+                .create()
+                .map_err(kafka("creating the lease consumer"))?;
+            consumer
+                .subscribe(&[&journal])
+                .map_err(kafka("joining the owners' group"))?;
+            Ok(consumer)
+        };
+        let instance = instance_id(settings);
+        let consumer = connect(&instance)?;
         // Until the group's members are known, every instance that may stand by does.
         let standby = p.standby_replicas != Some(0);
         let parts = statuses
@@ -190,7 +200,13 @@ impl Lease {
                         partitions: &[],
                         client_id: &client_id,
                     };
-                    hold(&consumer, &ids, &shared, &stop, standbys);
+                    let membership = Membership {
+                        consumer,
+                        connect: Box::new(connect),
+                        instance,
+                        rejoins: 0,
+                    };
+                    let consumer = hold(membership, &ids, &shared, &stop, standbys, session);
                     let owned = shared.owned();
                     if !owned.is_empty() {
                         let ids = LeaseIds {
@@ -272,15 +288,71 @@ fn instance_id(settings: &Settings) -> String {
     format!("ksched-{}", &digest[..16])
 }
 
+/// Creates a consumer of the owners' group with a static member id, subscribed.
+type Connect = dyn Fn(&str) -> Result<BaseConsumer> + Send;
+
+/// The lease consumer and how to make a new one (a fresh member of the owners' group) when
+/// the old one is wedged.
+struct Membership {
+    consumer: BaseConsumer,
+    connect: Box<Connect>,
+    /// This instance's static member id.
+    instance: String,
+    /// How many times the consumer was replaced.
+    rejoins: u32,
+}
+
+impl Membership {
+    /// Replaces the consumer with a new member of the group. The first time under the same
+    /// static id (the coordinator hands it what it holds for that id); after that under a
+    /// new one, so that the group rebalances even when the coordinator holds nothing for the
+    /// old id. The old consumer is closed on a thread of its own: a wedged client may take
+    /// its time to close, and the lease must keep polling meanwhile.
+    fn rejoin(&mut self, why: &str) {
+        self.rejoins += 1;
+        let id = if self.rejoins == 1 {
+            self.instance.clone()
+        } else {
+            format!("{}-{}", self.instance, self.rejoins)
+        };
+        warn!(
+            why,
+            member = %id,
+            "the lease consumer and the group coordinator disagree; joining the owners' group again with a new consumer"
+        );
+        match (self.connect)(&id) {
+            Ok(fresh) => {
+                let old = std::mem::replace(&mut self.consumer, fresh);
+                let _ = std::thread::Builder::new()
+                    .name("ksched-lease-close".into())
+                    .spawn(move || {
+                        old.unsubscribe();
+                        drop(old);
+                    });
+            }
+            Err(e) => warn!(error = %e, "cannot create a new lease consumer; keeping the old one"),
+        }
+    }
+}
+
 /// Polls the lease consumer until `stop`, keeping `shared` in step with the assignment, and
-/// every [`STANDBYS_EVERY`] with the group's choice of `standbys` standbys per shard.
+/// every [`DESCRIBE_EVERY`] with the group's choice of `standbys` standbys per shard. Returns
+/// the consumer (a new one if the old one was replaced), for the handover.
+///
+/// librdkafka's view of the assignment and the coordinator's are compared at the same pace:
+/// after a broker restart longer than the session, a lone static member was seen to stay
+/// without its shard for minutes (its session timed out on the client's side, it rejoined,
+/// and the coordinator's group stayed Stable with the shard owned by nobody, or by this
+/// member while its client held nothing). A disagreement that outlasts three sessions (at
+/// least 10 s; a rebalance settles well within that) replaces the consumer.
 fn hold(
-    consumer: &BaseConsumer,
+    mut membership: Membership,
     lease: &LeaseIds<'_>,
     shared: &Shared,
     stop: &CancellationToken,
     standbys: usize,
-) {
+    session: Duration,
+) -> BaseConsumer {
     let (group, journal) = (lease.group, lease.journal);
     info!(
         group,
@@ -288,14 +360,14 @@ fn hold(
         shards = shared.parts.len(),
         "standing for the shards"
     );
+    let stuck_after = (session * 3).max(Duration::from_secs(10));
+    let shards: Vec<i32> = shared.parts.keys().copied().collect();
     let mut paused: Vec<i32> = Vec::new();
     let mut last_warning: Option<Instant> = None;
-    let mut standbys_at: Option<Instant> = None;
+    let mut described_at: Option<Instant> = None;
+    let mut disagreeing: Option<Instant> = None;
     while !stop.is_cancelled() {
-        if standbys_at.is_none_or(|t| t.elapsed() >= STANDBYS_EVERY) {
-            standbys_at = Some(Instant::now());
-            choose_standbys(consumer, lease, shared, standbys);
-        }
+        let consumer = &membership.consumer;
         if let Some(Err(e)) = consumer.poll(POLL)
             && last_warning.is_none_or(|t| t.elapsed() > Duration::from_secs(10))
         {
@@ -335,24 +407,93 @@ fn hold(
                 shared.set(*partition, now);
             }
         }
+        if described_at.is_some_and(|t| t.elapsed() < DESCRIBE_EVERY) {
+            continue;
+        }
+        described_at = Some(Instant::now());
+        // Unreachable coordinator: nothing to compare with, and nothing a new consumer
+        // would do better.
+        let Some((state, members)) = describe(consumer, group) else {
+            disagreeing = None;
+            continue;
+        };
+        choose_standbys(&state, &members, lease, shared, standbys);
+        match disagreement(&state, &members, lease, &shards, &owns) {
+            None => disagreeing = None,
+            Some(why) => {
+                let since = *disagreeing.get_or_insert_with(Instant::now);
+                if since.elapsed() >= stuck_after {
+                    membership.rejoin(&why);
+                    paused.clear();
+                    disagreeing = None;
+                }
+            }
+        }
     }
+    membership.consumer
+}
+
+/// How the coordinator's view of the owners' group (settled: Stable or Empty) contradicts
+/// this member's, which owns `owns` of `shards`: this member is not in the group, a shard
+/// is owned by nobody, or the coordinator gives this member a shard it does not hold or
+/// the other way round. None while the group rebalances.
+fn disagreement(
+    state: &str,
+    members: &[Member],
+    lease: &LeaseIds<'_>,
+    shards: &[i32],
+    owns: &[i32],
+) -> Option<String> {
+    if state != "Stable" && state != "Empty" {
+        return None;
+    }
+    if !members.iter().any(|m| m.client_id == lease.client_id) {
+        return Some(format!(
+            "the group is {state} and this instance is not among its {} members",
+            members.len()
+        ));
+    }
+    for p in shards {
+        let holders: Vec<&str> = members
+            .iter()
+            .filter(|m| assigned(&m.assignment, lease.journal, *p))
+            .map(|m| m.client_id.as_str())
+            .collect();
+        if holders.is_empty() {
+            return Some(format!(
+                "shard {p} is owned by no member of the Stable group"
+            ));
+        }
+        let ours = holders.contains(&lease.client_id);
+        if ours != owns.contains(p) {
+            return Some(format!(
+                "the coordinator says this instance {} shard {p}, its consumer that it {}",
+                if ours { "owns" } else { "does not own" },
+                if ours { "does not" } else { "does" },
+            ));
+        }
+    }
+    None
 }
 
 /// Marks the shards this instance stands by for, from the group's members as the coordinator
 /// describes them once the group is stable (mid-rebalance, the previous choice stands).
-fn choose_standbys(consumer: &BaseConsumer, lease: &LeaseIds<'_>, shared: &Shared, k: usize) {
+fn choose_standbys(
+    state: &str,
+    members: &[Member],
+    lease: &LeaseIds<'_>,
+    shared: &Shared,
+    k: usize,
+) {
     // None, or every other instance: nothing to choose.
     if k == 0 || k == usize::MAX {
         return;
     }
-    let Some((state, members)) = describe(consumer, lease.group) else {
-        return;
-    };
     if state != "Stable" || !members.iter().any(|m| m.client_id == lease.client_id) {
         return;
     }
     for partition in shared.parts.keys() {
-        let chosen = standbys_of(&members, lease.journal, *partition, k);
+        let chosen = standbys_of(members, lease.journal, *partition, k);
         shared.set_standby(*partition, chosen.contains(&lease.client_id));
     }
 }
@@ -517,7 +658,7 @@ fn assigned(bytes: &[u8], topic: &str, partition: i32) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::{Member, assigned, standbys_of};
+    use super::{LeaseIds, Member, assigned, disagreement, standbys_of};
 
     /// Version 0, one topic with partitions 0 and 3, no user data.
     fn assignment(topic: &str, partitions: &[i32]) -> Vec<u8> {
@@ -596,5 +737,70 @@ mod tests {
             let now = standbys_of(&more, "x.journal", s as i32, 1)[0];
             assert!(now == before || now == "ksched-lease-new");
         }
+    }
+
+    fn ids(client_id: &str) -> LeaseIds<'_> {
+        LeaseIds {
+            group: "x-owners",
+            journal: "x.journal",
+            partitions: &[],
+            client_id,
+        }
+    }
+
+    #[test]
+    fn a_settled_group_that_agrees_with_the_consumer_is_left_alone() {
+        let members = [member("a", &[0, 2]), member("b", &[1])];
+        assert_eq!(
+            disagreement("Stable", &members, &ids("a"), &[0, 1, 2], &[0, 2]),
+            None
+        );
+        assert_eq!(
+            disagreement("Stable", &members, &ids("b"), &[0, 1, 2], &[1]),
+            None
+        );
+    }
+
+    #[test]
+    fn a_group_that_rebalances_is_not_judged() {
+        // Mid-rebalance anything goes: nobody owns shard 1, "a" holds what it was not given.
+        let members = [member("a", &[0])];
+        for state in ["PreparingRebalance", "CompletingRebalance", "Dead", ""] {
+            assert_eq!(
+                disagreement(state, &members, &ids("a"), &[0, 1], &[2]),
+                None,
+                "{state}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_member_the_coordinator_forgot_disagrees() {
+        let why = disagreement("Empty", &[], &ids("a"), &[0], &[]).unwrap();
+        assert!(why.contains("not among its 0 members"), "{why}");
+        let why = disagreement("Stable", &[member("b", &[0])], &ids("a"), &[0], &[]).unwrap();
+        assert!(why.contains("not among"), "{why}");
+    }
+
+    #[test]
+    fn a_shard_owned_by_nobody_disagrees() {
+        // The broker-restart case: the lone member is back, the group Stable, shard 0 unowned.
+        let why = disagreement("Stable", &[member("a", &[])], &ids("a"), &[0], &[]).unwrap();
+        assert!(why.contains("shard 0 is owned by no member"), "{why}");
+    }
+
+    #[test]
+    fn an_assignment_the_client_and_the_coordinator_see_differently_disagrees() {
+        let members = [member("a", &[0]), member("b", &[1])];
+        let why = disagreement("Stable", &members, &ids("a"), &[0, 1], &[]).unwrap();
+        assert!(
+            why.contains("owns shard 0, its consumer that it does not"),
+            "{why}"
+        );
+        let why = disagreement("Stable", &members, &ids("a"), &[0, 1], &[0, 1]).unwrap();
+        assert!(
+            why.contains("does not own shard 1, its consumer that it does"),
+            "{why}"
+        );
     }
 }

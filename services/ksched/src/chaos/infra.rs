@@ -247,7 +247,11 @@ impl Ksched {
             .args(["run", "--config"])
             .arg(config)
             .args(["--http-listen", &format!("127.0.0.1:{http_port}")])
-            .env("RUST_LOG", "warn,ksched=info")
+            .env(
+                "RUST_LOG",
+                std::env::var("KSCHED_CHAOS_RUST_LOG")
+                    .unwrap_or_else(|_| "warn,ksched=info".into()),
+            )
             .stdout(Stdio::from(file.try_clone()?))
             .stderr(Stdio::from(file))
             .spawn()
