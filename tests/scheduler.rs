@@ -330,3 +330,190 @@ async fn a_restarted_scheduler_resumes_from_its_store_and_the_journal() {
     w.stop().await;
     s.stop();
 }
+
+/// Pipelining (`processor.pipelined`): batch N+1 is decided while batch N commits and before
+/// N's projection is written, and nothing leaves memory meanwhile. Small batches under a
+/// burst put originals and their duplicates in neighbouring batches, with jobs finishing
+/// (and going cold) all along: every dispatch carries its job's payload (a job accepted in
+/// the batch in flight has its payload only there), a producer retry of a job id and a
+/// second job with a used idempotency key are recognised, and no job is dispatched twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_decided_while_the_batch_before_commits_see_its_effects() {
+    let s = Scheduler::start(vec![("KSCHED__PROCESSOR__MAX_BATCH", "8".into())]).await;
+    // One job at a time: jobs wait in the queue and are dispatched as results free the slot.
+    let w = s.worker_with(
+        "w1",
+        |c| c.max_parallel_jobs = 1,
+        |_| async { Outcome::succeeded() },
+    );
+    s.wait_worker("w1").await;
+    let producer: rdkafka::producer::BaseProducer = ksched_testkit::client_config(&s.bootstrap)
+        .set("linger.ms", "1")
+        .create()
+        .unwrap();
+    let send = |req: &ksched_core::records::JobRequest| {
+        let bytes = ksched_codec::encode(req).unwrap();
+        producer
+            .send(
+                rdkafka::producer::BaseRecord::to(&s.job_topic)
+                    .key(&req.job_id)
+                    .payload(&bytes),
+            )
+            .map_err(|(e, _)| e)
+            .unwrap();
+        producer.poll(Duration::ZERO);
+    };
+    let job = |id: String, i: usize| {
+        let mut r = request(&s, &id);
+        r.payload = format!("payload of {id}").into_bytes();
+        r.meta.idempotency_key = Some(format!("key-{i}"));
+        r
+    };
+    let n = 300;
+    let originals: Vec<_> = (0..n).map(|i| job(format!("p-{i}"), i)).collect();
+    let (mut retries, mut rivals) = (0, 0);
+    for i in 0..n {
+        send(&originals[i]);
+        if i % 3 == 2 {
+            // A producer retry of a job sent just before: the same record (same key, so
+            // the same partition, after it).
+            send(&originals[i - 1]);
+            retries += 1;
+            // Another job with the idempotency key of one sent just before.
+            send(&job(format!("q-{}", i - 2), i - 2));
+            rivals += 1;
+        }
+    }
+    rdkafka::producer::Producer::flush(&producer, Duration::from_secs(30)).unwrap();
+
+    // Of p-i and q-i (same idempotency key) whichever came first runs; the other is a
+    // duplicate.
+    let winner = |i: usize| -> Option<String> {
+        [format!("p-{i}"), format!("q-{i}")]
+            .into_iter()
+            .find(|id| s.job(id).is_some_and(|j| j.state == JobState::Succeeded))
+    };
+    wait_for("every job to succeed", Duration::from_secs(120), || {
+        (0..n).all(|i| winner(i).is_some())
+    })
+    .await;
+    let journal = s.journal();
+    let events: Vec<&Event> = journal.iter().flat_map(|(_, e)| e.events.iter()).collect();
+    let accepted = events
+        .iter()
+        .filter(|e| matches!(e, Event::JobAccepted(_)))
+        .count();
+    assert_eq!(accepted, n, "one job per idempotency key");
+    let duplicates = |kind: ksched_core::events::DuplicateKind| {
+        events
+            .iter()
+            .filter(|e| matches!(e, Event::JobDuplicate(d) if d.kind == kind))
+            .count()
+    };
+    assert_eq!(
+        duplicates(ksched_core::events::DuplicateKind::SameJobId),
+        retries
+    );
+    assert_eq!(
+        duplicates(ksched_core::events::DuplicateKind::IdempotencyKey),
+        rivals
+    );
+    let mut dispatched = std::collections::BTreeMap::new();
+    for r in s.dispatch_records() {
+        if let AnyRecord::Dispatch(d) = r {
+            assert_eq!(
+                d.job.payload,
+                format!("payload of {}", d.job.job_id).into_bytes(),
+                "the payload dispatched with {}",
+                d.job.job_id
+            );
+            *dispatched.entry(d.job.job_id.clone()).or_insert(0) += 1;
+        }
+    }
+    assert_eq!(dispatched.len(), n);
+    assert!(
+        dispatched.values().all(|c| *c == 1),
+        "a job dispatched twice"
+    );
+    assert!(s.dead_letters().is_empty(), "{:?}", s.dead_letters());
+    // And none of it by way of a failed batch and a rebuild (which would read everything
+    // from the store written since).
+    assert_eq!(s.status.metrics.recoveries.get(), 0, "the processor failed");
+    w.stop().await;
+}
+
+/// A job accepted in one batch and dispatched in the next, decided while the first is still
+/// unwritten (pipelining): its payload is read from the batch in flight, not from the store,
+/// which does not have it yet. One input per batch; no worker until a heartbeat of a new one
+/// (produced here, 15 ms after the job) makes the next batch place it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_placed_in_the_batch_after_its_acceptance_is_dispatched_with_its_payload() {
+    // Ticks (and their watermark markers) once a second, so that few inputs come between.
+    let s = Scheduler::start(vec![
+        ("KSCHED__PROCESSOR__MAX_BATCH", "1".into()),
+        ("KSCHED__PROCESSOR__TICK_INTERVAL_MS", "1000".into()),
+    ])
+    .await;
+    let heartbeats = s.topic("heartbeats");
+    let producer: rdkafka::producer::BaseProducer = ksched_testkit::client_config(&s.bootstrap)
+        .set("linger.ms", "0")
+        .create()
+        .unwrap();
+    let send = |topic: &str, key: &str, bytes: Vec<u8>| {
+        producer
+            .send(
+                rdkafka::producer::BaseRecord::to(topic)
+                    .key(key)
+                    .payload(&bytes),
+            )
+            .map_err(|(e, _)| e)
+            .unwrap();
+        // Not flush: rust-rdkafka's flush polls in 100 ms steps. With linger 0 the client
+        // sends at once.
+        producer.poll(Duration::ZERO);
+    };
+    let n = 20;
+    for i in 0..n {
+        let mut r = request(&s, &format!("late-{i}"));
+        r.payload = format!("payload of late-{i}").into_bytes();
+        send(&s.job_topic, &r.job_id, ksched_codec::encode(&r).unwrap());
+        tokio::time::sleep(Duration::from_millis(15)).await;
+        // A new worker with room for one job: the job waiting is placed on it.
+        let hb = ksched_core::records::Heartbeat {
+            worker_id: format!("hw-{i}"),
+            pool: "default".into(),
+            max_parallel_jobs: 1,
+            owned_partitions: vec![0],
+            sent_at: now_ms(),
+            ..Default::default()
+        };
+        send(
+            &heartbeats,
+            &hb.worker_id,
+            ksched_codec::encode(&hb).unwrap(),
+        );
+        rdkafka::producer::Producer::flush(&producer, Duration::from_secs(10)).unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let mut payloads = std::collections::BTreeMap::new();
+    wait_for("every job dispatched", Duration::from_secs(60), || {
+        for r in s.dispatch_records() {
+            if let AnyRecord::Dispatch(d) = r {
+                payloads.insert(d.job.job_id.clone(), d.job.payload.clone());
+            }
+        }
+        payloads.len() == n
+    })
+    .await;
+    for (id, payload) in &payloads {
+        assert_eq!(payload, &format!("payload of {id}").into_bytes(), "{id}");
+    }
+    for (o, e) in s.journal() {
+        for ev in &e.events {
+            if matches!(ev, Event::JobAccepted(_) | Event::JobDispatched(_)) {
+                eprintln!("{o} {} {:?}", ev.name(), ev.job_id());
+            }
+        }
+    }
+    assert_eq!(s.status.metrics.recoveries.get(), 0, "the processor failed");
+}

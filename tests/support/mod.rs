@@ -171,11 +171,27 @@ impl Scheduler {
         H: Fn(JobContext) -> F + Send + Sync + 'static,
         F: std::future::Future<Output = Outcome> + Send + 'static,
     {
+        self.worker_with(id, |_| {}, handler)
+    }
+
+    /// Starts an SDK worker of the `default` pool running `handler`, its configuration
+    /// changed by `configure`.
+    pub(crate) fn worker_with<H, F>(
+        &self,
+        id: &str,
+        configure: impl FnOnce(&mut WorkerConfig),
+        handler: H,
+    ) -> WorkerHandle
+    where
+        H: Fn(JobContext) -> F + Send + Sync + 'static,
+        F: std::future::Future<Output = Outcome> + Send + 'static,
+    {
         let mut cfg = WorkerConfig::new(&self.bootstrap, id, "default");
         cfg.topic_prefix = self.prefix.clone();
         cfg.heartbeat_interval = Duration::from_millis(300);
         cfg.shutdown_grace = Duration::from_secs(5);
         cfg.report_host_load = false;
+        configure(&mut cfg);
         let token = CancellationToken::new();
         let worker = Worker::new(cfg).unwrap();
         let t = token.clone();

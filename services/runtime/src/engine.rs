@@ -25,6 +25,21 @@ use crate::error::Result;
 /// Entries decided or folded between two checkpoints of a replay.
 pub const CHECKPOINT_EVERY: u64 = 5_000;
 
+/// A batch of changes to the projection, prepared and not written yet.
+#[derive(Debug)]
+pub struct Pending {
+    batch: ksched_store::Prepared,
+    /// Payloads of jobs accepted in the batch: a dispatch decided before the batch is
+    /// written reads its payload here.
+    payloads: std::collections::BTreeMap<String, Vec<u8>>,
+}
+
+impl Pending {
+    pub fn payload(&self, job_id: &str) -> Option<&Vec<u8>> {
+        self.payloads.get(job_id)
+    }
+}
+
 /// The scheduler's state over its projection.
 #[derive(Debug)]
 pub struct Engine {
@@ -120,6 +135,35 @@ impl Engine {
         self.state.evict_cold();
         self.since_checkpoint = 0;
         Ok(())
+    }
+
+    /// The first half of a checkpoint, for the processor's pipeline: takes the keys that
+    /// changed and encodes them as the state holds them now (the payloads accepted stay
+    /// readable until written, see [`Pending::payload`]). The batch must be written
+    /// ([`Engine::write`]) before the next one is prepared, and nothing may be evicted in
+    /// between ([`Engine::evict`] after the last write).
+    pub fn prepare(&mut self) -> Result<Pending, ksched_store::Error> {
+        let dirty = self.state.take_dirty();
+        let batch = self.store.prepare(&self.state, &dirty)?;
+        Ok(Pending {
+            batch,
+            payloads: dirty.payloads,
+        })
+    }
+
+    /// The second half: writes a prepared batch with `watermark`.
+    pub fn write(
+        &self,
+        pending: Pending,
+        watermark: Option<i64>,
+    ) -> Result<(), ksched_store::Error> {
+        self.store.write(pending.batch, watermark)
+    }
+
+    /// Evicts cold records from memory; only once everything prepared was written.
+    pub fn evict(&mut self) {
+        self.state.evict_cold();
+        self.since_checkpoint = 0;
     }
 
     /// Drops the state in memory and loads the working set of the last checkpoint again.

@@ -25,6 +25,7 @@ pub const WATERMARK: &str = "ksched_journal_watermark";
 pub const CAUGHT_UP: &str = "ksched_caught_up";
 pub const RECOVERIES: &str = "ksched_processor_recoveries_total";
 pub const SET_ASIDE: &str = "ksched_inputs_set_aside_total";
+pub const HEARTBEATS_COALESCED: &str = "ksched_heartbeats_coalesced_total";
 pub const ISOLATIONS: &str = "ksched_batches_isolated_total";
 pub const UNREADABLE: &str = "ksched_unreadable_records_total";
 pub const CONTINUATIONS: &str = "ksched_continuations_total";
@@ -78,6 +79,7 @@ pub struct Metrics {
     pub caught_up: Gauge,
     pub recoveries: IntCounter,
     pub set_aside: IntCounter,
+    pub heartbeats_coalesced: IntCounter,
     pub isolations: IntCounter,
     pub unreadable: IntCounter,
     pub continuations: IntCounter,
@@ -230,6 +232,11 @@ impl Metrics {
                 &r,
                 SET_ASIDE,
                 "Inputs dead-lettered as processing_failed after processing them failed.",
+            ),
+            heartbeats_coalesced: counter(
+                &r,
+                HEARTBEATS_COALESCED,
+                "Heartbeats of idle workers left out of the journal: they changed nothing decisions read (processor.coalesce_heartbeats).",
             ),
             isolations: counter(
                 &r,

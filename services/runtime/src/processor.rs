@@ -50,6 +50,9 @@ const MAX_CONTINUATIONS: usize = 1_000;
 const ASSIGNMENT_REFRESH: Duration = Duration::from_secs(5);
 /// How often the processor looks for partitions added to its input topics.
 const INPUTS_REFRESH: Duration = Duration::from_secs(30);
+/// Under a steady load the pipeline never empties by itself; this often it is let empty, so
+/// that cold records leave memory (`Processor::drain`).
+const EVICT_EVERY: Duration = Duration::from_secs(1);
 
 /// What a failed run leaves for the next: input partitions to process one input per
 /// transaction (to find which input failed), and inputs to set aside.
@@ -206,6 +209,80 @@ pub struct Processor {
     inputs_checked: Instant,
     /// Partitions of the results topic (a Dispatch names one of this shard's).
     results_partitions: i32,
+    /// Records decided on for the next transaction.
+    outbox: Vec<Outgoing>,
+    /// The batch whose transaction finishes on the caller thread.
+    in_flight: Option<InFlight>,
+    /// When cold records were last evicted from memory.
+    last_evict: Instant,
+}
+
+/// A record decided on, encoded, waiting for its transaction to begin.
+struct Outgoing {
+    topic: String,
+    partition: Option<i32>,
+    key: Vec<u8>,
+    payload: Vec<u8>,
+}
+
+/// The inputs of a transaction, for what follows its end.
+struct Batch {
+    inputs: Vec<InputRecord>,
+    /// Per input partition, the last offset in the batch.
+    ranges: BTreeMap<(String, i32), i64>,
+    started: Instant,
+}
+
+impl Default for Batch {
+    fn default() -> Batch {
+        Batch {
+            inputs: Vec::new(),
+            ranges: BTreeMap::new(),
+            started: Instant::now(),
+        }
+    }
+}
+
+impl Batch {
+    /// A record refused for what it is (too large, invalid): with one input in the batch,
+    /// that input failed; with several, which one is not known (the supervisor isolates
+    /// them). Other errors are the transaction's.
+    fn blame(&self, e: Error) -> Error {
+        match e {
+            Error::Kafka { context, source }
+                if source
+                    .rdkafka_error_code()
+                    .is_some_and(refused_for_what_it_is)
+                    && context.starts_with("producing")
+                    && !self.inputs.is_empty() =>
+            {
+                let detail = format!("{context}: {source}");
+                match self.inputs.as_slice() {
+                    [only] => Error::InputFailed {
+                        coords: only.coords(),
+                        detail,
+                    },
+                    inputs => Error::BatchFailed {
+                        inputs: inputs.len(),
+                        ranges: self.ranges.clone(),
+                        detail,
+                    },
+                }
+            }
+            e => e,
+        }
+    }
+}
+
+/// A transaction finishing on the caller thread.
+struct InFlight {
+    /// The last journal offset delivered, once committed.
+    done: std::sync::mpsc::Receiver<Result<i64>>,
+    deadline: Instant,
+    limit: Duration,
+    /// The batch's projection changes, written once it committed.
+    pending: crate::engine::Pending,
+    batch: Batch,
 }
 
 /// A thread that makes the producer's transactional calls for the processor, so that one
@@ -232,19 +309,18 @@ impl Caller {
         Ok(Caller { calls })
     }
 
-    /// `f`'s result, or None when it did not come within `limit`.
-    fn call<T: Send + 'static>(
+    /// Starts `f` on the thread; its result comes on the receiver.
+    fn run<T: Send + 'static>(
         &self,
         f: impl FnOnce(&BaseProducer<Delivery>) -> T + Send + 'static,
-        limit: Duration,
-    ) -> Option<T> {
+    ) -> Option<std::sync::mpsc::Receiver<T>> {
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         self.calls
             .send(Box::new(move |p| {
                 let _ = tx.send(f(p));
             }))
             .ok()?;
-        rx.recv_timeout(limit).ok()
+        Some(rx)
     }
 }
 
@@ -363,6 +439,9 @@ impl Processor {
             inputs: Vec::new(),
             inputs_checked: Instant::now(),
             results_partitions: 0,
+            outbox: Vec::new(),
+            in_flight: None,
+            last_evict: Instant::now(),
         };
         p.catch_up()?;
         let caught_up_ms = started.elapsed().as_millis() as u64;
@@ -454,17 +533,18 @@ impl Processor {
             offset: i64::try_from(self.engine.state().entries).unwrap_or(i64::MAX),
         };
         let now = wall_clock_ms().max(self.engine.state().clock);
-        self.transaction(|p| {
-            p.process_input(cause, now, Input::Reconfigure(wanted))?;
-            Ok(None)
-        })
-        .map_err(|e| match e {
-            e @ (Error::Fenced { .. } | Error::Kafka { .. }) => e,
-            other => Error::Config {
-                source_name: "rules and policy".into(),
-                detail: format!("they could not be journaled: {other}"),
-            },
-        })
+        let mut recovery = Recovery::default();
+        self.drain(&mut recovery)
+            .and_then(|()| self.process_input(cause, now, Input::Reconfigure(wanted)))
+            .and_then(|()| self.begin(None, Batch::default()))
+            .and_then(|()| self.drain(&mut recovery))
+            .map_err(|e| match e {
+                e @ (Error::Fenced { .. } | Error::Kafka { .. }) => e,
+                other => Error::Config {
+                    source_name: "rules and policy".into(),
+                    detail: format!("they could not be journaled: {other}"),
+                },
+            })
     }
 
     /// Creates the input consumer and assigns it this shard's input partitions
@@ -575,12 +655,19 @@ impl Processor {
             if self.inputs_checked.elapsed() > INPUTS_REFRESH {
                 self.assign_inputs()?;
             }
+            // Cold records leave memory only with nothing in flight (see `drain`): at once
+            // when idle, at least every EVICT_EVERY under a steady load.
+            if self.in_flight.is_some() && self.last_evict.elapsed() > EVICT_EVERY {
+                self.drain(recovery)?;
+            }
             let batch = self.collect(recovery)?;
             if batch.is_empty() {
+                self.drain(recovery)?;
                 continue;
             }
             self.process_batch(batch, recovery)?;
         }
+        self.drain(recovery)?;
         self.engine.store().flush()?;
         info!("processor stopped");
         Ok(())
@@ -684,10 +771,12 @@ impl Processor {
         Ok(batch)
     }
 
+    /// Decides on a batch (while the previous one finishes on the caller thread), settles
+    /// the previous one, and begins this one's transaction. Without pipelining, settles this
+    /// one too before returning.
     fn process_batch(&mut self, batch: Vec<InputRecord>, recovery: &mut Recovery) -> Result<()> {
         let started = Instant::now();
-        let n = batch.len();
-        let span = tracing::info_span!("batch", records = n);
+        let span = tracing::info_span!("batch", records = batch.len());
         let _enter = span.enter();
         let mut ranges: BTreeMap<(String, i32), i64> = BTreeMap::new();
         for rec in &batch {
@@ -696,52 +785,29 @@ impl Processor {
                 .or_default();
             *last = (*last).max(rec.offset);
         }
-        let only = (n == 1).then(|| batch[0].coords());
-        let outcome = self.transaction(|p| {
-            for rec in &batch {
-                p.process_record(rec, recovery)?;
-            }
-            let mut tpl = TopicPartitionList::new();
-            for ((topic, partition), last) in &ranges {
-                tpl.add_partition_offset(topic, *partition, Offset::Offset(*last + 1))
-                    .map_err(kafka("building the offset list"))?;
-            }
-            Ok(Some(tpl))
-        });
-        match outcome {
-            Ok(()) => {
-                for rec in &batch {
-                    recovery.passed(rec);
-                }
-            }
-            // A refusal or a panic with several inputs in the batch: which one is not
-            // known; a refusal with one input: that one.
-            Err(Error::Kafka { context, source })
-                if source
-                    .rdkafka_error_code()
-                    .is_some_and(refused_for_what_it_is)
-                    && context.starts_with("producing") =>
-            {
-                let detail = format!("{context}: {source}");
-                return Err(match only {
-                    Some(coords) => Error::InputFailed { coords, detail },
-                    None => Error::BatchFailed {
-                        inputs: n,
-                        ranges,
-                        detail,
-                    },
-                });
-            }
-            Err(e) => return Err(e),
+        let phases = self.status.metrics.batch_phases.clone();
+        let phase = Phase::start(&phases, "decide");
+        for rec in &batch {
+            self.process_record(rec, recovery)?;
         }
-        self.status
-            .metrics
-            .batch(n, started.elapsed().as_secs_f64(), self.engine.state());
-        debug!(
-            records = n,
-            elapsed_us = started.elapsed().as_micros() as u64,
-            "batch committed"
-        );
+        phase.end();
+        self.settle(recovery)?;
+        let mut tpl = TopicPartitionList::new();
+        for ((topic, partition), last) in &ranges {
+            tpl.add_partition_offset(topic, *partition, Offset::Offset(*last + 1))
+                .map_err(kafka("building the offset list"))?;
+        }
+        self.begin(
+            Some(tpl),
+            Batch {
+                inputs: batch,
+                ranges,
+                started,
+            },
+        )?;
+        if !self.config.settings.processor.pipelined {
+            self.settle(recovery)?;
+        }
         Ok(())
     }
 
@@ -800,6 +866,14 @@ impl Processor {
                 }
             }
         }
+        let ts = rec.log_append_time.unwrap_or(self.engine.state().clock);
+        if let Input::Heartbeat(hb) = &input
+            && self.config.settings.processor.coalesce_heartbeats
+            && ksched_core::decide::redundant_heartbeat(self.engine.state(), hb, ts)
+        {
+            self.status.metrics.heartbeats_coalesced.inc();
+            return Ok(());
+        }
         let input = match input {
             Input::Tick(mut t) => {
                 t.watermark = Some(self.tick_watermark(rec.log_append_time));
@@ -813,7 +887,6 @@ impl Processor {
             partition: rec.partition,
             offset: rec.offset,
         };
-        let ts = rec.log_append_time.unwrap_or(self.engine.state().clock);
         self.process_input(cause, ts, input)
     }
 
@@ -894,102 +967,180 @@ impl Processor {
         Ok(())
     }
 
-    /// Runs `body` inside a Kafka transaction, then persists the projection. On failure the
-    /// transaction is aborted and the error returned: the in-memory state has moved ahead of
-    /// what was committed, so the caller must rebuild the processor (from RocksDB and the
-    /// journal), which the supervisor does.
-    fn transaction(
-        &mut self,
-        body: impl FnOnce(&mut Processor) -> Result<Option<TopicPartitionList>>,
-    ) -> Result<()> {
+    /// Begins the transaction of the batch just decided and hands its end to the caller
+    /// thread: prepares the batch's projection changes, sends the records decided (the
+    /// outbox) and starts the job that sends `offsets`, waits for every acknowledgement and
+    /// commits. The previous batch must be settled. [`Processor::settle`] waits for the job
+    /// and writes the projection.
+    fn begin(&mut self, offsets: Option<TopicPartitionList>, batch: Batch) -> Result<()> {
+        debug_assert!(self.in_flight.is_none());
+        let phases = self.status.metrics.batch_phases.clone();
+        let mut phase = Phase::start(&phases, "prepare");
+        let pending = self.engine.prepare().map_err(|e| self.store_error(e))?;
+        phase.next("send");
         let timeout = Duration::from_millis(self.config.settings.processor.transaction_timeout_ms);
-        let fenced = |p: &Processor| Error::Fenced {
-            partition: p.config.settings.processor.journal_partition,
-            transactional_id: p.transactional_id.clone(),
-        };
         self.producer.begin_transaction().map_err(|e| {
             if is_fenced(&e) {
-                fenced(self)
+                self.fenced()
             } else {
                 kafka("begin_transaction")(e)
             }
         })?;
-        let phases = self.status.metrics.batch_phases.clone();
-        let mut phase = Phase::start(&phases, "decide");
-        let outcome = body(self).and_then(|offsets| {
-            phase.next("offsets");
-            if let Some(tpl) = offsets {
-                let consumer = self.consumer()?;
-                let meta = consumer.group_metadata().ok_or(Error::Invariant(
+        let outbox = std::mem::take(&mut self.outbox);
+        for o in outbox {
+            if let Err(e) = self.produce(o) {
+                let e = self.fail(e);
+                return Err(batch.blame(e));
+            }
+        }
+        let offsets = match offsets {
+            Some(tpl) => {
+                let meta = self.consumer()?.group_metadata().ok_or(Error::Invariant(
                     "the processor's consumer has no group metadata",
                 ))?;
-                self.bounded("send_offsets_to_transaction", timeout, move |p| {
-                    p.send_offsets_to_transaction(&tpl, &meta, timeout)
-                })?
-                .map_err(kafka("send_offsets_to_transaction"))?;
+                Some((tpl, meta))
+            }
+            None => None,
+        };
+        phase.end();
+        let job = move |p: &BaseProducer<Delivery>| -> Result<i64> {
+            let mut phase = Phase::start(&phases, "offsets");
+            if let Some((tpl, meta)) = offsets {
+                p.send_offsets_to_transaction(&tpl, &meta, timeout)
+                    .map_err(kafka("send_offsets_to_transaction"))?;
             }
             phase.next("deliveries");
-            self.await_deliveries(timeout)?;
-            self.refusals()?;
+            await_deliveries(p, timeout)?;
+            refusals(p)?;
             phase.next("commit");
-            self.bounded("commit_transaction", timeout, move |p| {
-                p.commit_transaction(timeout)
-            })?
-            .map_err(kafka("commit_transaction"))
+            p.commit_transaction(timeout)
+                .map_err(kafka("commit_transaction"))?;
+            phase.end();
+            Ok(p.context().last_journal_offset.load(Ordering::Relaxed))
+        };
+        // librdkafka may block in send_offsets_to_transaction (and the coordinator requests
+        // behind commits) past the timeout it is given while it waits for a group or
+        // transaction coordinator that went away with a broker (librdkafka issues 5456 and
+        // 5511, open in the bundled 2.12). Past the transaction timeout the coordinator
+        // aborts the transaction anyway: the job is given up on 10 s later.
+        let limit = timeout + Duration::from_secs(10);
+        let done = self.caller.run(job).ok_or(Error::Invariant(
+            "the processor's transaction thread is gone",
+        ))?;
+        self.in_flight = Some(InFlight {
+            done,
+            deadline: Instant::now() + limit,
+            limit,
+            pending,
+            batch,
         });
-        if let Err(e) = outcome {
-            let fatal = matches!(&e, Error::Kafka { source, .. } if is_fenced(source));
-            let stuck = matches!(e, Error::TransactionStuck { .. });
-            // The next incarnation's init_transactions aborts whatever this one left open,
-            // so a broker that cannot be reached is not waited for twice (nor a producer
-            // that is stuck asked for anything more).
-            if !fatal
-                && !stuck
-                && let Err(abort) = self.abort(timeout.min(Duration::from_secs(5)))
-            {
-                warn!(error = %abort, "abort_transaction failed");
-            }
-            // Reports of the aborted records are moot now.
-            self.refusals().ok();
-            return Err(if fatal { fenced(self) } else { e });
-        }
-        let last = self
-            .producer
-            .context()
-            .last_journal_offset
-            .load(Ordering::Relaxed);
-        phase.next("persist");
-        self.persist((last >= 0).then_some(last))?;
-        phase.end();
         Ok(())
     }
 
-    /// Runs a transactional call on the processor's call thread ([`Caller`]) and gives up
-    /// on it `timeout` plus 10 s later. librdkafka may block in
-    /// `send_offsets_to_transaction` (and the coordinator requests behind commits) past the
-    /// timeout it is given while it waits for a group or transaction coordinator that went
-    /// away with a broker (librdkafka issues 5456 and 5511, open in the bundled 2.12); the
-    /// processor thread must not wait with it. On [`Error::TransactionStuck`] the processor
-    /// is rebuilt: the new producer's `init_transactions` fences this one and aborts its
-    /// transaction; the stuck thread keeps the old producer alive until librdkafka lets go.
-    fn bounded<T: Send + 'static>(
-        &self,
-        call: &'static str,
-        timeout: Duration,
-        f: impl FnOnce(&BaseProducer<Delivery>) -> T + Send + 'static,
-    ) -> Result<T> {
-        let limit = timeout + Duration::from_secs(10);
-        self.caller.call(f, limit).ok_or_else(|| {
-            error!(
-                call,
-                seconds = limit.as_secs(),
-                "a transactional call hangs in librdkafka; giving up on this producer"
-            );
-            Error::TransactionStuck {
-                call,
-                seconds: limit.as_secs(),
+    /// Waits for the batch in flight (if any) to commit, then writes its projection with the
+    /// journal watermark it reached and lets its inputs pass. On failure the transaction is
+    /// aborted and the error returned: the in-memory state has moved ahead of what was
+    /// committed (by this batch and the one decided since), so the caller must rebuild the
+    /// processor from RocksDB and the journal, which the supervisor does.
+    fn settle(&mut self, recovery: &mut Recovery) -> Result<()> {
+        let Some(f) = self.in_flight.take() else {
+            return Ok(());
+        };
+        let phases = self.status.metrics.batch_phases.clone();
+        let mut phase = Phase::start(&phases, "wait");
+        let wait = f.deadline.saturating_duration_since(Instant::now());
+        let outcome = match f.done.recv_timeout(wait) {
+            Ok(outcome) => outcome,
+            Err(_) => {
+                error!(
+                    seconds = f.limit.as_secs(),
+                    "a transactional call hangs in librdkafka; giving up on this producer"
+                );
+                Err(Error::TransactionStuck {
+                    call: "finishing the transaction",
+                    seconds: f.limit.as_secs(),
+                })
             }
-        })
+        };
+        let last = match outcome {
+            Ok(last) => last,
+            Err(e) => {
+                let e = self.fail(e);
+                return Err(f.batch.blame(e));
+            }
+        };
+        phase.next("persist");
+        let watermark = (last >= 0).then_some(last);
+        self.engine
+            .write(f.pending, watermark)
+            .map_err(|e| self.store_error(e))?;
+        self.written(watermark);
+        phase.end();
+        for rec in &f.batch.inputs {
+            recovery.passed(rec);
+        }
+        let n = f.batch.inputs.len();
+        if n > 0 {
+            self.status.metrics.batch(
+                n,
+                f.batch.started.elapsed().as_secs_f64(),
+                self.engine.state(),
+            );
+            debug!(
+                records = n,
+                elapsed_us = f.batch.started.elapsed().as_micros() as u64,
+                "batch committed"
+            );
+        }
+        Ok(())
+    }
+
+    /// Settles the batch in flight and evicts what is cold from memory: only with nothing
+    /// decided and not yet written can the state forget what the store holds.
+    fn drain(&mut self, recovery: &mut Recovery) -> Result<()> {
+        self.settle(recovery)?;
+        if self.outbox.is_empty() {
+            self.engine.evict();
+            self.last_evict = Instant::now();
+        }
+        Ok(())
+    }
+
+    /// After a failed transactional step: aborts the open transaction (unless the producer
+    /// is fenced or stuck: the next incarnation's init_transactions aborts whatever this one
+    /// left open, so a broker that cannot be reached is not waited for twice, nor a stuck
+    /// producer asked for anything more), and says fenced when it was.
+    fn fail(&self, e: Error) -> Error {
+        let fatal = matches!(&e, Error::Kafka { source, .. } if is_fenced(source));
+        let stuck = matches!(e, Error::TransactionStuck { .. });
+        if !fatal && !stuck {
+            let timeout =
+                Duration::from_millis(self.config.settings.processor.transaction_timeout_ms);
+            if let Err(abort) = self.abort(timeout.min(Duration::from_secs(5))) {
+                warn!(error = %abort, "abort_transaction failed");
+            }
+        }
+        // Reports of the aborted records are moot now.
+        refusals(&self.producer).ok();
+        if fatal { self.fenced() } else { e }
+    }
+
+    fn fenced(&self) -> Error {
+        Error::Fenced {
+            partition: self.config.settings.processor.journal_partition,
+            transactional_id: self.transactional_id.clone(),
+        }
+    }
+
+    fn store_error(&self, e: ksched_store::Error) -> Error {
+        if e.is_out_of_space() {
+            Error::DiskFull {
+                path: self.engine.store().path().display().to_string(),
+                detail: e.to_string(),
+            }
+        } else {
+            Error::Store(e)
+        }
     }
 
     /// Aborts the open transaction. Its records still queued or in flight are purged first
@@ -1009,61 +1160,8 @@ impl Processor {
         self.producer.abort_transaction(left)
     }
 
-    /// Delivery failures of this transaction's records, as an error (and cleared).
-    fn refusals(&self) -> Result<()> {
-        let failures = std::mem::take(
-            &mut *self
-                .producer
-                .context()
-                .failures
-                .lock()
-                .unwrap_or_else(|p| p.into_inner()),
-        );
-        let Some((topic, code, text)) = failures
-            .iter()
-            .find(|(_, c, _)| refused_for_what_it_is(*c))
-            .or(failures.first())
-            .cloned()
-        else {
-            return Ok(());
-        };
-        Err(kafka(format!(
-            "producing to {topic} ({} of the transaction's records failed; first: {text})",
-            failures.len()
-        ))(KafkaError::MessageProduction(code)))
-    }
-
-    /// Serves delivery reports until every record of the transaction is acknowledged.
-    ///
-    /// `commit_transaction` would flush too, but rust-rdkafka's flush polls in 100 ms steps
-    /// (`BaseProducer::poll` blocks for its whole timeout), which put ~100 ms on every
-    /// commit. Waiting here in 1 ms steps leaves the commit nothing to flush.
-    fn await_deliveries(&self, timeout: Duration) -> Result<()> {
-        let deadline = Instant::now() + timeout;
-        while self.producer.in_flight_count() > 0 {
-            self.producer.poll(Duration::from_millis(1));
-            if Instant::now() > deadline {
-                return Err(Error::Unacknowledged {
-                    records: self.producer.in_flight_count(),
-                    timeout,
-                });
-            }
-        }
-        Ok(())
-    }
-
-    fn persist(&mut self, watermark: Option<i64>) -> Result<()> {
-        let path = self.engine.store().path().display().to_string();
-        self.engine.checkpoint(watermark).map_err(|e| {
-            if e.is_out_of_space() {
-                Error::DiskFull {
-                    path,
-                    detail: e.to_string(),
-                }
-            } else {
-                Error::Store(e)
-            }
-        })?;
+    /// Status and metrics after a batch's projection was written.
+    fn written(&mut self, watermark: Option<i64>) {
         if let Some(w) = watermark {
             self.status.watermark.store(w, Ordering::Relaxed);
             self.status.metrics.watermark.set(w);
@@ -1078,20 +1176,31 @@ impl Processor {
                 .rocksdb_size
                 .set(i64::try_from(self.engine.store().size_bytes()).unwrap_or(i64::MAX));
         }
-        Ok(())
     }
 
-    /// Queues one record in the transaction. A full producer queue is waited out for at
+    /// Queues one record decided on, encoded, for the batch's transaction.
+    fn queue(&mut self, topic: String, partition: Option<i32>, key: Vec<u8>, payload: Vec<u8>) {
+        let counters = if topic == self.topics.journal {
+            &self.counters.journal
+        } else if topic == self.topics.dlq {
+            &self.counters.dlq
+        } else {
+            &self.counters.dispatch
+        };
+        counters.count(key.len() + payload.len());
+        self.outbox.push(Outgoing {
+            topic,
+            partition,
+            key,
+            payload,
+        });
+    }
+
+    /// Sends one record in the open transaction. A full producer queue is waited out for at
     /// most the transaction timeout; a record the client refuses outright fails at once.
-    fn send(
-        &mut self,
-        topic: &str,
-        partition: Option<i32>,
-        key: &[u8],
-        payload: &[u8],
-    ) -> Result<()> {
-        let mut record = BaseRecord::to(topic).key(key).payload(payload);
-        if let Some(p) = partition.filter(|p| *p >= 0) {
+    fn produce(&mut self, o: Outgoing) -> Result<()> {
+        let mut record = BaseRecord::to(&o.topic).key(&o.key).payload(&o.payload);
+        if let Some(p) = o.partition.filter(|p| *p >= 0) {
             record = record.partition(p);
         }
         let deadline = Instant::now()
@@ -1105,17 +1214,9 @@ impl Processor {
                     self.producer.poll(Duration::from_millis(10));
                     record = r;
                 }
-                Err((e, _)) => return Err(kafka(format!("producing to {topic}"))(e)),
+                Err((e, _)) => return Err(kafka(format!("producing to {}", o.topic))(e)),
             }
         }
-        let counters = if topic == self.topics.journal {
-            &self.counters.journal
-        } else if topic == self.topics.dlq {
-            &self.counters.dlq
-        } else {
-            &self.counters.dispatch
-        };
-        counters.count(key.len() + payload.len());
         self.sent += 1;
         if self.sent.is_multiple_of(1024) {
             self.producer.poll(Duration::ZERO);
@@ -1127,7 +1228,8 @@ impl Processor {
         let bytes = encode_or_fail(entry)?;
         let journal = self.topics.journal.clone();
         let partition = self.config.settings.processor.journal_partition;
-        self.send(&journal, Some(partition), entry.key().as_bytes(), &bytes)
+        self.queue(journal, Some(partition), entry.key().into_bytes(), bytes);
+        Ok(())
     }
 
     fn send_output(&mut self, out: Output) -> Result<()> {
@@ -1148,7 +1250,13 @@ impl Processor {
                 }
                 let topic = self.topics.dispatch(&pool);
                 let bytes = encode_or_fail(record.as_ref())?;
-                self.send(&topic, Some(partition), record.worker_id.as_bytes(), &bytes)
+                self.queue(
+                    topic,
+                    Some(partition),
+                    record.worker_id.as_bytes().to_vec(),
+                    bytes,
+                );
+                Ok(())
             }
             Output::CancelDispatch {
                 pool,
@@ -1157,7 +1265,8 @@ impl Processor {
             } => {
                 let topic = self.topics.dispatch(&pool);
                 let bytes = encode_or_fail(&record)?;
-                self.send(&topic, Some(partition), record.worker_id.as_bytes(), &bytes)
+                self.queue(topic, Some(partition), record.worker_id.into_bytes(), bytes);
+                Ok(())
             }
             Output::DeadLetter(dl) => {
                 let topic = self.topics.dlq.clone();
@@ -1170,12 +1279,14 @@ impl Processor {
                     dl.job_id.clone()
                 };
                 let bytes = encode_or_fail(&dl)?;
-                self.send(&topic, None, key.as_bytes(), &bytes)
+                self.queue(topic, None, key.into_bytes(), bytes);
+                Ok(())
             }
         }
     }
 
-    /// A job's payload: accepted in this batch (not persisted yet), or from the store.
+    /// A job's payload: accepted in this batch or the one in flight (not written yet), or
+    /// from the store.
     fn payload(&self, job_id: &str) -> Result<Vec<u8>> {
         if let Some(p) = self
             .engine
@@ -1183,6 +1294,7 @@ impl Processor {
             .dirty
             .as_ref()
             .and_then(|d| d.payloads.get(job_id))
+            .or_else(|| self.in_flight.as_ref()?.pending.payload(job_id))
         {
             return Ok(p.clone());
         }
@@ -1198,6 +1310,48 @@ impl Processor {
     pub fn state(&self) -> &State {
         self.engine.state()
     }
+}
+
+/// Delivery failures of the open transaction's records, as an error (and cleared).
+fn refusals(producer: &BaseProducer<Delivery>) -> Result<()> {
+    let failures = std::mem::take(
+        &mut *producer
+            .context()
+            .failures
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()),
+    );
+    let Some((topic, code, text)) = failures
+        .iter()
+        .find(|(_, c, _)| refused_for_what_it_is(*c))
+        .or(failures.first())
+        .cloned()
+    else {
+        return Ok(());
+    };
+    Err(kafka(format!(
+        "producing to {topic} ({} of the transaction's records failed; first: {text})",
+        failures.len()
+    ))(KafkaError::MessageProduction(code)))
+}
+
+/// Serves delivery reports until every record of the transaction is acknowledged.
+///
+/// `commit_transaction` would flush too, but rust-rdkafka's flush polls in 100 ms steps
+/// (`BaseProducer::poll` blocks for its whole timeout), which put ~100 ms on every commit.
+/// Waiting here in 1 ms steps leaves the commit nothing to flush.
+fn await_deliveries(producer: &BaseProducer<Delivery>, timeout: Duration) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    while producer.in_flight_count() > 0 {
+        producer.poll(Duration::from_millis(1));
+        if Instant::now() > deadline {
+            return Err(Error::Unacknowledged {
+                records: producer.in_flight_count(),
+                timeout,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Encodes a record the processor writes; a value that does not encode is refused like a
@@ -1307,13 +1461,13 @@ mod tests {
     #[test]
     fn a_transactional_call_that_hangs_is_given_up_on() {
         let caller = Caller::start(producer()).unwrap();
-        assert_eq!(caller.call(|_| 7, Duration::from_secs(5)), Some(7));
+        let seven = caller.run(|_| 7).unwrap();
+        assert_eq!(seven.recv_timeout(Duration::from_secs(5)).ok(), Some(7));
         let started = Instant::now();
-        let hung = caller.call(
-            |_| std::thread::sleep(Duration::from_secs(3)),
-            Duration::from_millis(200),
-        );
-        assert_eq!(hung, None);
+        let hung = caller
+            .run(|_| std::thread::sleep(Duration::from_secs(3)))
+            .unwrap();
+        assert!(hung.recv_timeout(Duration::from_millis(200)).is_err());
         assert!(started.elapsed() < Duration::from_secs(2));
     }
 }

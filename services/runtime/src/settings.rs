@@ -162,6 +162,16 @@ pub struct ProcessorSettings {
     /// `max_batch` and the interval). Off: every batch waits out the interval once it has an
     /// input (fewer, larger transactions at low load, at the price of latency). Default true.
     pub adaptive_batching: bool,
+    /// Pipelining: the processor decides the next batch while the previous one's transaction
+    /// finishes (offsets, acknowledgements, commit) on another thread; the next transaction
+    /// begins only after the previous one committed and its projection was written. Off:
+    /// each batch is committed and written before the next one is read. Default true.
+    pub pipelined: bool,
+    /// Leaves out of the journal (and the state) a heartbeat of an idle worker that says
+    /// what its last journaled one said, while that one is less than a third of the worker
+    /// TTL old (`ksched_core::decide::redundant_heartbeat`): an idle fleet no longer grows
+    /// the journal with every heartbeat. Replay stays exact. Default true.
+    pub coalesce_heartbeats: bool,
     /// Kafka `transaction.timeout.ms`. Default 60000.
     pub transaction_timeout_ms: u64,
     /// Interval between Tick records, in ms. Default 1000.
@@ -203,6 +213,8 @@ impl Default for ProcessorSettings {
             max_batch: 500,
             commit_interval_ms: 20,
             adaptive_batching: true,
+            pipelined: true,
+            coalesce_heartbeats: true,
             transaction_timeout_ms: 60_000,
             tick_interval_ms: 1_000,
             shutdown_grace_ms: 10_000,

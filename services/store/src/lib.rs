@@ -122,6 +122,17 @@ impl Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// The projection store for one journal partition.
+/// A projection's changes, encoded, waiting to be written ([`Store::prepare`]).
+pub struct Prepared(WriteBatch);
+
+impl std::fmt::Debug for Prepared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Prepared")
+            .field("records", &self.0.len())
+            .finish()
+    }
+}
+
 #[derive(Clone)]
 pub struct Store {
     db: Arc<DB>,
@@ -401,6 +412,14 @@ impl Store {
 
     /// Writes every changed record and the watermark in one batch, synced.
     pub fn persist(&self, state: &State, dirty: Dirty, watermark: Option<i64>) -> Result<()> {
+        let batch = self.prepare(state, &dirty)?;
+        self.write(batch, watermark)
+    }
+
+    /// The batch that [`Store::persist`] writes, without the watermark: every record
+    /// `dirty` names, as `state` holds it now. It reads counters and pruning progress from
+    /// the store, so a batch must be written before the next one is prepared.
+    pub fn prepare(&self, state: &State, dirty: &Dirty) -> Result<Prepared> {
         let mut b = WriteBatch::default();
         for id in &dirty.jobs {
             let k = self.key(id.as_bytes());
@@ -509,8 +528,14 @@ impl Store {
             self.key(META_LIVENESS_FLOOR),
             encode(&state.liveness_floor),
         );
+        Ok(Prepared(b))
+    }
+
+    /// Writes a prepared batch with `watermark` (the last journal offset it reflects), synced.
+    pub fn write(&self, batch: Prepared, watermark: Option<i64>) -> Result<()> {
+        let mut b = batch.0;
         if let Some(w) = watermark {
-            b.put_cf(meta, self.key(META_WATERMARK), encode(&w));
+            b.put_cf(self.cf(CF_META), self.key(META_WATERMARK), encode(&w));
         }
         let mut opts = WriteOptions::default();
         opts.set_sync(true);

@@ -34,6 +34,7 @@ use crate::state::State;
 pub(crate) use decider::Decider;
 
 pub use placement::MAX_CANDIDATES;
+pub use reports::{HEARTBEAT_LOAD_STEP, redundant_heartbeat};
 pub use retry::backoff_ms;
 pub use saga::workflow_of;
 

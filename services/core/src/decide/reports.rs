@@ -7,7 +7,7 @@ use crate::decide::Decider;
 use crate::events::*;
 use crate::policy::output_document;
 use crate::reason::{AttemptError, DlqReason, Rejection};
-use crate::records::{Heartbeat, JobProgress, JobResult, JobStarted, ResultStatus};
+use crate::records::{Heartbeat, JobProgress, JobResult, JobStarted, Millis, ResultStatus};
 
 impl Decider<'_, '_> {
     /// Checks a report against the job's current attempt and the worker it went to; refuses
@@ -234,6 +234,69 @@ impl Decider<'_, '_> {
         }));
         self.schedule_pools(vec![hb.pool.clone()]);
     }
+}
+
+/// Largest move of a load (cpu, gpu, memory; percentage points) that a heartbeat left out
+/// of the journal may hide ([`redundant_heartbeat`]).
+pub const HEARTBEAT_LOAD_STEP: f64 = 5.0;
+
+/// Whether a heartbeat may be left out of the journal, and so out of the state: it would
+/// change nothing a decision reads but the worker's last-seen time, and that time is recent.
+/// The worker is alive and idle (nothing in flight on it, nothing it runs, no memory reserved
+/// since its last heartbeat), nothing waits in its pool's queue, the heartbeat says what the
+/// last journaled one said (`sent_at` aside; loads within [`HEARTBEAT_LOAD_STEP`] points,
+/// free memory within 5 %), and the last journaled one is less than a third of the worker
+/// TTL old at `log_time`.
+///
+/// Replay stays exact because the choice is made on the state before the input touches it
+/// and the input left out changes nothing at all (not the clock, not the entry count): a
+/// replay of the journal reaches the same state without it. An idle fleet journals one
+/// heartbeat per worker per third of the TTL instead of every one; liveness is judged from
+/// the last journaled heartbeat, so a worker is judged lost at most a third of the TTL
+/// earlier than from its last heartbeat, and never falsely while it heartbeats more often
+/// than every two thirds of the TTL.
+pub fn redundant_heartbeat(state: &crate::state::State, hb: &Heartbeat, log_time: Millis) -> bool {
+    let Some(rules) = state.rules() else {
+        return false;
+    };
+    let Some(w) = state.workers.get(&hb.worker_id) else {
+        return false;
+    };
+    let now = state.clock.max(log_time);
+    let last = &w.heartbeat;
+    let idle = w.alive
+        && w.inflight.is_empty()
+        && w.foreign_active == 0
+        && w.reserved_memory == 0
+        && hb.active_jobs == 0
+        && hb.active_job_ids.is_empty();
+    let close = |a: f64, b: f64| (a - b).abs() <= HEARTBEAT_LOAD_STEP;
+    let same = hb.pool == last.pool
+        && hb.max_parallel_jobs == last.max_parallel_jobs
+        && close(hb.cpu_load, last.cpu_load)
+        && close(hb.gpu_utilization, last.gpu_utilization)
+        && close(hb.memory_load, last.memory_load)
+        && match (hb.memory_free_bytes, last.memory_free_bytes) {
+            (None, None) => true,
+            (Some(a), Some(b)) => a >= 0 && b >= 0 && (a - b).abs() <= b / 20,
+            _ => false,
+        }
+        && hb.capabilities == last.capabilities
+        && hb.labels == last.labels
+        && hb.owned_partitions == last.owned_partitions
+        && hb.active_jobs == last.active_jobs
+        && hb.active_job_ids == last.active_job_ids
+        && hb.draining == last.draining;
+    let nothing_waits = state.queues.get(&hb.pool).is_none_or(|q| q.is_empty());
+    let valid = invalid_heartbeat(
+        hb,
+        rules.pools.contains_key(&hb.pool),
+        rules.dispatch_partitions.get(&hb.pool).copied(),
+    )
+    .is_none()
+        && rules.worker_allowed(&hb.pool, &hb.worker_id);
+    let recent = now - w.last_seen < rules.timing.worker_ttl_ms / 3;
+    idle && same && nothing_waits && valid && recent
 }
 
 /// A worker's own error code, when it gave one.

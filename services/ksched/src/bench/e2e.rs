@@ -61,6 +61,23 @@ pub(super) struct Level {
     pub phase_ms_per_batch: BTreeMap<String, f64>,
 }
 
+/// The journal an idle fleet writes: the rig's workers heartbeating (one a second) with no
+/// jobs, for a while.
+#[derive(Debug, Clone, serde::Serialize)]
+pub(super) struct Idle {
+    pub workers: usize,
+    pub seconds: f64,
+    /// Heartbeat records the processor consumed.
+    pub heartbeats: f64,
+    /// Journal records and bytes written meanwhile (heartbeats and Ticks).
+    pub journal_records: f64,
+    pub journal_bytes: f64,
+    /// Of which for heartbeats: the journal records beyond the Ticks' (one per Tick read).
+    pub heartbeat_journal_records: f64,
+    /// Journal bytes per idle worker-hour, from the heartbeats' share of the journal.
+    pub journal_bytes_per_worker_hour: f64,
+}
+
 #[derive(Debug, Clone, serde::Serialize)]
 pub(super) struct Saturation {
     pub jobs: u64,
@@ -86,8 +103,20 @@ pub(super) struct Saturation {
     pub phase_ms_per_batch: BTreeMap<String, f64>,
 }
 
-/// The phases of a batch, as the processor times them.
-const PHASES: [&str; 5] = ["decide", "offsets", "deliveries", "commit", "persist"];
+/// The phases of a batch, as the processor times them: on the processor thread decide,
+/// wait (for the previous batch to commit), prepare (encode the projection changes), send
+/// and persist (write them); on the transaction thread, overlapping the next batch's
+/// decide when pipelined, offsets, deliveries and commit.
+pub(super) const PHASES: [&str; 8] = [
+    "decide",
+    "wait",
+    "prepare",
+    "send",
+    "offsets",
+    "deliveries",
+    "commit",
+    "persist",
+];
 
 /// Records and bytes per job on one topic role.
 #[derive(Debug, Clone, Copy, Default, serde::Serialize)]
@@ -319,20 +348,9 @@ impl Rig {
         }
     }
 
+    /// Records consumed and produced so far (every topic role), summed over the shards.
     fn io_records(&self) -> f64 {
-        self.shards
-            .0
-            .iter()
-            .map(|s| {
-                let m = &s.metrics;
-                let entries = m.journal_entries.get() as f64;
-                let dispatches = m.events.with_label_values(&["JobDispatched"]).get() as f64;
-                let dead = m.events.with_label_values(&["DeadLettered"]).get() as f64;
-                // Each input is consumed once and journaled once; dispatches and dead
-                // letters are records of their own.
-                2.0 * entries + dispatches + dead
-            })
-            .sum()
+        self.by_topic().values().map(|t| t.records).sum()
     }
 
     /// Records and bytes so far per topic role, summed over the shards.
@@ -422,6 +440,40 @@ impl Rig {
                     (k, per_job)
                 })
                 .collect(),
+        })
+    }
+
+    /// Nothing submitted for `seconds`: what the idle workers' heartbeats cost the journal.
+    pub(super) fn idle(&mut self, seconds: f64) -> Result<Idle> {
+        let t0 = self.by_topic();
+        std::thread::sleep(Duration::from_secs_f64(seconds));
+        let t1 = self.by_topic();
+        let d = |k: &str| {
+            let (a, b) = (
+                t0.get(k).copied().unwrap_or_default(),
+                t1.get(k).copied().unwrap_or_default(),
+            );
+            PerJob {
+                records: b.records - a.records,
+                bytes: b.bytes - a.bytes,
+            }
+        };
+        let (journal, heartbeats, control) =
+            (d("out journal"), d("in heartbeats"), d("in control"));
+        // Every Tick read makes a journal entry; what else is journaled meanwhile is the
+        // heartbeats'.
+        let beats = (journal.records - control.records).max(0.0);
+        let bytes_per_record = journal.bytes / journal.records.max(1.0);
+        let workers = self.workers.len();
+        Ok(Idle {
+            workers,
+            seconds,
+            heartbeats: heartbeats.records,
+            journal_records: journal.records,
+            journal_bytes: journal.bytes,
+            heartbeat_journal_records: beats,
+            journal_bytes_per_worker_hour: beats * bytes_per_record * 3600.0
+                / (seconds * workers.max(1) as f64),
         })
     }
 

@@ -81,6 +81,8 @@ struct Sizes {
     baseline_runs: usize,
     saturation_jobs: u64,
     level_seconds: f64,
+    /// How long the idle-fleet phase lasts.
+    idle_seconds: f64,
     small_history: u64,
     large_history: u64,
 }
@@ -93,6 +95,7 @@ impl Sizes {
                 baseline_runs: 1,
                 saturation_jobs: 300,
                 level_seconds: 1.5,
+                idle_seconds: 3.0,
                 small_history: 1_000,
                 large_history: 5_000,
             }
@@ -102,6 +105,7 @@ impl Sizes {
                 baseline_runs: 3,
                 saturation_jobs: 50_000,
                 level_seconds: 8.0,
+                idle_seconds: 30.0,
                 small_history: 100_000,
                 large_history: 1_000_000,
             }
@@ -118,6 +122,7 @@ struct Report {
     history_small: history::History,
     saturation_small_history: e2e::Saturation,
     levels: Vec<e2e::Level>,
+    idle: e2e::Idle,
     large: Option<Large>,
     /// (jobs/s x Kafka records per job) / baseline I/O records/s.
     ratio: f64,
@@ -468,6 +473,8 @@ fn bench(args: BenchArgs) -> Result<()> {
         );
         levels.push(l);
     }
+    phase("an idle fleet: no jobs, the workers heartbeating");
+    let idle = rig.idle(sizes.idle_seconds)?;
     rig.stop()?;
 
     let large = if args.skip_large {
@@ -493,6 +500,7 @@ fn bench(args: BenchArgs) -> Result<()> {
         history_small,
         saturation_small_history: saturation_small,
         levels,
+        idle,
         large,
         ratio,
         commit_interval_ms: defaults.commit_interval_ms,
@@ -694,8 +702,17 @@ fn print_table(r: &Report) {
         total.0,
         total.1
     );
+    println!(
+        "| an idle fleet ({} workers, a heartbeat a second, {:.0} s): heartbeats read; journal records (of which heartbeats); journal bytes per idle worker-hour | {:.0}; {:.0} ({:.0}); {:.0} B |",
+        r.idle.workers,
+        r.idle.seconds,
+        r.idle.heartbeats,
+        r.idle.journal_records,
+        r.idle.heartbeat_journal_records,
+        r.idle.journal_bytes_per_worker_hour
+    );
     let phases = |m: &std::collections::BTreeMap<String, f64>| -> String {
-        ["decide", "offsets", "deliveries", "commit", "persist"]
+        e2e::PHASES
             .iter()
             .map(|p| format!("{p} {:.1}", m.get(*p).copied().unwrap_or(0.0)))
             .collect::<Vec<_>>()
