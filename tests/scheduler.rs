@@ -339,7 +339,11 @@ async fn a_restarted_scheduler_resumes_from_its_store_and_the_journal() {
 /// second job with a used idempotency key are recognised, and no job is dispatched twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobs_decided_while_the_batch_before_commits_see_its_effects() {
-    let s = Scheduler::start(vec![("KSCHED__PROCESSOR__MAX_BATCH", "8".into())]).await;
+    let s = Scheduler::start(vec![
+        ("KSCHED__PROCESSOR__MAX_BATCH", "8".into()),
+        ("KSCHED__PROCESSOR__PIPELINED", "true".into()),
+    ])
+    .await;
     // One job at a time: jobs wait in the queue and are dispatched as results free the slot.
     let w = s.worker_with(
         "w1",
@@ -452,6 +456,7 @@ async fn a_job_placed_in_the_batch_after_its_acceptance_is_dispatched_with_its_p
     let s = Scheduler::start(vec![
         ("KSCHED__PROCESSOR__MAX_BATCH", "1".into()),
         ("KSCHED__PROCESSOR__TICK_INTERVAL_MS", "1000".into()),
+        ("KSCHED__PROCESSOR__PIPELINED", "true".into()),
     ])
     .await;
     let heartbeats = s.topic("heartbeats");

@@ -209,8 +209,10 @@ pub struct Processor {
     inputs_checked: Instant,
     /// Partitions of the results topic (a Dispatch names one of this shard's).
     results_partitions: i32,
-    /// Records decided on for the next transaction.
+    /// Records decided on while no transaction is open (one is in flight).
     outbox: Vec<Outgoing>,
+    /// A transaction is open for the batch being decided: its records go out at once.
+    open: bool,
     /// The batch whose transaction finishes on the caller thread.
     in_flight: Option<InFlight>,
     /// When cold records were last evicted from memory.
@@ -440,6 +442,7 @@ impl Processor {
             inputs_checked: Instant::now(),
             results_partitions: 0,
             outbox: Vec::new(),
+            open: false,
             in_flight: None,
             last_evict: Instant::now(),
         };
@@ -536,7 +539,7 @@ impl Processor {
         let mut recovery = Recovery::default();
         self.drain(&mut recovery)
             .and_then(|()| self.process_input(cause, now, Input::Reconfigure(wanted)))
-            .and_then(|()| self.begin(None, Batch::default()))
+            .and_then(|()| self.end(None, Batch::default()))
             .and_then(|()| self.drain(&mut recovery))
             .map_err(|e| match e {
                 e @ (Error::Fenced { .. } | Error::Kafka { .. }) => e,
@@ -771,9 +774,14 @@ impl Processor {
         Ok(batch)
     }
 
-    /// Decides on a batch (while the previous one finishes on the caller thread), settles
-    /// the previous one, and begins this one's transaction. Without pipelining, settles this
-    /// one too before returning.
+    /// Decides on a batch and starts the end of its transaction on the transaction thread.
+    ///
+    /// With nothing in flight (the previous batch already committed: always without
+    /// pipelining, and at low load) the transaction begins first and each record goes out
+    /// as it is decided, so its acknowledgement comes back while the rest is decided. With
+    /// a batch in flight (pipelining under load) the records wait in the outbox while the
+    /// batch is decided, the one in flight is settled, and then they go out. Without
+    /// pipelining the batch is settled before returning.
     fn process_batch(&mut self, batch: Vec<InputRecord>, recovery: &mut Recovery) -> Result<()> {
         let started = Instant::now();
         let span = tracing::info_span!("batch", records = batch.len());
@@ -785,26 +793,34 @@ impl Processor {
                 .or_default();
             *last = (*last).max(rec.offset);
         }
+        let batch = Batch {
+            inputs: batch,
+            ranges,
+            started,
+        };
+        self.try_settle(recovery)?;
+        if self.in_flight.is_none() {
+            self.open()?;
+        }
         let phases = self.status.metrics.batch_phases.clone();
         let phase = Phase::start(&phases, "decide");
-        for rec in &batch {
-            self.process_record(rec, recovery)?;
+        for rec in &batch.inputs {
+            if let Err(e) = self.process_record(rec, recovery) {
+                return Err(if self.open {
+                    batch.blame(self.fail(e))
+                } else {
+                    e
+                });
+            }
         }
         phase.end();
         self.settle(recovery)?;
         let mut tpl = TopicPartitionList::new();
-        for ((topic, partition), last) in &ranges {
+        for ((topic, partition), last) in &batch.ranges {
             tpl.add_partition_offset(topic, *partition, Offset::Offset(*last + 1))
                 .map_err(kafka("building the offset list"))?;
         }
-        self.begin(
-            Some(tpl),
-            Batch {
-                inputs: batch,
-                ranges,
-                started,
-            },
-        )?;
+        self.end(Some(tpl), batch)?;
         if !self.config.settings.processor.pipelined {
             self.settle(recovery)?;
         }
@@ -967,18 +983,10 @@ impl Processor {
         Ok(())
     }
 
-    /// Begins the transaction of the batch just decided and hands its end to the caller
-    /// thread: prepares the batch's projection changes, sends the records decided (the
-    /// outbox) and starts the job that sends `offsets`, waits for every acknowledgement and
-    /// commits. The previous batch must be settled. [`Processor::settle`] waits for the job
-    /// and writes the projection.
-    fn begin(&mut self, offsets: Option<TopicPartitionList>, batch: Batch) -> Result<()> {
-        debug_assert!(self.in_flight.is_none());
-        let phases = self.status.metrics.batch_phases.clone();
-        let mut phase = Phase::start(&phases, "prepare");
-        let pending = self.engine.prepare().map_err(|e| self.store_error(e))?;
-        phase.next("send");
-        let timeout = Duration::from_millis(self.config.settings.processor.transaction_timeout_ms);
+    /// Begins a transaction, and sends what waits in the outbox; from now on records go out
+    /// as they are decided. Nothing may be in flight.
+    fn open(&mut self) -> Result<()> {
+        debug_assert!(self.in_flight.is_none() && !self.open);
         self.producer.begin_transaction().map_err(|e| {
             if is_fenced(&e) {
                 self.fenced()
@@ -986,13 +994,28 @@ impl Processor {
                 kafka("begin_transaction")(e)
             }
         })?;
-        let outbox = std::mem::take(&mut self.outbox);
-        for o in outbox {
-            if let Err(e) = self.produce(o) {
-                let e = self.fail(e);
-                return Err(batch.blame(e));
-            }
+        self.open = true;
+        for o in std::mem::take(&mut self.outbox) {
+            self.produce(o).map_err(|e| self.fail(e))?;
         }
+        Ok(())
+    }
+
+    /// Ends the batch just decided: prepares its projection changes, opens its transaction
+    /// (if it was decided into the outbox) and hands the rest to the transaction thread:
+    /// send `offsets`, wait for every acknowledgement, commit. Nothing may be in flight.
+    /// [`Processor::settle`] waits for it and writes the projection.
+    fn end(&mut self, offsets: Option<TopicPartitionList>, batch: Batch) -> Result<()> {
+        debug_assert!(self.in_flight.is_none());
+        let phases = self.status.metrics.batch_phases.clone();
+        let mut phase = Phase::start(&phases, "prepare");
+        let pending = self.engine.prepare().map_err(|e| self.store_error(e))?;
+        phase.next("send");
+        let timeout = Duration::from_millis(self.config.settings.processor.transaction_timeout_ms);
+        if !self.open {
+            self.open().map_err(|e| batch.blame(e))?;
+        }
+        self.open = false;
         let offsets = match offsets {
             Some(tpl) => {
                 let meta = self.consumer()?.group_metadata().ok_or(Error::Invariant(
@@ -1037,6 +1060,24 @@ impl Processor {
         Ok(())
     }
 
+    /// Settles the batch in flight if its transaction already ended.
+    fn try_settle(&mut self, recovery: &mut Recovery) -> Result<()> {
+        let Some(f) = self.in_flight.take() else {
+            return Ok(());
+        };
+        match f.done.try_recv() {
+            Ok(outcome) => self.settled(f, outcome, recovery),
+            Err(std::sync::mpsc::TryRecvError::Empty) => {
+                self.in_flight = Some(f);
+                Ok(())
+            }
+            Err(std::sync::mpsc::TryRecvError::Disconnected) => {
+                let e = Error::Invariant("the processor's transaction thread is gone");
+                self.settled(f, Err(e), recovery)
+            }
+        }
+    }
+
     /// Waits for the batch in flight (if any) to commit, then writes its projection with the
     /// journal watermark it reached and lets its inputs pass. On failure the transaction is
     /// aborted and the error returned: the in-memory state has moved ahead of what was
@@ -1047,7 +1088,7 @@ impl Processor {
             return Ok(());
         };
         let phases = self.status.metrics.batch_phases.clone();
-        let mut phase = Phase::start(&phases, "wait");
+        let phase = Phase::start(&phases, "wait");
         let wait = f.deadline.saturating_duration_since(Instant::now());
         let outcome = match f.done.recv_timeout(wait) {
             Ok(outcome) => outcome,
@@ -1062,6 +1103,18 @@ impl Processor {
                 })
             }
         };
+        phase.end();
+        self.settled(f, outcome, recovery)
+    }
+
+    /// What follows the end of a transaction in flight: on success, its projection written
+    /// and its inputs let pass; on failure, the error (see [`Processor::settle`]).
+    fn settled(
+        &mut self,
+        f: InFlight,
+        outcome: Result<i64>,
+        recovery: &mut Recovery,
+    ) -> Result<()> {
         let last = match outcome {
             Ok(last) => last,
             Err(e) => {
@@ -1069,7 +1122,8 @@ impl Processor {
                 return Err(f.batch.blame(e));
             }
         };
-        phase.next("persist");
+        let phases = self.status.metrics.batch_phases.clone();
+        let phase = Phase::start(&phases, "persist");
         let watermark = (last >= 0).then_some(last);
         self.engine
             .write(f.pending, watermark)
@@ -1178,8 +1232,15 @@ impl Processor {
         }
     }
 
-    /// Queues one record decided on, encoded, for the batch's transaction.
-    fn queue(&mut self, topic: String, partition: Option<i32>, key: Vec<u8>, payload: Vec<u8>) {
+    /// One record decided on, encoded: sent at once in the open transaction, or kept in the
+    /// outbox until the transaction begins.
+    fn queue(
+        &mut self,
+        topic: String,
+        partition: Option<i32>,
+        key: Vec<u8>,
+        payload: Vec<u8>,
+    ) -> Result<()> {
         let counters = if topic == self.topics.journal {
             &self.counters.journal
         } else if topic == self.topics.dlq {
@@ -1188,12 +1249,18 @@ impl Processor {
             &self.counters.dispatch
         };
         counters.count(key.len() + payload.len());
-        self.outbox.push(Outgoing {
+        let o = Outgoing {
             topic,
             partition,
             key,
             payload,
-        });
+        };
+        if self.open {
+            self.produce(o)
+        } else {
+            self.outbox.push(o);
+            Ok(())
+        }
     }
 
     /// Sends one record in the open transaction. A full producer queue is waited out for at
@@ -1228,8 +1295,7 @@ impl Processor {
         let bytes = encode_or_fail(entry)?;
         let journal = self.topics.journal.clone();
         let partition = self.config.settings.processor.journal_partition;
-        self.queue(journal, Some(partition), entry.key().into_bytes(), bytes);
-        Ok(())
+        self.queue(journal, Some(partition), entry.key().into_bytes(), bytes)
     }
 
     fn send_output(&mut self, out: Output) -> Result<()> {
@@ -1255,8 +1321,7 @@ impl Processor {
                     Some(partition),
                     record.worker_id.as_bytes().to_vec(),
                     bytes,
-                );
-                Ok(())
+                )
             }
             Output::CancelDispatch {
                 pool,
@@ -1265,8 +1330,7 @@ impl Processor {
             } => {
                 let topic = self.topics.dispatch(&pool);
                 let bytes = encode_or_fail(&record)?;
-                self.queue(topic, Some(partition), record.worker_id.into_bytes(), bytes);
-                Ok(())
+                self.queue(topic, Some(partition), record.worker_id.into_bytes(), bytes)
             }
             Output::DeadLetter(dl) => {
                 let topic = self.topics.dlq.clone();
@@ -1279,8 +1343,7 @@ impl Processor {
                     dl.job_id.clone()
                 };
                 let bytes = encode_or_fail(&dl)?;
-                self.queue(topic, None, key.into_bytes(), bytes);
-                Ok(())
+                self.queue(topic, None, key.into_bytes(), bytes)
             }
         }
     }

@@ -162,10 +162,13 @@ pub struct ProcessorSettings {
     /// `max_batch` and the interval). Off: every batch waits out the interval once it has an
     /// input (fewer, larger transactions at low load, at the price of latency). Default true.
     pub adaptive_batching: bool,
-    /// Pipelining: the processor decides the next batch while the previous one's transaction
-    /// finishes (offsets, acknowledgements, commit) on another thread; the next transaction
-    /// begins only after the previous one committed and its projection was written. Off:
-    /// each batch is committed and written before the next one is read. Default true.
+    /// Pipelining: while a batch's transaction ends (offsets, acknowledgements, commit) on
+    /// the transaction thread, the processor decides the next batch into an outbox, sent once
+    /// the previous one committed and its projection was written. Off: each batch is
+    /// committed and written before the next is read, its records sent as they are decided.
+    /// Default false: on a 2-core machine shared with the broker it cost throughput and
+    /// latency (docs/performance.md); it is meant for a broker across a network with cores
+    /// to spare.
     pub pipelined: bool,
     /// Leaves out of the journal (and the state) a heartbeat of an idle worker that says
     /// what its last journaled one said, while that one is less than a third of the worker
@@ -213,7 +216,7 @@ impl Default for ProcessorSettings {
             max_batch: 500,
             commit_interval_ms: 20,
             adaptive_batching: true,
-            pipelined: true,
+            pipelined: false,
             coalesce_heartbeats: true,
             transaction_timeout_ms: 60_000,
             tick_interval_ms: 1_000,

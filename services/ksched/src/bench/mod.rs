@@ -58,6 +58,12 @@ pub(crate) struct BenchArgs {
     /// the large history, recovery and failover (minutes of set-up).
     #[arg(long)]
     pub skip_large: bool,
+    /// Run the processor pipelined (`processor.pipelined: true`), to compare.
+    #[arg(long)]
+    pub pipelined: bool,
+    /// Journal every heartbeat (`processor.coalesce_heartbeats: false`), to compare.
+    #[arg(long)]
+    pub keep_heartbeats: bool,
     /// Only measure saturation throughput and CPU per job with each of these shard counts
     /// (one in-process instance holding them all, a processor thread per shard).
     #[arg(long, value_delimiter = ',', value_name = "N,N,...")]
@@ -131,6 +137,9 @@ struct Report {
     /// Median over the turns of jobs/s / the turn's physical limit.
     of_physical_limit: f64,
     commit_interval_ms: u64,
+    /// `processor.pipelined` and `processor.coalesce_heartbeats` in this run.
+    pipelined: bool,
+    coalesce_heartbeats: bool,
     total_seconds: f64,
 }
 
@@ -368,7 +377,9 @@ fn bench(args: BenchArgs) -> Result<()> {
     ));
     let small_prefix = format!("{run}.small.");
     let small_dir = work.join("small");
-    let small_cfg = bench_config(&kafka, &small_prefix, &small_dir, None);
+    let mut small_cfg = bench_config(&kafka, &small_prefix, &small_dir, None);
+    small_cfg.settings.processor.pipelined = args.pipelined;
+    small_cfg.settings.processor.coalesce_heartbeats = !args.keep_heartbeats;
     rt.block_on(ksched_runtime::topics::ensure_topics(
         &small_cfg.settings,
         &ksched_runtime::topics_of(&small_cfg),
@@ -504,6 +515,8 @@ fn bench(args: BenchArgs) -> Result<()> {
         large,
         ratio,
         commit_interval_ms: defaults.commit_interval_ms,
+        pipelined: args.pipelined,
+        coalesce_heartbeats: !args.keep_heartbeats,
         total_seconds: total.elapsed().as_secs_f64(),
     };
     print_table(&report);
@@ -533,12 +546,14 @@ fn large_phases(
     let large_prefix = format!("{run}.large.");
     let large_dir = work.join("large");
     let port = free_port()?;
-    let large_cfg = bench_config(
+    let mut large_cfg = bench_config(
         &kafka,
         &large_prefix,
         &large_dir,
         Some(format!("127.0.0.1:{port}")),
     );
+    large_cfg.settings.processor.pipelined = args.pipelined;
+    large_cfg.settings.processor.coalesce_heartbeats = !args.keep_heartbeats;
     rt.block_on(ksched_runtime::topics::ensure_topics(
         &large_cfg.settings,
         &ksched_runtime::topics_of(&large_cfg),
@@ -639,9 +654,19 @@ fn print_table(r: &Report) {
     let l = |i: usize| &r.levels[i];
     println!();
     println!(
-        "ksched bench ({} build{}) on {}",
+        "ksched bench ({} build{}{}{}) on {}",
         r.build,
         if r.smoke { ", smoke sizes" } else { "" },
+        if r.pipelined {
+            ", pipelined processor"
+        } else {
+            ""
+        },
+        if r.coalesce_heartbeats {
+            ""
+        } else {
+            ", every heartbeat journaled"
+        },
         r.machine
     );
     println!();
