@@ -71,6 +71,20 @@ fn a_heartbeat_that_changes_what_decisions_read_is_journaled() {
         change(&mut h);
         assert!(beat(&mut sim, h).is_some(), "{what}");
     }
+    // A load that is not a number is never "close" to the last one: the heartbeat goes to
+    // the decision, which refuses it.
+    let mut sim = Sim::new();
+    sim.worker("w1", "default");
+    sim.now += 1_000;
+    let mut h = hb("w1", "default");
+    h.cpu_load = f64::NAN;
+    let events = beat(&mut sim, h).expect("a NaN load is journaled");
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(e, Event::CommandRejected(_))),
+        "{events:?}"
+    );
     // Within the step, loads are not news.
     let mut sim = Sim::new();
     sim.worker("w1", "default");
