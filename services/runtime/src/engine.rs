@@ -130,10 +130,9 @@ impl Engine {
     /// Writes every key that changed since the last checkpoint, with `watermark` (the last
     /// journal offset the state reflects), then evicts cold records from memory.
     pub fn checkpoint(&mut self, watermark: Option<i64>) -> Result<(), ksched_store::Error> {
-        let dirty = self.state.take_dirty();
-        self.store.persist(&self.state, dirty, watermark)?;
-        self.state.evict_cold();
-        self.since_checkpoint = 0;
+        let pending = self.prepare()?;
+        self.write(pending, watermark)?;
+        self.evict();
         Ok(())
     }
 
