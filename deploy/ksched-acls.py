@@ -99,7 +99,49 @@ def apply(args, grants):
             failed += 1
             print(f"ksched-acls: {binding}: {e}", file=sys.stderr)
     print(f"ksched-acls: {len(acls) - failed} ACLs granted, {failed} failed", file=sys.stderr)
-    return 1 if failed else 0
+    if failed:
+        return 1
+    if args.wait > 0 and not wait_until_visible(admin, acls, args.wait):
+        return 1
+    return 0
+
+
+def acl_key(b):
+    return (b.restype, b.name, b.resource_pattern_type, b.principal, b.host, b.operation,
+            b.permission_type)
+
+
+def wait_until_visible(admin, acls, timeout):
+    """Waits until the broker answering DescribeAcls enforces every granted ACL.
+
+    Under KRaft a CreateAcls request returns once the controller has committed the ACLs;
+    each broker's authorizer applies them a moment later, from the metadata log. A client
+    started right after this script could be refused in between (TopicAuthorizationFailed
+    on a topic it was just granted), so the script returns only once they are in force.
+    DescribeAcls is answered from the broker's own authorizer, so seeing them there means
+    that broker enforces them; on a cluster of several brokers, others may lag a little more.
+    """
+    from confluent_kafka.admin import (AclBindingFilter, AclOperation, AclPermissionType,
+                                       ResourcePatternType, ResourceType)
+    import time
+    wanted = {acl_key(b) for b in acls}
+    everything = AclBindingFilter(ResourceType.ANY, None, ResourcePatternType.ANY, None, None,
+                                  AclOperation.ANY, AclPermissionType.ANY)
+    deadline = time.monotonic() + timeout
+    missing = wanted
+    while True:
+        try:
+            seen = {acl_key(b) for b in admin.describe_acls(everything, request_timeout=10).result()}
+            missing = wanted - seen
+        except Exception as e:  # a transient failure is tried again until the deadline
+            print(f"ksched-acls: describing ACLs: {e}", file=sys.stderr)
+        if not missing:
+            return True
+        if time.monotonic() >= deadline:
+            print(f"ksched-acls: {len(missing)} granted ACLs still not in force after "
+                  f"{timeout:g} s", file=sys.stderr)
+            return False
+        time.sleep(0.1)
 
 
 def main():
@@ -114,6 +156,8 @@ def main():
     a.add_argument("--producer", action="append", default=[], metavar="USER:TOPIC")
     a.add_argument("--auditor", action="append", default=[], metavar="USER")
     a.add_argument("--print", action="store_true", help="print kafka-acls.sh commands instead")
+    a.add_argument("--wait", type=float, default=30, metavar="SECONDS",
+                   help="wait until the broker enforces the granted ACLs (0: do not wait)")
     args = a.parse_args()
     grants = bindings(args)
     if args.print:
