@@ -5,15 +5,26 @@ use thiserror::Error;
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 pub enum Error {
     #[error(
-        "record is {len} bytes, shorter than the 10-byte single-object header (C3 01 + fingerprint)"
+        "record is {len} bytes, shorter than its header (10 bytes for single-object encoding: \
+         C3 01 + fingerprint; 5 for the Confluent wire format: 00 + schema id)"
     )]
     Truncated { len: usize },
 
     #[error(
-        "record does not start with the Avro single-object marker C3 01 (found {found:02X?}); \
-         producers must write Avro single-object encoding"
+        "record starts with neither the Avro single-object marker C3 01 nor the Confluent \
+         wire format's magic byte 00 (found {found:02X?}); producers must write Avro \
+         single-object encoding or use a Schema Registry serializer"
     )]
     BadMagic { found: [u8; 2] },
+
+    #[error("schema id {id} (Confluent wire format) is unknown: {detail}")]
+    UnknownSchemaId { id: u32, detail: String },
+
+    #[error(
+        "schema id {id} (Confluent wire format) could not be fetched from the schema registry: \
+         {detail}"
+    )]
+    SchemaUnavailable { id: u32, detail: String },
 
     #[error(
         "unknown writer schema fingerprint {}: the record was written with a schema this ksched \

@@ -1,14 +1,20 @@
-//! Avro single-object encoding of every ksched record.
+//! Avro encoding of every ksched record: single-object encoding, or the Confluent wire format
+//! of a Schema Registry.
 //!
-//! A value on any ksched topic is `C3 01`, the 8-byte little-endian CRC-64-AVRO fingerprint of
-//! the writer schema, then the Avro binary body. Decoding looks the fingerprint up in the
+//! A single-object value is `C3 01`, the 8-byte little-endian CRC-64-AVRO fingerprint of the
+//! writer schema, then the Avro binary body. Decoding looks the fingerprint up in the
 //! [`Registry`] of known writer schemas and resolves the body to the current reader schema, so
-//! records written by older producers keep decoding after a schema evolves. Bad input of any
-//! kind yields an [`Error`] that names the problem; decoding never panics.
+//! records written by older producers keep decoding after a schema evolves. A Confluent value
+//! is `00`, the 4-byte big-endian schema id, then the body (after a union's branch index when
+//! the id names a union): the writer schema is fetched from the Schema Registry by id
+//! ([`schema_registry`], installed with [`Registry::set_source`]), kept, and resolved the same
+//! way. Bad input of any kind yields an [`Error`] that names the problem; decoding never
+//! panics.
 
 mod error;
 mod registry;
 mod resolve;
+pub mod schema_registry;
 
 use std::sync::OnceLock;
 
@@ -21,7 +27,10 @@ use ksched_core::records::{
 use serde::{Serialize, de::DeserializeOwned};
 
 pub use error::{Error, Result, fingerprint_hex};
-pub use registry::{NAMESPACE, Registry, SchemaEntry, TOP_LEVEL, current_self_contained};
+pub use registry::{
+    CONFLUENT_MAGIC, Learned, MAX_LEARNED_IDS, NAMESPACE, Registry, SchemaEntry, SchemaSource,
+    SourceError, TOP_LEVEL, current_self_contained, union_self_contained,
+};
 
 use crate::resolve::Resolver;
 

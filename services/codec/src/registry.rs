@@ -8,6 +8,7 @@
 //! released version, so records written with an older schema still decode.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, RwLock};
 
 use apache_avro::{
     Schema, rabin::Rabin, reader::datum::GenericDatumReader, writer::datum::GenericDatumWriter,
@@ -133,11 +134,62 @@ fn without_logical_types(json: &str) -> std::result::Result<Schema, String> {
     Schema::parse(&value).map_err(|e| e.to_string())
 }
 
-/// Known writer schemas by fingerprint and the current reader schema of each top-level record.
-#[derive(Debug)]
+/// Known writer schemas by fingerprint and the current reader schema of each top-level record;
+/// and, for the Confluent wire format, the schemas learned by Schema Registry id.
 pub struct Registry {
     current: HashMap<String, &'static SchemaEntry>,
     by_fingerprint: HashMap<u64, &'static SchemaEntry>,
+    learned: RwLock<HashMap<u32, &'static Learned>>,
+    source: RwLock<Option<Arc<dyn SchemaSource>>>,
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registry")
+            .field("current", &self.current.len())
+            .field("writers", &self.by_fingerprint.len())
+            .field("learned_ids", &read(&self.learned).len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Most Schema Registry ids one process learns: each costs a parsed schema kept for the
+/// life of the process, and a hostile producer could otherwise name ids without end.
+pub const MAX_LEARNED_IDS: usize = 4096;
+
+/// What a Schema Registry id stands for: one record schema, or a union of records (the
+/// TopicNameStrategy subject of a topic that carries several record types); a value
+/// written with a union starts with the index of its branch.
+#[derive(Debug)]
+pub enum Learned {
+    Record(&'static SchemaEntry),
+    Union(Vec<&'static SchemaEntry>),
+}
+
+/// Why a [`SchemaSource`] has no schema for an id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SourceError {
+    /// The registry answered: it has no schema with that id (or not an Avro one).
+    NotFound(String),
+    /// The registry could not be asked (down, timed out, refused the credentials).
+    Unavailable(String),
+}
+
+/// Where the schemas of unknown Confluent ids come from: a Schema Registry client
+/// (`ksched_codec::schema_registry`), installed with [`Registry::set_source`].
+pub trait SchemaSource: Send + Sync {
+    /// The schema JSON registered under `id`.
+    fn schema(&self, id: u32) -> std::result::Result<String, SourceError>;
+}
+
+fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    lock.read()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    lock.write()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl Registry {
@@ -161,6 +213,8 @@ impl Registry {
         let mut reg = Registry {
             current: HashMap::new(),
             by_fingerprint: HashMap::new(),
+            learned: RwLock::new(HashMap::new()),
+            source: RwLock::new(None),
         };
         for &name in TOP_LEVEL {
             let json = inline(name, &definitions)?;
@@ -204,9 +258,18 @@ impl Registry {
         self.by_fingerprint.values().copied()
     }
 
-    /// Reads the single-object header: the writer schema and the Avro body after it.
+    /// Reads the header, single-object (`C3 01` + fingerprint) or Confluent (`00` + schema
+    /// id, then a union's branch index): the writer schema and the Avro body after it.
     pub fn split<'b>(&self, bytes: &'b [u8]) -> Result<(&'static SchemaEntry, &'b [u8])> {
+        if bytes.first() == Some(&CONFLUENT_MAGIC) {
+            return self.split_confluent(bytes);
+        }
         if bytes.len() < 10 {
+            if bytes.len() >= 2 && (bytes[0] != 0xC3 || bytes[1] != 0x01) {
+                return Err(Error::BadMagic {
+                    found: [bytes[0], bytes[1]],
+                });
+            }
             return Err(Error::Truncated { len: bytes.len() });
         }
         if bytes[0] != 0xC3 || bytes[1] != 0x01 {
@@ -222,6 +285,231 @@ impl Registry {
             .ok_or(Error::UnknownFingerprint { fingerprint })?;
         Ok((entry, &bytes[10..]))
     }
+}
+
+/// The Confluent wire format's magic byte: `00`, a 4-byte big-endian schema id, the body.
+pub const CONFLUENT_MAGIC: u8 = 0;
+
+impl Registry {
+    /// Fetches the schemas of unknown Confluent ids from `source` from now on.
+    pub fn set_source(&self, source: Arc<dyn SchemaSource>) {
+        *write(&self.source) = Some(source);
+    }
+
+    /// Whether a schema source is installed.
+    pub fn has_source(&self) -> bool {
+        read(&self.source).is_some()
+    }
+
+    /// Takes `json` as the schema registered under `id`: a named record, or a union of
+    /// named records. A schema equal to a known one (same fingerprint) shares its entry.
+    pub fn learn(&self, id: u32, json: &str) -> Result<&'static Learned> {
+        if let Some(l) = read(&self.learned).get(&id) {
+            return Ok(l);
+        }
+        let bad = |detail: String| Error::Schema {
+            name: format!("schema id {id}"),
+            detail,
+        };
+        let value: Json = serde_json::from_str(json).map_err(|e| bad(e.to_string()))?;
+        let learned = match &value {
+            Json::Array(branches) => {
+                let mut defs = BTreeMap::new();
+                collect_definitions(&value, None, &mut defs);
+                let mut entries = Vec::with_capacity(branches.len());
+                for b in branches {
+                    let name = match b {
+                        Json::String(n) => n.clone(),
+                        other => full_name(other, None)
+                            .ok_or_else(|| bad("a union branch is not a named record".into()))?,
+                    };
+                    let branch_json = inline(&name, &defs)?;
+                    entries.push(self.entry(name, branch_json)?);
+                }
+                Learned::Union(entries)
+            }
+            Json::Object(_) => {
+                let name = full_name(&value, None)
+                    .ok_or_else(|| bad("the schema is not a named record".into()))?;
+                Learned::Record(self.entry(name, json.to_owned())?)
+            }
+            _ => return Err(bad("the schema is neither a record nor a union".into())),
+        };
+        let mut learned_ids = write(&self.learned);
+        if let Some(l) = learned_ids.get(&id) {
+            return Ok(l);
+        }
+        if learned_ids.len() >= MAX_LEARNED_IDS {
+            return Err(bad(format!(
+                "this process already learned {MAX_LEARNED_IDS} schema ids, the most it keeps"
+            )));
+        }
+        let learned: &'static Learned = Box::leak(Box::new(learned));
+        learned_ids.insert(id, learned);
+        Ok(learned)
+    }
+
+    /// The entry for a learned schema: the known one with the same fingerprint, else new.
+    fn entry(&self, name: String, json: String) -> Result<&'static SchemaEntry> {
+        let entry = SchemaEntry::new(name, json)?;
+        if let Some(known) = self.writer(entry.fingerprint) {
+            return Ok(known);
+        }
+        Ok(Box::leak(Box::new(entry)))
+    }
+
+    /// The schema of a Confluent id: learned already, else fetched from the source.
+    fn learned(&self, id: u32) -> Result<&'static Learned> {
+        if let Some(l) = read(&self.learned).get(&id) {
+            return Ok(l);
+        }
+        let Some(source) = read(&self.source).clone() else {
+            return Err(Error::UnknownSchemaId {
+                id,
+                detail: "no schema registry is configured to look it up".into(),
+            });
+        };
+        match source.schema(id) {
+            Ok(json) => self.learn(id, &json),
+            Err(SourceError::NotFound(detail)) => Err(Error::UnknownSchemaId { id, detail }),
+            Err(SourceError::Unavailable(detail)) => Err(Error::SchemaUnavailable { id, detail }),
+        }
+    }
+
+    fn split_confluent<'b>(&self, bytes: &'b [u8]) -> Result<(&'static SchemaEntry, &'b [u8])> {
+        if bytes.len() < 5 {
+            return Err(Error::Truncated { len: bytes.len() });
+        }
+        let id = u32::from_be_bytes([bytes[1], bytes[2], bytes[3], bytes[4]]);
+        let body = &bytes[5..];
+        match self.learned(id)? {
+            Learned::Record(entry) => Ok((entry, body)),
+            Learned::Union(branches) => {
+                let (index, len) = read_long(body).ok_or_else(|| Error::Malformed {
+                    schema: format!("the union of schema id {id}"),
+                    detail: "the branch index does not decode".into(),
+                })?;
+                let entry = usize::try_from(index)
+                    .ok()
+                    .and_then(|i| branches.get(i))
+                    .ok_or_else(|| Error::Malformed {
+                        schema: format!("the union of schema id {id}"),
+                        detail: format!("branch {index} of a union of {} records", branches.len()),
+                    })?;
+                Ok((entry, &body[len..]))
+            }
+        }
+    }
+
+    /// Appends `value` in the Confluent wire format: `00`, `id` big-endian, the branch index
+    /// when `id` names a union (`branch`), then the body in the current schema of its type,
+    /// which must be the schema registered under `id`.
+    pub fn encode_confluent_into<T: crate::Record>(
+        &self,
+        value: &T,
+        id: u32,
+        branch: Option<u32>,
+        buf: &mut Vec<u8>,
+    ) -> Result<()> {
+        let entry = self.current(T::NAME).ok_or_else(|| Error::Encode {
+            schema: T::NAME.to_owned(),
+            detail: "no current schema of that name".into(),
+        })?;
+        let start = buf.len();
+        buf.push(CONFLUENT_MAGIC);
+        buf.extend_from_slice(&id.to_be_bytes());
+        if let Some(b) = branch {
+            write_long(i64::from(b), buf);
+        }
+        entry.writer.write_ser(buf, value).map_err(|e| {
+            buf.truncate(start);
+            Error::Encode {
+                schema: T::NAME.to_owned(),
+                detail: e.to_string(),
+            }
+        })?;
+        Ok(())
+    }
+}
+
+/// Avro's zig-zag varint long: the value and how many bytes it took.
+fn read_long(bytes: &[u8]) -> Option<(i64, usize)> {
+    let mut n: u64 = 0;
+    for (i, b) in bytes.iter().enumerate().take(10) {
+        n |= u64::from(b & 0x7F) << (7 * i);
+        if b & 0x80 == 0 {
+            #[allow(clippy::cast_possible_wrap)]
+            let v = (n >> 1) as i64 ^ -((n & 1) as i64);
+            return Some((v, i + 1));
+        }
+    }
+    None
+}
+
+fn write_long(v: i64, buf: &mut Vec<u8>) {
+    #[allow(clippy::cast_sign_loss)]
+    let mut n = ((v << 1) ^ (v >> 63)) as u64;
+    while n >= 0x80 {
+        buf.push((n as u8) | 0x80);
+        n >>= 7;
+    }
+    buf.push(n as u8);
+}
+
+/// Every named type defined in `node`, by full name (namespaces inherited as Avro does).
+fn collect_definitions(node: &Json, enclosing: Option<&str>, defs: &mut BTreeMap<String, Json>) {
+    match node {
+        Json::Array(items) => items
+            .iter()
+            .for_each(|n| collect_definitions(n, enclosing, defs)),
+        Json::Object(obj) => {
+            let ty = obj.get("type").and_then(Json::as_str).unwrap_or("");
+            let mut ns = enclosing.map(str::to_owned);
+            if matches!(ty, "record" | "error" | "enum" | "fixed")
+                && let Some(full) = full_name(node, enclosing)
+            {
+                ns = full.rsplit_once('.').map(|(n, _)| n.to_owned());
+                defs.entry(full).or_insert_with(|| node.clone());
+            }
+            for key in ["type", "items", "values"] {
+                if let Some(child) = obj.get(key).filter(|c| !c.is_string()) {
+                    collect_definitions(child, ns.as_deref(), defs);
+                }
+            }
+            if let Some(fields) = obj.get("fields").and_then(Json::as_array) {
+                for f in fields {
+                    if let Some(t) = f.get("type") {
+                        collect_definitions(t, ns.as_deref(), defs);
+                    }
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The self-contained JSON of a union of top-level records (the TopicNameStrategy subject of
+/// a topic carrying several types): each named type defined once, at its first use.
+pub fn union_self_contained(names: &[&str]) -> Result<String> {
+    let defs = parse_definitions(embedded::CURRENT)?;
+    let mut seen = HashSet::new();
+    let mut branches = Vec::with_capacity(names.len());
+    for name in names {
+        let def = defs.get(*name).ok_or_else(|| Error::Schema {
+            name: (*name).to_owned(),
+            detail: "no such schema in schemas/".into(),
+        })?;
+        branches.push(
+            walk(def, &defs, &mut seen, &mut Vec::new()).map_err(|detail| Error::Schema {
+                name: (*name).to_owned(),
+                detail,
+            })?,
+        );
+    }
+    serde_json::to_string_pretty(&Json::Array(branches)).map_err(|e| Error::Schema {
+        name: names.join("|"),
+        detail: e.to_string(),
+    })
 }
 
 /// Parses every `io.ksched.<Name>.avsc` definition, keyed by full name.
@@ -264,79 +552,82 @@ fn full_name(json: &Json, enclosing: Option<&str>) -> Option<String> {
     })
 }
 
+/// Inlines `node`: each named type of `defs` defined at its first use (`seen` says which are
+/// already) and referenced by full name afterwards.
+fn walk(
+    node: &Json,
+    defs: &BTreeMap<String, Json>,
+    seen: &mut HashSet<String>,
+    path: &mut Vec<String>,
+) -> std::result::Result<Json, String> {
+    match node {
+        Json::String(s) => {
+            let full = if s.contains('.') || !defs.contains_key(&format!("{NAMESPACE}.{s}")) {
+                s.clone()
+            } else {
+                format!("{NAMESPACE}.{s}")
+            };
+            match defs.get(&full) {
+                Some(def) if !seen.contains(&full) => walk(def, defs, seen, path),
+                Some(_) => Ok(Json::String(full)),
+                None => Ok(node.clone()),
+            }
+        }
+        Json::Array(branches) => Ok(Json::Array(
+            branches
+                .iter()
+                .map(|b| walk(b, defs, seen, path))
+                .collect::<std::result::Result<_, _>>()?,
+        )),
+        Json::Object(obj) => {
+            let mut out = obj.clone();
+            let ty = obj.get("type").and_then(Json::as_str).unwrap_or("");
+            match ty {
+                "record" | "error" | "enum" | "fixed" => {
+                    let full =
+                        full_name(node, Some(NAMESPACE)).ok_or_else(|| format!("nameless {ty}"))?;
+                    if path.contains(&full) {
+                        return Err(format!("recursive type {full} is not supported"));
+                    }
+                    seen.insert(full.clone());
+                    out.insert("name".into(), Json::String(full.clone()));
+                    out.remove("namespace");
+                    if ty == "record" || ty == "error" {
+                        path.push(full);
+                        let fields = obj
+                            .get("fields")
+                            .and_then(Json::as_array)
+                            .ok_or("record without fields")?;
+                        let mut new_fields = Vec::with_capacity(fields.len());
+                        for f in fields {
+                            let mut f = f.as_object().ok_or("field is not an object")?.clone();
+                            let t = f.get("type").ok_or("field without type")?.clone();
+                            f.insert("type".into(), walk(&t, defs, seen, path)?);
+                            new_fields.push(Json::Object(f));
+                        }
+                        out.insert("fields".into(), Json::Array(new_fields));
+                        path.pop();
+                    }
+                }
+                "array" => {
+                    let items = obj.get("items").ok_or("array without items")?;
+                    out.insert("items".into(), walk(items, defs, seen, path)?);
+                }
+                "map" => {
+                    let values = obj.get("values").ok_or("map without values")?;
+                    out.insert("values".into(), walk(values, defs, seen, path)?);
+                }
+                _ => {}
+            }
+            Ok(Json::Object(out))
+        }
+        other => Ok(other.clone()),
+    }
+}
+
 /// The self-contained JSON schema of `name`: every referenced named type defined at its first
 /// use and referenced by full name afterwards.
 pub(crate) fn inline(name: &str, defs: &BTreeMap<String, Json>) -> Result<String> {
-    fn walk(
-        node: &Json,
-        defs: &BTreeMap<String, Json>,
-        seen: &mut HashSet<String>,
-        path: &mut Vec<String>,
-    ) -> std::result::Result<Json, String> {
-        match node {
-            Json::String(s) => {
-                let full = if s.contains('.') || !defs.contains_key(&format!("{NAMESPACE}.{s}")) {
-                    s.clone()
-                } else {
-                    format!("{NAMESPACE}.{s}")
-                };
-                match defs.get(&full) {
-                    Some(def) if !seen.contains(&full) => walk(def, defs, seen, path),
-                    Some(_) => Ok(Json::String(full)),
-                    None => Ok(node.clone()),
-                }
-            }
-            Json::Array(branches) => Ok(Json::Array(
-                branches
-                    .iter()
-                    .map(|b| walk(b, defs, seen, path))
-                    .collect::<std::result::Result<_, _>>()?,
-            )),
-            Json::Object(obj) => {
-                let mut out = obj.clone();
-                let ty = obj.get("type").and_then(Json::as_str).unwrap_or("");
-                match ty {
-                    "record" | "error" | "enum" | "fixed" => {
-                        let full = full_name(node, Some(NAMESPACE))
-                            .ok_or_else(|| format!("nameless {ty}"))?;
-                        if path.contains(&full) {
-                            return Err(format!("recursive type {full} is not supported"));
-                        }
-                        seen.insert(full.clone());
-                        out.insert("name".into(), Json::String(full.clone()));
-                        out.remove("namespace");
-                        if ty == "record" || ty == "error" {
-                            path.push(full);
-                            let fields = obj
-                                .get("fields")
-                                .and_then(Json::as_array)
-                                .ok_or("record without fields")?;
-                            let mut new_fields = Vec::with_capacity(fields.len());
-                            for f in fields {
-                                let mut f = f.as_object().ok_or("field is not an object")?.clone();
-                                let t = f.get("type").ok_or("field without type")?.clone();
-                                f.insert("type".into(), walk(&t, defs, seen, path)?);
-                                new_fields.push(Json::Object(f));
-                            }
-                            out.insert("fields".into(), Json::Array(new_fields));
-                            path.pop();
-                        }
-                    }
-                    "array" => {
-                        let items = obj.get("items").ok_or("array without items")?;
-                        out.insert("items".into(), walk(items, defs, seen, path)?);
-                    }
-                    "map" => {
-                        let values = obj.get("values").ok_or("map without values")?;
-                        out.insert("values".into(), walk(values, defs, seen, path)?);
-                    }
-                    _ => {}
-                }
-                Ok(Json::Object(out))
-            }
-            other => Ok(other.clone()),
-        }
-    }
     let def = defs.get(name).ok_or_else(|| Error::Schema {
         name: name.to_owned(),
         detail: "no such schema in schemas/".into(),

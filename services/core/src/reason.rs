@@ -89,6 +89,10 @@ codes! {
         /// A secret env value (`$` key) that the producer did not seal: refused before it is
         /// journaled, and the value is kept nowhere (docs/security.md#secrets).
         SecretInClear = "secret_in_clear",
+        /// The record is in the Confluent wire format and its schema id could not be looked
+        /// up: the schema registry was down or slow (or lookups were rate-limited). Nothing is
+        /// wrong with the record; produce it again once the registry answers.
+        SchemaUnavailable = "schema_unavailable",
     }
 }
 

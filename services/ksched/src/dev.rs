@@ -139,6 +139,7 @@ fn dev_config(
         rules,
         policy,
         source: None,
+        framing: Default::default(),
     }
 }
 

@@ -105,6 +105,10 @@ pub fn take(topics: &Topics, rec: &InputRecord, max_record_bytes: i64) -> Taken 
     }
     let record = match decode_any(payload) {
         Ok(r) => r,
+        // The registry could not be asked: the record may be fine (docs/reliability.md).
+        Err(e @ ksched_codec::Error::SchemaUnavailable { .. }) => {
+            return Taken::Input(rec.refused(DlqReason::SchemaUnavailable, e.to_string()));
+        }
         Err(e) => return Taken::Input(rec.refused(DlqReason::MalformedRecord, e.to_string())),
     };
     let kind = topics.kind(&rec.topic);

@@ -11,6 +11,7 @@ pub mod lease;
 pub mod metrics;
 pub mod processor;
 pub mod replay;
+pub mod schemas;
 pub mod service;
 pub mod settings;
 pub mod shard;

@@ -16,7 +16,9 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ksched_codec::{Record, encode};
+use ksched_codec::Record;
+
+use crate::schemas::Framing;
 use ksched_core::decide::Ctx;
 use ksched_core::events::{Cause, Input, JournalEntry};
 use ksched_core::outputs::Output;
@@ -1292,7 +1294,7 @@ impl Processor {
     }
 
     fn send_entry(&mut self, entry: &JournalEntry) -> Result<()> {
-        let bytes = encode_or_fail(entry)?;
+        let bytes = encode_or_fail(&self.config.framing, &self.topics.journal, entry)?;
         let journal = self.topics.journal.clone();
         let partition = self.config.settings.processor.journal_partition;
         self.queue(journal, Some(partition), entry.key().into_bytes(), bytes)
@@ -1315,7 +1317,7 @@ impl Processor {
                         .reply_partition(&record.job.job_id, self.results_partitions);
                 }
                 let topic = self.topics.dispatch(&pool);
-                let bytes = encode_or_fail(record.as_ref())?;
+                let bytes = encode_or_fail(&self.config.framing, &topic, record.as_ref())?;
                 self.queue(
                     topic,
                     Some(partition),
@@ -1329,7 +1331,7 @@ impl Processor {
                 record,
             } => {
                 let topic = self.topics.dispatch(&pool);
-                let bytes = encode_or_fail(&record)?;
+                let bytes = encode_or_fail(&self.config.framing, &topic, &record)?;
                 self.queue(topic, Some(partition), record.worker_id.into_bytes(), bytes)
             }
             Output::DeadLetter(dl) => {
@@ -1342,7 +1344,7 @@ impl Processor {
                 } else {
                     dl.job_id.clone()
                 };
-                let bytes = encode_or_fail(&dl)?;
+                let bytes = encode_or_fail(&self.config.framing, &topic, &dl)?;
                 self.queue(topic, None, key.into_bytes(), bytes)
             }
         }
@@ -1419,8 +1421,8 @@ fn await_deliveries(producer: &BaseProducer<Delivery>, timeout: Duration) -> Res
 
 /// Encodes a record the processor writes; a value that does not encode is refused like a
 /// record the broker refuses (it is the input's, not the broker's, problem).
-fn encode_or_fail<T: Record>(value: &T) -> Result<Vec<u8>> {
-    encode(value).map_err(|e| {
+fn encode_or_fail<T: Record>(framing: &Framing, topic: &str, value: &T) -> Result<Vec<u8>> {
+    framing.encode(topic, value).map_err(|e| {
         kafka(format!("producing {} (it does not encode: {e})", T::NAME))(
             KafkaError::MessageProduction(RDKafkaErrorCode::InvalidMessage),
         )

@@ -76,6 +76,17 @@ impl Scheduler {
         } else {
             Vec::new()
         };
+        // Schemas registered (with a registry) before anything is decoded or written.
+        let framing = {
+            let (s, t) = (settings.clone(), topics.clone());
+            tokio::task::spawn_blocking(move || crate::schemas::register(&s, &t))
+                .await
+                .map_err(|e| Error::Config {
+                    source_name: "schema_registry".into(),
+                    detail: format!("registering the schemas panicked: {e}"),
+                })??
+        };
+        config.framing = Arc::new(framing);
         config.rules.dispatch_partitions = dispatch_partitions(&settings, &topics)?;
         let count = settings.topics.journal_partitions;
         let shards = Shards::new(count);

@@ -385,6 +385,60 @@ impl Default for LogSettings {
     }
 }
 
+/// How ksched writes the records it produces (journal, dispatch, DLQ).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OutputFormat {
+    /// Avro single-object encoding (`C3 01` + fingerprint), readable without a registry.
+    #[default]
+    SingleObject,
+    /// The Confluent wire format (`00` + schema id), readable by Kafka Connect, ksqlDB,
+    /// Flink and the Confluent deserializers; needs `schema_registry.url`.
+    Confluent,
+}
+
+/// Subject names under which ksched registers its schemas.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SubjectStrategy {
+    /// `<topic>-value`; a topic carrying several record types gets a union of them.
+    #[default]
+    Topic,
+    /// The record's full name (`io.ksched.Dispatch`).
+    Record,
+}
+
+/// A Schema Registry (the Confluent-compatible REST API; docs/schema-evolution.md).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SchemaRegistrySettings {
+    /// Base URL, e.g. `http://127.0.0.1:8081/apis/ccompat/v7` (Apicurio) or
+    /// `http://registry:8081` (Confluent). Default none: job records in the Confluent wire
+    /// format are refused (`malformed_record`), and ksched writes single-object encoding.
+    pub url: Option<String>,
+    /// `topic` (default) or `record`.
+    pub subject_name_strategy: SubjectStrategy,
+    /// `single_object` (default) or `confluent`.
+    pub output_format: OutputFormat,
+    /// A file holding `user:password` for HTTP basic authentication (Confluent's
+    /// `basic.auth.user.info`), kept out of this file. Default none.
+    pub basic_auth_file: Option<PathBuf>,
+    /// Timeout of each registry call. Default 5,000 ms.
+    pub timeout_ms: u64,
+}
+
+impl Default for SchemaRegistrySettings {
+    fn default() -> Self {
+        SchemaRegistrySettings {
+            url: None,
+            subject_name_strategy: SubjectStrategy::Topic,
+            output_format: OutputFormat::SingleObject,
+            basic_auth_file: None,
+            timeout_ms: 5_000,
+        }
+    }
+}
+
 /// Everything in `ksched.yaml`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -396,6 +450,7 @@ pub struct Settings {
     pub storage: StorageSettings,
     pub http: HttpSettings,
     pub log: LogSettings,
+    pub schema_registry: SchemaRegistrySettings,
     /// Routing file (SPEC §3 format), relative to this file. Default `pools.yaml`.
     pub pools_file: PathBuf,
     /// Directory of Rego policies and data.json, relative to this file. Default `policy`.
@@ -412,6 +467,7 @@ impl Default for Settings {
             storage: StorageSettings::default(),
             http: HttpSettings::default(),
             log: LogSettings::default(),
+            schema_registry: SchemaRegistrySettings::default(),
             pools_file: PathBuf::from("pools.yaml"),
             policy_dir: PathBuf::from("policy"),
         }
@@ -508,6 +564,9 @@ pub struct Config {
     pub policy: PolicyBundle,
     /// Where settings came from, for messages.
     pub source: Option<PathBuf>,
+    /// How the processor frames what it writes: single-object unless the schema registry's
+    /// ids were set at start (`schema_registry.output_format: confluent`).
+    pub framing: std::sync::Arc<crate::schemas::Framing>,
 }
 
 /// Flags that override the file and the environment.
@@ -590,6 +649,9 @@ pub fn load_settings(
     if let Some(j) = &mut settings.http.jwt {
         j.jwks_file = resolve(&j.jwks_file, false);
     }
+    if let Some(f) = &settings.schema_registry.basic_auth_file {
+        settings.schema_registry.basic_auth_file = Some(resolve(f, false));
+    }
     if let Some(t) = &mut settings.http.tls {
         t.cert_file = resolve(&t.cert_file, false);
         t.key_file = resolve(&t.key_file, false);
@@ -645,6 +707,7 @@ impl Config {
             rules,
             policy,
             source: path.map(Path::to_path_buf),
+            framing: Default::default(),
         })
     }
 
@@ -785,6 +848,19 @@ impl Settings {
             if n < 1 {
                 return bad(format!("{name} must be at least 1, got {n}"));
             }
+        }
+        let sr = &self.schema_registry;
+        if sr.output_format == OutputFormat::Confluent && sr.url.is_none() {
+            return bad(
+                "schema_registry.output_format confluent needs schema_registry.url: the Confluent wire format names schemas by registry id".into(),
+            );
+        }
+        if let Some(url) = &sr.url
+            && !(url.starts_with("http://") || url.starts_with("https://"))
+        {
+            return bad(format!(
+                "schema_registry.url {url:?} must start with http:// or https://"
+            ));
         }
         if t.results_partitions < t.journal_partitions {
             return bad(format!(

@@ -40,6 +40,10 @@ pub struct WorkerConfig {
     /// shredding reaches a running worker. Default none: a job with sealed values then fails
     /// `secret_unavailable` without running.
     pub keyring: Option<Arc<ksched_secrets::KeyringFile>>,
+    /// The Schema Registry (Confluent-compatible API) to look up the schema ids of dispatch
+    /// records in the Confluent wire format (`schema_registry.output_format: confluent` on
+    /// the scheduler). Default none: such records fail to decode and are skipped, logged.
+    pub schema_registry_url: Option<String>,
 }
 
 impl WorkerConfig {
@@ -59,6 +63,7 @@ impl WorkerConfig {
             memory_free_bytes: None,
             report_host_load: true,
             keyring: None,
+            schema_registry_url: None,
         }
     }
 

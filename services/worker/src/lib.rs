@@ -127,6 +127,15 @@ impl Worker {
         if config.max_parallel_jobs == 0 {
             return Err(Error::Config("max_parallel_jobs must be at least 1".into()));
         }
+        if let Some(url) = &config.schema_registry_url {
+            ksched_codec::registry().set_source(Arc::new(
+                ksched_codec::schema_registry::SchemaRegistryClient::new(
+                    url,
+                    std::time::Duration::from_secs(5),
+                    None,
+                ),
+            ));
+        }
         let group = config
             .group_id
             .clone()

@@ -215,6 +215,7 @@ fn bench_config(
         rules,
         policy,
         source: None,
+        framing: Default::default(),
     }
 }
 

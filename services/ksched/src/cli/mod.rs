@@ -119,6 +119,9 @@ impl Connection {
         };
         let settings =
             ksched_runtime::settings::load_settings(path, std::env::vars(), &flags).map_err(bad)?;
+        // Journal and DLQ records in the Confluent wire format name their schema by registry
+        // id: the tools look unknown ids up where the scheduler registered them.
+        ksched_runtime::schemas::install(&settings).map_err(bad)?;
         let scheme = if settings.http.tls.is_some() {
             "https"
         } else {
