@@ -9,7 +9,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use serde_json::json;
 
-use super::output::{Format, time};
+use super::output::{Format, clean, time};
 use super::{CliResult, EXIT_FAILED, Failure, Target};
 
 #[derive(Debug, Args)]
@@ -165,11 +165,11 @@ pub(crate) fn tail(t: &Target, args: TailArgs) -> CliResult {
                         "{:>8}  {}  {:<40} -> {}",
                         m.offset(),
                         time(entry.log_time),
-                        input_summary(&entry.input),
+                        clean(&input_summary(&entry.input)),
                         if events.is_empty() {
                             "-".to_owned()
                         } else {
-                            events.join(" ")
+                            clean(&events.join(" ")).into_owned()
                         }
                     );
                 }

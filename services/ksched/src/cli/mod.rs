@@ -212,7 +212,7 @@ pub(crate) fn finish(r: CliResult) -> ExitCode {
     match r {
         Ok(()) => ExitCode::SUCCESS,
         Err(f) => {
-            eprintln!("ksched: {}", f.message);
+            eprintln!("ksched: {}", output::clean(&f.message));
             ExitCode::from(f.code)
         }
     }

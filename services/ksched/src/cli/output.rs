@@ -11,8 +11,35 @@ pub(crate) enum Format {
     Json,
 }
 
-/// Prints rows under headers, each column as wide as its widest cell.
+/// `s` safe to print on a terminal: control characters (C0 and C1, DEL; an escape
+/// sequence starts with one) and the bidirectional overrides that reorder what a reader sees
+/// are shown as `\u{..}` escapes. Job ids, labels, error messages and reasons come from
+/// producers and workers, any of whom may be hostile.
+pub(crate) fn clean(s: &str) -> std::borrow::Cow<'_, str> {
+    let unsafe_char =
+        |c: char| c.is_control() || matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}');
+    if !s.chars().any(unsafe_char) {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        if unsafe_char(c) {
+            out.push_str(&format!("\\u{{{:x}}}", u32::from(c)));
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+/// Prints rows under headers, each column as wide as its widest cell (every cell
+/// [`clean`]ed).
 pub(crate) fn table(headers: &[&str], rows: &[Vec<String>]) {
+    let rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| r.iter().map(|c| clean(c).into_owned()).collect())
+        .collect();
+    let rows = &rows;
     let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
     for r in rows {
         for (i, c) in r.iter().enumerate() {
@@ -48,38 +75,22 @@ pub(crate) fn json(v: &Value) {
     );
 }
 
-/// A JSON value as a table cell: strings bare, null as "-".
+/// A JSON value as a table cell: strings bare (and [`clean`]), null as "-".
 pub(crate) fn cell(v: &Value) -> String {
     match v {
         Value::Null => "-".into(),
-        Value::String(s) => s.clone(),
+        Value::String(s) => clean(s).into_owned(),
         other => other.to_string(),
     }
 }
 
 /// Milliseconds since the epoch as `YYYY-MM-DD HH:MM:SS.mmm` (UTC).
 pub(crate) fn time(ms: i64) -> String {
-    let secs = ms.div_euclid(1000);
-    let millis = ms.rem_euclid(1000);
-    let days = secs.div_euclid(86_400);
-    let sod = secs.rem_euclid(86_400);
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let y = yoe + era * 400;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = if m <= 2 { y + 1 } else { y };
-    format!(
-        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}.{millis:03}",
-        sod / 3600,
-        (sod % 3600) / 60,
-        sod % 60
-    )
+    match jiff::Timestamp::from_millisecond(ms) {
+        Ok(ts) => ts.strftime("%Y-%m-%d %H:%M:%S%.3f").to_string(),
+        // Beyond jiff's range (years -9999..=9999): the number, not a made-up date.
+        Err(_) => format!("{ms} ms"),
+    }
 }
 
 pub(crate) fn time_cell(v: &Value) -> String {
@@ -93,5 +104,21 @@ mod tests {
         assert_eq!(super::time(0), "1970-01-01 00:00:00.000");
         assert_eq!(super::time(1_700_000_000_123), "2023-11-14 22:13:20.123");
         assert_eq!(super::time(951_782_400_000), "2000-02-29 00:00:00.000");
+    }
+
+    #[test]
+    fn untrusted_text_cannot_drive_the_terminal() {
+        assert_eq!(super::clean("job-1"), "job-1");
+        assert_eq!(super::clean("ünïcödé 日本"), "ünïcödé 日本");
+        assert_eq!(
+            super::clean("a\u{1b}[2J\u{1b}]0;owned\u{7}b"),
+            "a\\u{1b}[2J\\u{1b}]0;owned\\u{7}b"
+        );
+        assert_eq!(super::clean("x\ry\nz\u{9b}"), "x\\u{d}y\\u{a}z\\u{9b}");
+        assert_eq!(super::clean("ab\u{202e}cd"), "ab\\u{202e}cd");
+        assert_eq!(
+            super::cell(&serde_json::json!("\u{1b}[31mred")),
+            "\\u{1b}[31mred"
+        );
     }
 }

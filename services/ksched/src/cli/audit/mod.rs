@@ -161,35 +161,21 @@ fn scratch(given: Option<PathBuf>) -> Result<Scratch, Failure> {
     }
 }
 
-/// Parses `2026-11-30T03:12:00Z`, `2026-11-30 03:12:00.250` (UTC) or milliseconds.
+/// Parses an instant: RFC 3339 with an offset (`2026-11-30T03:12:00Z`,
+/// `2026-11-30T04:12:00+01:00`), a civil date-time taken as UTC (`2026-11-30 03:12:00.250`,
+/// as the tools print them), or milliseconds since the epoch. Invalid dates (February 30th)
+/// and any other text are None, never a panic (jiff does the calendar).
 pub(crate) fn parse_time(s: &str) -> Option<i64> {
+    let s = s.trim();
     if let Ok(ms) = s.parse::<i64>() {
         return Some(ms);
     }
-    let s = s.trim().trim_end_matches('Z');
-    let (date, clock) = s.split_once(['T', ' '])?;
-    let mut d = date.splitn(3, '-').map(|x| x.parse::<i64>());
-    let (y, m, day) = (d.next()?.ok()?, d.next()?.ok()?, d.next()?.ok()?);
-    let (hms, frac) = clock.split_once('.').unwrap_or((clock, "0"));
-    let mut t = hms.splitn(3, ':').map(|x| x.parse::<i64>());
-    let (h, mi, sec) = (
-        t.next()?.ok()?,
-        t.next()?.ok()?,
-        t.next().unwrap_or(Ok(0)).ok()?,
-    );
-    let millis: i64 = format!("{frac:0<3}")[..3].parse().ok()?;
-    if !(1..=12).contains(&m) || !(1..=31).contains(&day) || h > 23 || mi > 59 || sec > 60 {
-        return None;
+    if let Ok(ts) = s.parse::<jiff::Timestamp>() {
+        return Some(ts.as_millisecond());
     }
-    // Days from civil (Howard Hinnant's algorithm), inverse of output::time.
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    Some(((days * 86_400 + h * 3_600 + mi * 60 + sec) * 1_000) + millis)
+    let civil: jiff::civil::DateTime = s.parse().ok()?;
+    let ts = civil.to_zoned(jiff::tz::TimeZone::UTC).ok()?.timestamp();
+    Some(ts.as_millisecond())
 }
 
 pub(crate) fn audit(t: &Target, args: AuditArgs) -> CliResult {
@@ -253,5 +239,29 @@ mod tests {
         assert_eq!(parse_time("1700000000000"), Some(1_700_000_000_000));
         assert_eq!(parse_time("yesterday"), None);
         assert_eq!(parse_time("2023-13-01T00:00:00Z"), None);
+        assert_eq!(
+            parse_time("2023-11-14T23:13:20+01:00"),
+            Some(1_700_000_000_000)
+        );
+        assert_eq!(parse_time("2023-11-14 22:13:20.5"), Some(1_700_000_000_500));
+    }
+
+    /// The hand-written parser sliced the fraction at byte 3 and panicked on multi-byte
+    /// input, and took February 30th for March 2nd.
+    #[test]
+    fn hostile_times_are_refused_not_a_panic() {
+        for s in [
+            "2023-11-14 22:13:20.é",
+            "2023-11-14 22:13:20.éé",
+            "2023-11-14T22:13:20.日本Z",
+            "２０２３-11-14T22:13:20Z",
+            "2023-02-30T00:00:00Z",
+            "2023-11-14T25:00:00Z",
+            "",
+            "T",
+            "-",
+        ] {
+            assert_eq!(parse_time(s), None, "{s:?}");
+        }
     }
 }

@@ -4,7 +4,7 @@ use ksched_policy::RegoEngine;
 use ksched_runtime::audit::{self, Source};
 use serde_json::json;
 
-use crate::cli::output::Format;
+use crate::cli::output::{Format, clean};
 use crate::cli::{CliResult, Failure, Target};
 
 use super::{EXIT_MISMATCH, failed, progress_printer, scratch};
@@ -34,10 +34,10 @@ pub(super) fn verify(t: &Target, src: &Source) -> CliResult {
                 report.divergences.len()
             );
             for d in &report.divergences {
-                println!("offset {} {}:", d.offset, d.input);
-                println!("  recorded:   {}", d.recorded.join(" "));
-                println!("  recomputed: {}", d.recomputed.join(" "));
-                println!("  {}", d.detail);
+                println!("offset {} {}:", d.offset, clean(&d.input));
+                println!("  recorded:   {}", clean(&d.recorded.join(" ")));
+                println!("  recomputed: {}", clean(&d.recomputed.join(" ")));
+                println!("  {}", clean(&d.detail));
             }
         }
     }
