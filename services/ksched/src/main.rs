@@ -20,7 +20,7 @@ use serde_json::json;
 
 /// An event-sourced job scheduler on Apache Kafka.
 #[derive(Debug, Parser)]
-#[command(name = "ksched", version, about, long_about = None)]
+#[command(name = "ksched", version, long_version = LONG_VERSION.as_str(), about, long_about = None)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -122,6 +122,35 @@ enum Command {
         #[command(flatten)]
         conn: Connection,
     },
+    /// Print a shell completion script, e.g. `ksched completions bash >
+    /// /etc/bash_completion.d/ksched` or `ksched completions zsh > ~/.zfunc/_ksched`.
+    Completions {
+        /// bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
+    },
+}
+
+/// `ksched --version`: the version, the commit and compiler it was built with, and the
+/// optional features built in.
+static LONG_VERSION: std::sync::LazyLock<String> = std::sync::LazyLock::new(long_version);
+
+fn long_version() -> String {
+    let b = ksched_runtime::metrics::BUILD;
+    let features: Vec<&str> = [("otel", cfg!(feature = "otel"))]
+        .into_iter()
+        .filter_map(|(name, on)| on.then_some(name))
+        .collect();
+    format!(
+        "{}\ncommit: {}\ncompiler: {}\nfeatures: {}",
+        b.version,
+        b.commit,
+        b.rustc,
+        if features.is_empty() {
+            "none".to_owned()
+        } else {
+            features.join(", ")
+        }
+    )
 }
 
 #[derive(Debug, Subcommand)]
@@ -139,6 +168,20 @@ enum JournalCommand {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Completions { shell } => {
+            let mut command = <Cli as clap::CommandFactory>::command();
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut command, "ksched", &mut script);
+            // A closed pipe (`| head`) is the reader's choice, not an error worth a panic.
+            match std::io::Write::write_all(&mut std::io::stdout(), &script) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("ksched: writing the completion script: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Command::Run(args) => run::main(args),
         Command::Dev(args) => dev::main(args),
         Command::Bench(args) => bench::main(args),

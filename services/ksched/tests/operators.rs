@@ -423,6 +423,19 @@ fn metrics(c: &RunningScheduler) {
     assert!(value("ksched_transaction_commit_seconds_count") >= 1.0);
     assert!(value("ksched_batch_size_count") >= 1.0);
     assert!(value("ksched_journal_entries_total") > 10.0);
+    // What runs, and the process's own series, once each.
+    let build = text
+        .lines()
+        .find(|l| l.starts_with("ksched_build_info{"))
+        .unwrap_or_else(|| panic!("no ksched_build_info in:\n{text}"));
+    assert!(
+        build.contains(&format!("version=\"{}\"", env!("CARGO_PKG_VERSION")))
+            && build.ends_with(" 1"),
+        "{build}"
+    );
+    assert_eq!(text.matches("\nksched_build_info{").count(), 1);
+    assert!(value("process_resident_memory_bytes") > 1e6);
+    assert!(value("process_open_fds") > 3.0);
     assert!(value("ksched_events_total{event=\"JobAccepted\"}") >= 6.0);
     assert_eq!(value("ksched_caught_up"), 1.0);
     assert!(value("ksched_journal_watermark") > 0.0);

@@ -417,10 +417,58 @@ impl Metrics {
     }
 }
 
+/// What this binary is: the package version, the git commit it was built from
+/// (`-modified` when the checkout had changes; `unknown` outside git) and the compiler.
+#[derive(Debug, Clone, Copy)]
+pub struct BuildInfo {
+    pub version: &'static str,
+    pub commit: &'static str,
+    pub rustc: &'static str,
+}
+
+/// This build's [`BuildInfo`].
+pub const BUILD: BuildInfo = BuildInfo {
+    version: env!("CARGO_PKG_VERSION"),
+    commit: env!("KSCHED_GIT_COMMIT"),
+    rustc: env!("KSCHED_RUSTC_VERSION"),
+};
+
+/// Series of the whole process, rendered once whatever the shard count:
+/// `ksched_build_info` (1, labelled with [`BUILD`]) and the standard `process_*` series
+/// (CPU seconds, resident and virtual memory, open and maximum file descriptors, threads,
+/// start time; read from /proc).
+fn process_registry() -> &'static prometheus::Registry {
+    static REGISTRY: std::sync::OnceLock<prometheus::Registry> = std::sync::OnceLock::new();
+    REGISTRY.get_or_init(|| {
+        let r = prometheus::Registry::new();
+        let info = IntGaugeVec::new(
+            Opts::new(
+                "ksched_build_info",
+                "1, labelled with the version, git commit and compiler this binary was built with.",
+            ),
+            &["version", "commit", "rustc"],
+        )
+        .unwrap_or_else(|e| unreachable!("{e}"));
+        info.with_label_values(&[BUILD.version, BUILD.commit, BUILD.rustc])
+            .set(1);
+        let _ = r.register(Box::new(info));
+        #[cfg(target_os = "linux")]
+        {
+            let _ = r.register(Box::new(
+                prometheus::process_collector::ProcessCollector::for_self(),
+            ));
+        }
+        r
+    })
+}
+
 /// The metrics of several shards in one exposition: the series of each family together,
-/// under one HELP and TYPE, as the text format requires.
+/// under one HELP and TYPE, as the text format requires; the process's own series once.
 pub fn render_all<'a>(metrics: impl IntoIterator<Item = &'a Metrics>) -> String {
     let mut families: BTreeMap<String, prometheus::proto::MetricFamily> = BTreeMap::new();
+    for family in process_registry().gather() {
+        families.insert(family.name().to_owned(), family);
+    }
     for m in metrics {
         for family in m.registry.gather() {
             match families.get_mut(family.name()) {

@@ -1,0 +1,71 @@
+//! What a command-line tool is expected to do: say what it is (`--version` with the commit
+//! and compiler it was built with) and complete its own commands in a shell.
+
+use std::process::Command;
+
+fn ksched(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_ksched"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn version_names_the_build() {
+    let (code, out, err) = ksched(&["--version"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.starts_with(&format!("ksched {}\n", env!("CARGO_PKG_VERSION"))),
+        "{out}"
+    );
+    let field = |name: &str| {
+        out.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}: ")))
+            .unwrap_or_else(|| panic!("no {name} in {out}"))
+            .to_owned()
+    };
+    let commit = field("commit");
+    assert!(
+        commit == "unknown" || commit.chars().take(12).all(|c| c.is_ascii_hexdigit()),
+        "{commit}"
+    );
+    assert!(field("compiler").starts_with("rustc "), "{out}");
+    field("features");
+    // -V stays one line, for scripts.
+    let (_, short, _) = ksched(&["-V"]);
+    assert_eq!(
+        short.trim(),
+        format!("ksched {}", env!("CARGO_PKG_VERSION"))
+    );
+}
+
+#[test]
+fn completion_scripts_load_in_their_shells() {
+    let (code, script, err) = ksched(&["completions", "bash"]);
+    assert_eq!(code, 0, "{err}");
+    let bash = Command::new("bash")
+        .arg("-c")
+        .arg(format!("{script}\ncomplete -p ksched"))
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&bash.stdout).contains("-F _ksched ksched"),
+        "{}",
+        String::from_utf8_lossy(&bash.stderr)
+    );
+    for shell in ["zsh", "fish", "elvish", "powershell"] {
+        let (code, script, _) = ksched(&["completions", shell]);
+        assert_eq!(code, 0);
+        assert!(
+            script.contains("audit") && script.contains("journal"),
+            "{shell}"
+        );
+    }
+    let (code, _, err) = ksched(&["completions", "tcsh"]);
+    assert_eq!(code, 2, "{err}");
+}
