@@ -37,7 +37,7 @@ ksched_setup() {
   local venv="$HOME/.cache/ksched/venv"
   local here
   here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-  if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "import confluent_kafka, fastavro, cryptography" 2>/dev/null; then
+  if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "import confluent_kafka.schema_registry.avro, fastavro, cryptography" 2>/dev/null; then
     echo "setup: installing the Python worker's packages into $venv" >&2
     python3 -m venv "$venv"
     "$venv/bin/pip" install -q --require-hashes -r "$here/examples/python-worker/requirements.txt"
