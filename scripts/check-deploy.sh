@@ -21,7 +21,7 @@ helm_version=v3.22.0
 kubeconform_version=v0.7.0
 k8s_version=1.33.0
 wheel=kubernetes_validate-1.37.0-py3-none-any.whl
-wheel_sha256=""
+wheel_sha256=85136d018a27b50ec7fc049d902bfa5193f5976807e6c0f408e3ab6fe078cad9
 mkdir -p "$bin"
 
 # `go install` builds carry no release version of their own: a stamp file says which it is.
@@ -40,9 +40,8 @@ if [ ! -f "$schemas/.complete" ]; then
   echo "check-deploy: fetching the Kubernetes ${k8s_version} JSON schemas (PyPI: kubernetes-validate)" >&2
   tmp=$(mktemp -d)
   python3 -m pip download -q --no-deps --only-binary=:all: "kubernetes-validate==1.37.0" -d "$tmp"
-  if [ -n "$wheel_sha256" ]; then
-    echo "$wheel_sha256  $tmp/$wheel" | sha256sum -c - >/dev/null
-  fi
+  echo "$wheel_sha256  $tmp/$wheel" | sha256sum -c - >/dev/null ||
+    { echo "check-deploy: $wheel does not have the pinned SHA-256" >&2; exit 1; }
   mkdir -p "$schemas_root"
   python3 - "$tmp/$wheel" "$schemas" "v${k8s_version}-local-strict" <<'PY'
 # Standalone schemas for the kinds we ship: each with the definitions it references (the
