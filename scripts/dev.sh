@@ -5,4 +5,9 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/setup.sh
-exec cargo run --locked -p ksched -- dev "$@"
+# Built as `cargo test --workspace` (scripts/test.sh) builds: the whole workspace resolves
+# dependency features one way, so the second command reuses this build (rocksdb and
+# librdkafka compile once). `cargo run -p ksched` resolved them differently and the tests
+# compiled rocksdb a second time.
+cargo build --locked --workspace --bins
+exec "$CARGO_TARGET_DIR/debug/ksched" dev "$@"

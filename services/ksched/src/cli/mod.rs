@@ -329,15 +329,16 @@ fn query(pairs: &[(&str, Option<String>)]) -> String {
     }
 }
 
+/// Every byte but RFC 3986's unreserved characters (`A-Z a-z 0-9 - . _ ~`) percent-encoded:
+/// safe in a path segment and in a query value alike (a job id may hold `/`, `?`, `#`, `%`).
+const COMPONENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
 fn urlencode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
+    percent_encoding::utf8_percent_encode(s, COMPONENT).to_string()
 }
 
 pub(crate) fn jobs(t: &Target, cmd: JobsCommand) -> CliResult {
@@ -620,4 +621,20 @@ pub(crate) fn dlq(t: &Target, cmd: DlqCommand) -> CliResult {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn job_ids_are_one_url_component_whatever_they_hold() {
+        assert_eq!(super::urlencode("job-1_x.y~z"), "job-1_x.y~z");
+        assert_eq!(
+            super::urlencode("acme:a/b?c#d%e é"),
+            "acme%3Aa%2Fb%3Fc%23d%25e%20%C3%A9"
+        );
+        assert_eq!(
+            super::query(&[("state", Some("A&B=C".into())), ("tenant", None)]),
+            "?state=A%26B%3DC"
+        );
+    }
 }

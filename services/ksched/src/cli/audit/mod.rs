@@ -129,15 +129,7 @@ fn progress_printer(label: &'static str) -> impl FnMut(&Progress) {
 /// A scratch directory: the one given, or a temporary one removed on drop.
 struct Scratch {
     path: PathBuf,
-    _temp: Option<TempDir>,
-}
-
-struct TempDir(PathBuf);
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+    _temp: Option<tempfile::TempDir>,
 }
 
 fn scratch(given: Option<PathBuf>) -> Result<Scratch, Failure> {
@@ -147,15 +139,13 @@ fn scratch(given: Option<PathBuf>) -> Result<Scratch, Failure> {
             _temp: None,
         }),
         None => {
-            let p = std::env::temp_dir().join(format!(
-                "ksched-audit-{}-{}",
-                std::process::id(),
-                uuid::Uuid::new_v4().simple()
-            ));
-            std::fs::create_dir_all(&p).map_err(failed)?;
+            let temp = tempfile::Builder::new()
+                .prefix("ksched-audit-")
+                .tempdir()
+                .map_err(failed)?;
             Ok(Scratch {
-                path: p.clone(),
-                _temp: Some(TempDir(p)),
+                path: temp.path().to_path_buf(),
+                _temp: Some(temp),
             })
         }
     }
