@@ -129,12 +129,25 @@ impl Registry {
 
     /// Appends the encoding of `value` to `buf`.
     pub fn encode_into<T: Record>(&self, value: &T, buf: &mut Vec<u8>) -> Result<()> {
+        self.encode_framed(value, buf, |entry, buf| {
+            buf.extend_from_slice(&entry.header())
+        })
+    }
+
+    /// Appends `header` (given the current schema of `T`), then the body of `value` in that
+    /// schema; on failure `buf` is left as it was.
+    pub(crate) fn encode_framed<T: Record>(
+        &self,
+        value: &T,
+        buf: &mut Vec<u8>,
+        header: impl FnOnce(&SchemaEntry, &mut Vec<u8>),
+    ) -> Result<()> {
         let entry = self.current(T::NAME).ok_or_else(|| Error::Encode {
             schema: T::NAME.to_owned(),
             detail: "no current schema of that name".into(),
         })?;
         let start = buf.len();
-        buf.extend_from_slice(&entry.header());
+        header(entry, buf);
         entry.writer.write_ser(buf, value).map_err(|e| {
             buf.truncate(start);
             Error::Encode {

@@ -411,24 +411,13 @@ impl Registry {
         branch: Option<u32>,
         buf: &mut Vec<u8>,
     ) -> Result<()> {
-        let entry = self.current(T::NAME).ok_or_else(|| Error::Encode {
-            schema: T::NAME.to_owned(),
-            detail: "no current schema of that name".into(),
-        })?;
-        let start = buf.len();
-        buf.push(CONFLUENT_MAGIC);
-        buf.extend_from_slice(&id.to_be_bytes());
-        if let Some(b) = branch {
-            write_long(i64::from(b), buf);
-        }
-        entry.writer.write_ser(buf, value).map_err(|e| {
-            buf.truncate(start);
-            Error::Encode {
-                schema: T::NAME.to_owned(),
-                detail: e.to_string(),
+        self.encode_framed(value, buf, |_, buf| {
+            buf.push(CONFLUENT_MAGIC);
+            buf.extend_from_slice(&id.to_be_bytes());
+            if let Some(b) = branch {
+                write_long(i64::from(b), buf);
             }
-        })?;
-        Ok(())
+        })
     }
 }
 

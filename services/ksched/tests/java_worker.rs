@@ -5,7 +5,6 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -13,10 +12,6 @@ use common::*;
 use ksched_core::records::JobRequest;
 use rdkafka::ClientConfig;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
 
 /// The worker process, killed if the test fails before it stops.
 struct Jvm(Child);

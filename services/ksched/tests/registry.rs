@@ -26,33 +26,39 @@ fn registry_url() -> String {
     })
 }
 
-fn python() -> String {
-    std::env::var("KSCHED_PYTHON").unwrap_or_else(|_| {
-        let venv = PathBuf::from(std::env::var("HOME").unwrap_or_default())
-            .join(".cache/ksched/venv/bin/python");
-        if venv.exists() {
-            venv.display().to_string()
-        } else {
-            "python3".into()
-        }
-    })
-}
-
 /// Runs the Python client; its stdout, after asserting it succeeded.
 fn client(args: &[&str]) -> String {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/registry_client.py");
-    let out = Command::new(python())
+    // Output to files, not pipes: a consumer prints the whole journal.
+    let dir = tempfile::tempdir().unwrap();
+    let (out_path, err_path) = (dir.path().join("out"), dir.path().join("err"));
+    let mut child = Command::new(python())
         .arg(script)
         .args(args)
-        .output()
+        .stdout(std::fs::File::create(&out_path).unwrap())
+        .stderr(std::fs::File::create(&err_path).unwrap())
+        .spawn()
         .unwrap();
+    // A hung registry call must fail the test, not stall it.
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status);
+        }
+        if started.elapsed() > Duration::from_secs(90) {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let stdout = std::fs::read_to_string(&out_path).unwrap_or_default();
     assert!(
-        out.status.success(),
-        "registry_client.py {args:?}: {}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+        status.is_some_and(|s| s.success()),
+        "registry_client.py {args:?} ({status:?}, None = killed after 90 s): {stdout}\n{}",
+        std::fs::read_to_string(&err_path).unwrap_or_default()
     );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    stdout
 }
 
 fn sdk_worker(rc: &RunningScheduler, url: &str) -> (tokio::runtime::Runtime, CancellationToken) {
@@ -260,7 +266,7 @@ fn the_registry_finds_every_current_schema_backward_compatible_with_every_releas
     let url = registry_url();
     let client = SchemaRegistryClient::new(&url, Duration::from_secs(10), None);
     let tag = ksched_testkit::unique("compat");
-    let history = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../schemas/history");
+    let history = repo().join("schemas/history");
     let mut files: Vec<PathBuf> = std::fs::read_dir(&history)
         .unwrap()
         .map(|e| e.unwrap().path())

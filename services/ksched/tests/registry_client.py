@@ -32,7 +32,7 @@ def newer(schema_str):
 
 
 def produce(bootstrap, registry, topic, job_id, is_newer):
-    client = SchemaRegistryClient({"url": registry})
+    client = SchemaRegistryClient({"url": registry, "timeout": 10})
     subject = f"{topic}-value"
     # The first version under the subject: the one ksched registered at start.
     first = client.get_version(subject, min(client.get_versions(subject)))
@@ -63,7 +63,7 @@ def produce(bootstrap, registry, topic, job_id, is_newer):
 
 
 def consume(bootstrap, registry, topic, seconds):
-    client = SchemaRegistryClient({"url": registry})
+    client = SchemaRegistryClient({"url": registry, "timeout": 10})
     deserializer = AvroDeserializer(client)
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"registry-client-{time.time()}",
                   "auto.offset.reset": "earliest", "enable.auto.commit": False,
@@ -74,7 +74,16 @@ def consume(bootstrap, registry, topic, seconds):
         m = c.poll(0.5)
         if m is None or m.error():
             continue
-        value = deserializer(m.value(), SerializationContext(topic, MessageField.VALUE))
+        # A registry call that times out (seen once: a request Apicurio never answered) is
+        # tried again, up to three times.
+        for attempt in range(3):
+            try:
+                value = deserializer(m.value(), SerializationContext(topic, MessageField.VALUE))
+                break
+            except Exception as e:  # noqa: BLE001 - reported, then tried again
+                print(f"registry_client: {e!r}; trying again", file=sys.stderr, flush=True)
+                if attempt == 2:
+                    raise
         print(json.dumps(value, default=lambda b: len(b) if isinstance(b, bytes) else str(b)),
               flush=True)
     c.close()

@@ -17,22 +17,6 @@ use ksched_testkit::{TEST_POLICY, unique};
 use ksched_worker::{Outcome, Worker, WorkerConfig};
 use tokio_util::sync::CancellationToken;
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn python() -> String {
-    std::env::var("KSCHED_PYTHON").unwrap_or_else(|_| {
-        let venv = PathBuf::from(std::env::var("HOME").unwrap_or_default())
-            .join(".cache/ksched/venv/bin/python");
-        if venv.exists() {
-            venv.display().to_string()
-        } else {
-            "python3".into()
-        }
-    })
-}
-
 /// The secure node: its bootstrap address and each user's client properties file. Stopped
 /// when dropped if this test started it.
 struct Secure {

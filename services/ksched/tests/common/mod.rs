@@ -78,6 +78,25 @@ pub(crate) fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_ksched")
 }
 
+/// The repository's root.
+pub(crate) fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The Python with the example worker's packages: `KSCHED_PYTHON` (scripts/setup.sh sets
+/// it), else setup's venv, else `python3`.
+pub(crate) fn python() -> String {
+    std::env::var("KSCHED_PYTHON").unwrap_or_else(|_| {
+        let venv = PathBuf::from(std::env::var("HOME").unwrap_or_default())
+            .join(".cache/ksched/venv/bin/python");
+        if venv.exists() {
+            venv.display().to_string()
+        } else {
+            "python3".into()
+        }
+    })
+}
+
 impl RunningScheduler {
     /// An SDK worker's configuration for this scheduler's `default` pool: quick heartbeats,
     /// no host load reports (so a busy test machine never counts as overloaded).
