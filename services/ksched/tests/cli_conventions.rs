@@ -1,19 +1,11 @@
 //! What a command-line tool is expected to do: say what it is (`--version` with the commit
 //! and compiler it was built with) and complete its own commands in a shell.
 
+mod common;
+
 use std::process::Command;
 
-fn ksched(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_ksched"))
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
+use common::ksched;
 
 #[test]
 fn version_names_the_build() {

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use ksched_core::records::JobRequest;
 use rdkafka::ClientConfig;
-use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::producer::{BaseProducer, Producer};
 
 /// The worker process, killed if the test fails before it stops.
 struct Jvm(Child);
@@ -36,10 +36,7 @@ fn send(producer: &BaseProducer, topic: &str, id: &str, labels: &[(&str, &str)],
         submitted_at: 1,
         ..Default::default()
     };
-    let bytes = ksched_codec::encode(&job).unwrap();
-    producer
-        .send(BaseRecord::to(topic).key(id).payload(&bytes))
-        .unwrap();
+    produce_job(producer, &job);
 }
 
 #[test]

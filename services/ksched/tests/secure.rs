@@ -105,20 +105,6 @@ impl Drop for Reaped {
     }
 }
 
-fn ksched(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(bin())
-        .args(args)
-        .env_remove("KSCHED_CONFIG")
-        .env_remove("KAFKA_BOOTSTRAP_SERVERS")
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
 #[test]
 fn the_whole_path_runs_on_tls_sasl_and_acls_and_each_role_is_held_to_its_acls() {
     let secure = Secure::start();

@@ -524,7 +524,6 @@ pub(crate) fn submit_as(
     id: &str,
     tenant: &str,
 ) {
-    use rdkafka::producer::BaseRecord;
     let job = ksched_core::records::JobRequest {
         job_id: id.to_owned(),
         topic: topic.to_owned(),
@@ -532,9 +531,34 @@ pub(crate) fn submit_as(
         submitted_at: 1,
         ..Default::default()
     };
-    let bytes = ksched_codec::encode(&job).unwrap();
+    produce_job(producer, &job);
+}
+
+/// Produces `job` to its topic, single-object encoded and keyed by its id.
+pub(crate) fn produce_job(
+    producer: &rdkafka::producer::BaseProducer,
+    job: &ksched_core::records::JobRequest,
+) {
+    use rdkafka::producer::BaseRecord;
+    let bytes = ksched_codec::encode(job).unwrap();
     producer
-        .send(BaseRecord::to(topic).key(id).payload(&bytes))
+        .send(BaseRecord::to(&job.topic).key(&job.job_id).payload(&bytes))
         .unwrap();
     producer.poll(Duration::ZERO);
+}
+
+/// Runs `ksched <args>` with neither a settings file nor a broker from the environment;
+/// (exit code, stdout, stderr).
+pub(crate) fn ksched(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(bin())
+        .args(args)
+        .env_remove("KSCHED_CONFIG")
+        .env_remove("KAFKA_BOOTSTRAP_SERVERS")
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
