@@ -560,10 +560,25 @@ impl Scenario {
                 notes.push(format!("{ended_twice} jobs ended twice"));
             }
             if !not_succeeded.is_empty() {
+                // How they ended, most common first: the reason is the lead to the bug.
+                let mut reasons: BTreeMap<&str, usize> = BTreeMap::new();
+                for id in &not_succeeded {
+                    *reasons
+                        .entry(s.why.get(*id).map_or("cancelled or denied", String::as_str))
+                        .or_default() += 1;
+                }
+                let mut reasons: Vec<(&str, usize)> = reasons.into_iter().collect();
+                reasons.sort_by_key(|r| std::cmp::Reverse(r.1));
+                let reasons: Vec<String> = reasons
+                    .iter()
+                    .take(5)
+                    .map(|(why, n)| format!("{n}: {why}"))
+                    .collect();
                 notes.push(format!(
-                    "{} jobs did not succeed (first: {})",
+                    "{} jobs did not succeed (first: {}; {})",
                     not_succeeded.len(),
-                    not_succeeded[0]
+                    not_succeeded[0],
+                    reasons.join("; ")
                 ));
             }
             if s.clock_gaps > 0 {
@@ -827,26 +842,40 @@ fn explain(v: &mut Verdict, dir: &Path, direct: &str, prefix: &str, k: &Ksched) 
         return;
     };
     let timeout = Duration::from_secs(10);
-    for topic in [
+    // A transaction is open for a few ms of every batch: a last stable offset below the high
+    // watermark means a transaction left open only if it has not moved a moment later.
+    let lso = |topic: &str, p: i32| committed.fetch_watermarks(topic, p, timeout).map(|w| w.1);
+    let topics = [
         format!("{prefix}journal"),
         format!("{prefix}dispatch.default"),
-    ] {
-        let Ok(meta) = uncommitted.fetch_metadata(Some(&topic), timeout) else {
-            continue;
-        };
-        let partitions: Vec<i32> = meta
-            .topics()
-            .iter()
-            .flat_map(|t| t.partitions().iter().map(|p| p.id()))
-            .collect();
-        for p in partitions {
-            let high = uncommitted
-                .fetch_watermarks(&topic, p, timeout)
-                .map(|w| w.1);
-            let lso = committed.fetch_watermarks(&topic, p, timeout).map(|w| w.1);
-            match (high, lso) {
-                (Ok(h), Ok(l)) if l < h => v.notes.push(format!(
-                    "{topic}/{p}: last stable offset {l} < high watermark {h}"
+    ];
+    let partitions = |topic: &str| -> Vec<i32> {
+        uncommitted
+            .fetch_metadata(Some(topic), timeout)
+            .map(|meta| {
+                meta.topics()
+                    .iter()
+                    .flat_map(|t| t.partitions().iter().map(|p| p.id()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let mut first_look: BTreeMap<(String, i32), i64> = BTreeMap::new();
+    for topic in &topics {
+        for p in partitions(topic) {
+            if let Ok(l) = lso(topic, p) {
+                first_look.insert((topic.clone(), p), l);
+            }
+        }
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    for topic in &topics {
+        for p in partitions(topic) {
+            let high = uncommitted.fetch_watermarks(topic, p, timeout).map(|w| w.1);
+            let before = first_look.get(&(topic.clone(), p)).copied();
+            match (high, lso(topic, p)) {
+                (Ok(h), Ok(l)) if l < h && before == Some(l) => v.notes.push(format!(
+                    "{topic}/{p}: last stable offset {l} < high watermark {h}, unmoved for 3 s (a transaction left open)"
                 )),
                 (Ok(h), Ok(_)) if topic.ends_with("journal") => {
                     v.notes.push(format!("{topic}/{p}: high watermark {h}"))

@@ -29,6 +29,11 @@ pub(super) struct Seen {
     pub accepted: BTreeSet<String>,
     /// Terminal events per job (more than one is a bug).
     pub terminal: BTreeMap<String, Vec<JobState>>,
+    /// Why a job ended other than SUCCEEDED: its reason code, after the error codes of the
+    /// attempts retried before (`max_retries_exceeded after worker_lost, timeout`).
+    pub why: BTreeMap<String, String>,
+    /// Error codes of each job's retried attempts, in order.
+    pub retried: BTreeMap<String, Vec<String>>,
     pub dispatched: BTreeMap<(String, i32), u32>,
     pub workers_lost: Vec<(String, i64)>,
     pub dead_letters: BTreeMap<String, u64>,
@@ -115,6 +120,14 @@ impl Drop for JournalWatch {
     }
 }
 
+/// `code`, after the error codes of the job's retried attempts.
+fn ended_because(s: &Seen, job_id: &str, code: &str) -> String {
+    match s.retried.get(job_id) {
+        Some(codes) if !codes.is_empty() => format!("{code} after {}", codes.join(", ")),
+        _ => code.to_owned(),
+    }
+}
+
 fn note(s: &mut Seen, entry: &JournalEntry) {
     s.entries += 1;
     if let Input::Tick(t) = &entry.input {
@@ -140,16 +153,27 @@ fn note(s: &mut Seen, entry: &JournalEntry) {
                     .push(JobState::Succeeded);
                 s.decisions.push(entry.log_time);
             }
-            Event::JobFailed(x) => s
-                .terminal
+            Event::JobRetrying(x) => s
+                .retried
                 .entry(x.job_id.clone())
                 .or_default()
-                .push(JobState::Failed),
-            Event::JobTimedOut(x) => s
-                .terminal
-                .entry(x.job_id.clone())
-                .or_default()
-                .push(JobState::Timeout),
+                .push(x.error_code.clone()),
+            Event::JobFailed(x) => {
+                s.terminal
+                    .entry(x.job_id.clone())
+                    .or_default()
+                    .push(JobState::Failed);
+                let why = ended_because(s, &x.job_id, &x.reason_code);
+                s.why.insert(x.job_id.clone(), why);
+            }
+            Event::JobTimedOut(x) => {
+                s.terminal
+                    .entry(x.job_id.clone())
+                    .or_default()
+                    .push(JobState::Timeout);
+                let why = ended_because(s, &x.job_id, &x.reason_code);
+                s.why.insert(x.job_id.clone(), why);
+            }
             Event::JobCancelled(x) => s
                 .terminal
                 .entry(x.job_id.clone())
