@@ -15,6 +15,7 @@ mod error;
 mod registry;
 mod resolve;
 pub mod schema_registry;
+pub mod trace_context;
 
 use std::sync::OnceLock;
 

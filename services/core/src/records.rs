@@ -84,6 +84,9 @@ pub struct JobRequest {
     /// Boxed: most jobs have none, and every job in memory would carry its size.
     pub compensation: Option<Box<JobTemplate>>,
     pub submitted_at: Millis,
+    /// W3C `traceparent` of the submission (the record's header, else this field), kept only
+    /// when valid: the scheduler's spans for the job and its dispatches continue this trace.
+    pub traceparent: Option<String>,
 }
 
 /// What a compensation job looks like before it gets a job id (SPEC §7). Debug hides secret
@@ -154,6 +157,7 @@ impl fmt::Debug for JobRequest {
             .field("step_index", &self.step_index)
             .field("compensation", &self.compensation)
             .field("submitted_at", &self.submitted_at)
+            .field("traceparent", &self.traceparent)
             .finish()
     }
 }

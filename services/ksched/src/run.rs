@@ -90,7 +90,10 @@ impl Drop for Tracing {
 }
 
 /// Logs to stderr (text or JSON, filtered by `log.level` or RUST_LOG) and, with the `otel`
-/// feature and `log.otlp_endpoint`, exports spans over OTLP/HTTP.
+/// feature (default) and an endpoint (`log.otlp_endpoint`, else the standard
+/// `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` / `OTEL_EXPORTER_OTLP_ENDPOINT`), exports spans over
+/// OTLP/HTTP: the job spans of traced jobs (job_trace.rs, through the global tracer provider
+/// set here) and the processor's own spans.
 pub(crate) fn init_tracing(log: &LogSettings) -> anyhow::Result<Tracing> {
     use tracing_subscriber::EnvFilter;
     use tracing_subscriber::prelude::*;
@@ -109,15 +112,18 @@ pub(crate) fn init_tracing(log: &LogSettings) -> anyhow::Result<Tracing> {
     #[allow(unused_mut)]
     let mut guard = Tracing::default();
     #[cfg(feature = "otel")]
-    let otel = match &log.otlp_endpoint {
-        Some(endpoint) => {
+    let otel = match (&log.otlp_endpoint, otlp_from_env()) {
+        (None, false) => None,
+        (endpoint, _) => {
             use opentelemetry::trace::TracerProvider as _;
             use opentelemetry_otlp::WithExportConfig;
-            let exporter = opentelemetry_otlp::SpanExporter::builder()
-                .with_http()
-                .with_endpoint(endpoint)
-                .build()
-                .context("building the OTLP span exporter")?;
+            let builder = opentelemetry_otlp::SpanExporter::builder().with_http();
+            // Without an endpoint in the config the exporter reads the OTEL_ variables.
+            let builder = match endpoint {
+                Some(e) => builder.with_endpoint(e),
+                None => builder,
+            };
+            let exporter = builder.build().context("building the OTLP span exporter")?;
             let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
                 .with_batch_exporter(exporter)
                 .with_resource(
@@ -126,16 +132,16 @@ pub(crate) fn init_tracing(log: &LogSettings) -> anyhow::Result<Tracing> {
                         .build(),
                 )
                 .build();
-            let tracer = provider.tracer("ksched");
+            let tracer = provider.tracer("ksched-runtime");
+            opentelemetry::global::set_tracer_provider(provider.clone());
             guard.provider = Some(provider);
             Some(tracing_opentelemetry::layer().with_tracer(tracer))
         }
-        None => None,
     };
     #[cfg(not(feature = "otel"))]
     if log.otlp_endpoint.is_some() {
         anyhow::bail!(
-            "log.otlp_endpoint is set, but this ksched was built without trace export; build it with `cargo build -p ksched --features otel`"
+            "log.otlp_endpoint is set, but this ksched was built without trace export (--no-default-features); build it with the default features"
         );
     }
     let registry = tracing_subscriber::registry().with(filter).with(fmt);
@@ -143,6 +149,17 @@ pub(crate) fn init_tracing(log: &LogSettings) -> anyhow::Result<Tracing> {
     let registry = registry.with(otel);
     registry.init();
     Ok(guard)
+}
+
+/// Whether the standard OTLP environment variables name an endpoint.
+#[cfg(feature = "otel")]
+fn otlp_from_env() -> bool {
+    [
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+    ]
+    .iter()
+    .any(|k| std::env::var_os(k).is_some_and(|v| !v.is_empty()))
 }
 
 pub(crate) fn main(args: RunArgs) -> ExitCode {

@@ -5,12 +5,13 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use ksched_codec::{AnyRecord, decode_any};
+use ksched_codec::{AnyRecord, decode_any, trace_context};
 use ksched_core::events::{Input, MalformedRecord};
 use ksched_core::reason::DlqReason;
 use ksched_core::records::{JobRequest, Millis, truncate_for_display};
+use opentelemetry::trace::SpanContext;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{BorrowedMessage, Message, Timestamp};
+use rdkafka::message::{BorrowedMessage, Headers, Message, Timestamp};
 
 use crate::topics::{InputKind, Topics};
 
@@ -25,6 +26,8 @@ pub struct InputRecord {
     pub log_append_time: Option<Millis>,
     pub key: Option<Vec<u8>>,
     pub payload: Option<Vec<u8>>,
+    /// The record's `traceparent` header, when it holds a valid one (trace_context.rs).
+    pub trace: Option<SpanContext>,
 }
 
 impl InputRecord {
@@ -42,6 +45,11 @@ impl InputRecord {
             },
             key: m.key().map(<[u8]>::to_vec),
             payload: m.payload().map(<[u8]>::to_vec),
+            trace: m.headers().and_then(|h| {
+                h.iter()
+                    .find(|h| h.key == trace_context::HEADER)
+                    .and_then(|h| trace_context::parse(h.value?))
+            }),
         }
     }
 
@@ -119,6 +127,11 @@ pub fn take(topics: &Topics, rec: &InputRecord, max_record_bytes: i64) -> Taken 
                 return Taken::Input(refuse_unsealed(rec, &r, &unsealed));
             }
             r.topic = rec.topic.clone();
+            // The header first, else the body's field; only a valid value is journaled.
+            r.traceparent = match &rec.trace {
+                Some(header) => trace_context::format(header),
+                None => r.traceparent.as_deref().and_then(trace_context::normalize),
+            };
             Input::Submit(r)
         }
         (InputKind::Results, AnyRecord::JobStarted(r)) => Input::Started(r),
@@ -225,6 +238,7 @@ impl Unreadable {
             offset: first,
             log_append_time: rec.log_append_time,
             key: None,
+            trace: None,
             payload: Some(
                 format!(
                     "offsets {first}..{} ({count} records) of {}/{} could not be read: {error}",
@@ -355,6 +369,7 @@ mod tests {
             log_append_time: t,
             key: None,
             payload: None,
+            trace: None,
         }
     }
 

@@ -7,6 +7,7 @@ pub mod auth;
 pub mod engine;
 pub mod error;
 pub mod inputs;
+pub mod job_trace;
 pub mod lease;
 pub mod metrics;
 pub mod processor;

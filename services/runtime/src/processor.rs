@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ksched_codec::Record;
+use ksched_codec::{Record, trace_context};
 
 use crate::schemas::Framing;
 use ksched_core::decide::Ctx;
@@ -27,6 +27,7 @@ use ksched_policy::RegoEngine;
 use ksched_store::Store;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
+use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
@@ -38,6 +39,7 @@ use crate::error::{Coords, Error, Result, kafka, refused_for_what_it_is};
 use crate::inputs::{
     InputRecord, ReadThrough, Taken, Unreadable, set_aside, skips_records, take, unreadable_input,
 };
+use crate::job_trace::{JobSpans, Traced};
 use crate::metrics::RecordCounters;
 use crate::replay::{Flow, Replayer, journal_watermarks, read_journal};
 use crate::settings::Config;
@@ -219,6 +221,8 @@ pub struct Processor {
     in_flight: Option<InFlight>,
     /// When cold records were last evicted from memory.
     last_evict: Instant,
+    /// Spans of traced jobs (job_trace.rs).
+    spans: JobSpans,
 }
 
 /// A record decided on, encoded, waiting for its transaction to begin.
@@ -227,6 +231,8 @@ struct Outgoing {
     partition: Option<i32>,
     key: Vec<u8>,
     payload: Vec<u8>,
+    /// The record's `traceparent` header, for a traced job's records.
+    trace: Option<String>,
 }
 
 /// The inputs of a transaction, for what follows its end.
@@ -447,6 +453,7 @@ impl Processor {
             open: false,
             in_flight: None,
             last_evict: Instant::now(),
+            spans: JobSpans::default(),
         };
         p.catch_up()?;
         let caught_up_ms = started.elapsed().as_millis() as u64;
@@ -540,7 +547,7 @@ impl Processor {
         let now = wall_clock_ms().max(self.engine.state().clock);
         let mut recovery = Recovery::default();
         self.drain(&mut recovery)
-            .and_then(|()| self.process_input(cause, now, Input::Reconfigure(wanted)))
+            .and_then(|()| self.process_input(cause, now, Input::Reconfigure(wanted), None))
             .and_then(|()| self.end(None, Batch::default()))
             .and_then(|()| self.drain(&mut recovery))
             .map_err(|e| match e {
@@ -844,7 +851,7 @@ impl Processor {
             };
             let input = unreadable_input(&gap);
             if self.shard.takes(&self.config.rules, kind, &input) == Takes::Yes {
-                self.process_input(cause, self.engine.state().clock, input)?;
+                self.process_input(cause, self.engine.state().clock, input, None)?;
             }
         }
         self.read_through.observe(rec);
@@ -905,7 +912,8 @@ impl Processor {
             partition: rec.partition,
             offset: rec.offset,
         };
-        self.process_input(cause, ts, input)
+        let traced = Traced::of(&input, rec.trace.as_ref(), rec.log_append_time);
+        self.process_input(cause, ts, input, traced)
     }
 
     /// What a Tick appended at `tick_time` is judged at: the least of it and what every
@@ -944,7 +952,14 @@ impl Processor {
 
     /// Decides on one input (and any continuations it needs) and queues the journal entries
     /// and outputs in the transaction. A panic in a decision is isolated to the input.
-    fn process_input(&mut self, cause: Cause, ts: i64, input: Input) -> Result<()> {
+    /// `traced`: the trace the input continues; its span covers the input's own entry.
+    fn process_input(
+        &mut self,
+        cause: Cause,
+        ts: i64,
+        input: Input,
+        mut traced: Option<Traced>,
+    ) -> Result<()> {
         let coords = (cause.topic.clone(), cause.partition, cause.offset);
         let mut next = Some(input);
         let mut continuations = 0;
@@ -960,7 +975,10 @@ impl Processor {
                 coords: coords.clone(),
                 detail: format!("deciding on it panicked: {}", panic_text(p.as_ref())),
             })??;
-            self.send_entry(&processed.entry)?;
+            let trace = traced
+                .take()
+                .and_then(|t| self.spans.decided(t, &processed.entry));
+            self.send_entry(&processed.entry, trace)?;
             for out in processed.outputs {
                 self.send_output(out)?;
             }
@@ -1242,6 +1260,7 @@ impl Processor {
         partition: Option<i32>,
         key: Vec<u8>,
         payload: Vec<u8>,
+        trace: Option<String>,
     ) -> Result<()> {
         let counters = if topic == self.topics.journal {
             &self.counters.journal
@@ -1256,6 +1275,7 @@ impl Processor {
             partition,
             key,
             payload,
+            trace,
         };
         if self.open {
             self.produce(o)
@@ -1271,6 +1291,12 @@ impl Processor {
         let mut record = BaseRecord::to(&o.topic).key(&o.key).payload(&o.payload);
         if let Some(p) = o.partition.filter(|p| *p >= 0) {
             record = record.partition(p);
+        }
+        if let Some(t) = &o.trace {
+            record = record.headers(OwnedHeaders::new().insert(Header {
+                key: trace_context::HEADER,
+                value: Some(t),
+            }));
         }
         let deadline = Instant::now()
             + Duration::from_millis(self.config.settings.processor.transaction_timeout_ms);
@@ -1293,11 +1319,17 @@ impl Processor {
         Ok(())
     }
 
-    fn send_entry(&mut self, entry: &JournalEntry) -> Result<()> {
+    fn send_entry(&mut self, entry: &JournalEntry, trace: Option<String>) -> Result<()> {
         let bytes = encode_or_fail(&self.config.framing, &self.topics.journal, entry)?;
         let journal = self.topics.journal.clone();
         let partition = self.config.settings.processor.journal_partition;
-        self.queue(journal, Some(partition), entry.key().into_bytes(), bytes)
+        self.queue(
+            journal,
+            Some(partition),
+            entry.key().into_bytes(),
+            bytes,
+            trace,
+        )
     }
 
     fn send_output(&mut self, out: Output) -> Result<()> {
@@ -1318,11 +1350,13 @@ impl Processor {
                 }
                 let topic = self.topics.dispatch(&pool);
                 let bytes = encode_or_fail(&self.config.framing, &topic, record.as_ref())?;
+                let trace = self.spans.dispatched(&record, &topic);
                 self.queue(
                     topic,
                     Some(partition),
                     record.worker_id.as_bytes().to_vec(),
                     bytes,
+                    trace,
                 )
             }
             Output::CancelDispatch {
@@ -1332,7 +1366,13 @@ impl Processor {
             } => {
                 let topic = self.topics.dispatch(&pool);
                 let bytes = encode_or_fail(&self.config.framing, &topic, &record)?;
-                self.queue(topic, Some(partition), record.worker_id.into_bytes(), bytes)
+                self.queue(
+                    topic,
+                    Some(partition),
+                    record.worker_id.into_bytes(),
+                    bytes,
+                    None,
+                )
             }
             Output::DeadLetter(dl) => {
                 let topic = self.topics.dlq.clone();
@@ -1345,7 +1385,7 @@ impl Processor {
                     dl.job_id.clone()
                 };
                 let bytes = encode_or_fail(&self.config.framing, &topic, &dl)?;
-                self.queue(topic, None, key.into_bytes(), bytes)
+                self.queue(topic, None, key.into_bytes(), bytes, None)
             }
         }
     }

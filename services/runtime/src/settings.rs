@@ -367,8 +367,9 @@ pub struct LogSettings {
     pub format: String,
     /// A tracing filter (`info`, `ksched=debug,rdkafka=warn`). Default `info`.
     pub level: String,
-    /// OTLP/HTTP endpoint for trace export (e.g. `http://127.0.0.1:4318/v1/traces`); needs
-    /// a ksched built with `--features otel`. Default none.
+    /// OTLP/HTTP endpoint for trace export (e.g. `http://127.0.0.1:4318/v1/traces`). Default
+    /// none: then `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` or `OTEL_EXPORTER_OTLP_ENDPOINT`, if
+    /// set, and otherwise no export (trace context is carried through Kafka headers anyway).
     pub otlp_endpoint: Option<String>,
     /// `service.name` of exported traces. Default `ksched`.
     pub service_name: String,

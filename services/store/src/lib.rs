@@ -38,7 +38,8 @@ use thiserror::Error;
 /// aside and rebuilt from the journal ([`Store::open_or_rebuild`]).
 /// 2: breakers track their probes by job id; watermark and liveness floor in `meta`; job
 /// histories (`history`) and payloads (`payloads`) beside the jobs, not in them.
-pub const FORMAT_VERSION: u32 = 2;
+/// 3: a job's request keeps the submission's `traceparent`.
+pub const FORMAT_VERSION: u32 = 3;
 
 /// Most idempotency keys one write deletes when their retention passed; the rest follow in
 /// the next writes, so a prune never becomes one huge batch.

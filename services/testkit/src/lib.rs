@@ -13,7 +13,7 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::FromClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::Message;
+use rdkafka::message::{Headers, Message};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use thiserror::Error;
@@ -148,6 +148,8 @@ pub struct ReadRecord {
     pub offset: i64,
     pub key: Option<Vec<u8>>,
     pub payload: Option<Vec<u8>>,
+    /// The record's headers, in order (a header without a value has an empty one).
+    pub headers: Vec<(String, Vec<u8>)>,
 }
 
 /// Reads every committed record of `topic` up to the end it had when called (partitions in
@@ -194,6 +196,16 @@ pub fn read_to_end(bootstrap: &str, topic: &str) -> Result<Vec<ReadRecord>> {
                         offset: m.offset(),
                         key: m.key().map(<[u8]>::to_vec),
                         payload: m.payload().map(<[u8]>::to_vec),
+                        headers: m
+                            .headers()
+                            .map(|h| {
+                                h.iter()
+                                    .map(|h| {
+                                        (h.key.to_owned(), h.value.unwrap_or_default().to_vec())
+                                    })
+                                    .collect()
+                            })
+                            .unwrap_or_default(),
                     });
                 }
             }

@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use ksched_codec::trace_context;
 use ksched_core::records::{Dispatch, JobProgress, ResultMeta};
 use tokio_util::sync::CancellationToken;
 
@@ -56,6 +57,9 @@ pub struct JobContext {
     pub cancel: CancellationToken,
     pub(crate) opened: Arc<ksched_secrets::Opened>,
     pub(crate) reporter: Reporter,
+    /// The `traceparent` of the attempt's run span: the trace the scheduler carried in the
+    /// Dispatch (its header, else the job's own), continued by this worker.
+    pub(crate) trace: Option<String>,
 }
 
 /// The error code of a job whose sealed values this worker cannot open (no keyring, a key
@@ -81,6 +85,22 @@ impl JobContext {
         self.dispatch.attempt
     }
 
+    /// The OpenTelemetry context of the attempt's run span (`ksched run`), to parent the
+    /// handler's own spans: `tracer.start_with_context("fetch", &ctx.trace_context())`. An
+    /// empty context when the job is not traced.
+    pub fn trace_context(&self) -> opentelemetry::Context {
+        use opentelemetry::trace::TraceContextExt;
+        match self.trace.as_deref().and_then(trace_context::parse_str) {
+            Some(sc) => opentelemetry::Context::new().with_remote_span_context(sc),
+            None => opentelemetry::Context::new(),
+        }
+    }
+
+    /// The attempt's `traceparent` (W3C), for a handler that calls other services.
+    pub fn traceparent(&self) -> Option<&str> {
+        self.trace.as_deref()
+    }
+
     /// Reports progress (0.0 to 1.0).
     pub async fn progress(&self, fraction: f64, message: &str) {
         let p = JobProgress {
@@ -92,7 +112,12 @@ impl JobContext {
             sent_at: now_ms(),
         };
         self.reporter
-            .send_result_topic(self.dispatch.reply_partition, self.job_id(), &p)
+            .send_result_topic(
+                self.dispatch.reply_partition,
+                self.job_id(),
+                &p,
+                self.trace.as_deref(),
+            )
             .await;
     }
 }

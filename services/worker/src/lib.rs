@@ -30,10 +30,15 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use ksched_codec::AnyRecord;
+use ksched_codec::{AnyRecord, trace_context};
 use ksched_core::records::{Dispatch, Heartbeat, JobResult, JobStarted, ResultMeta, ResultStatus};
+use opentelemetry::KeyValue;
+use opentelemetry::global::BoxedSpan;
+use opentelemetry::trace::{
+    Span, SpanContext, SpanKind, Status, TraceContextExt, Tracer, TracerProvider as _,
+};
 use rdkafka::consumer::{Consumer, StreamConsumer};
-use rdkafka::message::Message;
+use rdkafka::message::{Headers, Message};
 use thiserror::Error;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -45,6 +50,11 @@ mod job;
 mod reporter;
 
 pub use config::WorkerConfig;
+
+/// The instrumentation scope of the SDK's run spans (`ksched run`, one per attempt of a
+/// traced job). Spans are recorded by the OpenTelemetry SDK the application installs as the
+/// global tracer provider; without one the trace context is still carried to the reports.
+pub const TRACE_SCOPE: &str = "ksched-worker";
 pub use job::{JobContext, Outcome, SECRET_UNAVAILABLE};
 
 use host::{HostLoad, host_load};
@@ -292,6 +302,11 @@ impl Worker {
             };
             let (partition, offset) = (msg.partition(), msg.offset());
             let decoded = msg.payload().map(ksched_codec::decode_any);
+            let trace = msg.headers().and_then(|h| {
+                h.iter()
+                    .find(|h| h.key == trace_context::HEADER)
+                    .and_then(|h| trace_context::parse(h.value?))
+            });
             // Commit past this record now: the job starts below, or needs nothing.
             if let Err(e) = this.consumer.store_offset(&topic, partition, offset) {
                 warn!(error = %e, "cannot store the dispatch offset");
@@ -310,11 +325,11 @@ impl Worker {
                         debug!(job_id = %key.0, attempt = key.1, "dispatch read again; this attempt already started here");
                         continue;
                     }
-                    let ctx = this.admit(d);
+                    let (ctx, run) = this.admit(d, trace);
                     let (this, handler) = (this.clone(), handler.clone());
                     tasks.spawn(async move {
                         let _permit = permit;
-                        this.execute(ctx, handler.as_ref()).await;
+                        this.execute(ctx, run, handler.as_ref()).await;
                     });
                 }
                 Some(Ok(AnyRecord::CancelDispatch(c))) => {
@@ -387,19 +402,42 @@ impl Worker {
         }
     }
 
-    fn admit(&self, d: Dispatch) -> JobContext {
+    /// The job as its handler sees it, and the attempt's run span when the job is traced.
+    /// `trace`: the Dispatch record's `traceparent` header (the scheduler's dispatch span);
+    /// without one, the job's own trace (the submission's) is continued.
+    fn admit(&self, d: Dispatch, trace: Option<SpanContext>) -> (JobContext, Option<BoxedSpan>) {
         let cancel = CancellationToken::new();
         self.running
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .jobs
             .insert((d.job.job_id.clone(), d.attempt), cancel.clone());
-        JobContext {
+        let run = trace
+            .or_else(|| trace_context::parse_str(d.job.traceparent.as_deref()?))
+            .map(|parent| {
+                let tracer = opentelemetry::global::tracer_provider().tracer(TRACE_SCOPE);
+                let cx = opentelemetry::Context::new().with_remote_span_context(parent);
+                tracer
+                    .span_builder("ksched run")
+                    .with_kind(SpanKind::Consumer)
+                    .with_attributes([
+                        KeyValue::new("ksched.job.id", d.job.job_id.clone()),
+                        KeyValue::new("ksched.job.attempt", i64::from(d.attempt)),
+                        KeyValue::new("ksched.worker.id", self.config.worker_id.clone()),
+                        KeyValue::new("ksched.pool", d.pool.clone()),
+                    ])
+                    .start_with_context(&tracer, &cx)
+            });
+        let ctx = JobContext {
+            trace: run
+                .as_ref()
+                .and_then(|s| trace_context::format(s.span_context())),
             dispatch: Arc::new(d),
             cancel,
             opened: Arc::default(),
             reporter: self.reporter.clone(),
-        }
+        };
+        (ctx, run)
     }
 
     /// The job's env and payload opened with the keyring as it is now.
@@ -422,7 +460,7 @@ impl Worker {
         })
     }
 
-    async fn execute<H, F>(&self, ctx: JobContext, handler: &H)
+    async fn execute<H, F>(&self, ctx: JobContext, mut run: Option<BoxedSpan>, handler: &H)
     where
         H: Fn(JobContext) -> F,
         F: Future<Output = Outcome>,
@@ -430,6 +468,7 @@ impl Worker {
         let job_id = ctx.job_id().to_owned();
         let attempt = ctx.attempt();
         let reply = ctx.dispatch.reply_partition;
+        let trace = ctx.trace.clone();
         debug!(%job_id, attempt, "job started");
         let started = Instant::now();
         self.reporter
@@ -442,6 +481,7 @@ impl Worker {
                     worker_id: self.config.worker_id.clone(),
                     started_at: now_ms(),
                 },
+                trace.as_deref(),
             )
             .await;
         let outcome = match self.open(&ctx.dispatch.job) {
@@ -506,8 +546,15 @@ impl Worker {
             finished_at: now_ms(),
         };
         self.reporter
-            .deliver_result_topic(reply, &job_id, &result)
+            .deliver_result_topic(reply, &job_id, &result, trace.as_deref())
             .await;
+        if let Some(span) = run.as_mut() {
+            span.set_attribute(KeyValue::new("ksched.result.status", status.as_str()));
+            if let Some(code) = &result.error_code {
+                span.set_status(Status::error(code.clone()));
+            }
+            span.end();
+        }
         debug!(%job_id, attempt, status = status.as_str(), "job finished");
     }
 }
@@ -606,7 +653,8 @@ mod tests {
             started_at: now_ms(),
         };
         let r = reporter.clone();
-        let sending = tokio::spawn(async move { r.deliver("results", None, "j-1", &result).await });
+        let sending =
+            tokio::spawn(async move { r.deliver("results", None, "j-1", &result, None).await });
         tokio::time::sleep(Duration::from_millis(1500)).await;
         assert!(
             !sending.is_finished(),

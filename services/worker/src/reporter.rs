@@ -4,7 +4,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use ksched_codec::trace_context;
 use rdkafka::ClientConfig;
+use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
@@ -145,16 +147,18 @@ impl Reporter {
         key: &str,
         value: &T,
     ) -> bool {
-        self.send_to(topic, None, key, value).await
+        self.send_to(topic, None, key, value, None).await
     }
 
-    /// [`Reporter::send`] to a given partition (None: the partitioner's, by key).
+    /// [`Reporter::send`] to a given partition (None: the partitioner's, by key), with the
+    /// job's `traceparent` header when it is traced.
     pub(crate) async fn send_to<T: ksched_codec::Record>(
         &self,
         topic: &str,
         partition: Option<i32>,
         key: &str,
         value: &T,
+        trace: Option<&str>,
     ) -> bool {
         let bytes = match ksched_codec::encode(value) {
             Ok(b) => b,
@@ -169,6 +173,12 @@ impl Reporter {
             let mut record = FutureRecord::to(topic).key(key).payload(&bytes);
             if let Some(p) = partition {
                 record = record.partition(p);
+            }
+            if let Some(t) = trace {
+                record = record.headers(OwnedHeaders::new().insert(Header {
+                    key: trace_context::HEADER,
+                    value: Some(t),
+                }));
             }
             // Bounded, whatever state the client is in: a report that cannot be delivered is
             // given up (the scheduler's timeouts cover it) rather than holding up the job or
@@ -203,9 +213,10 @@ impl Reporter {
         partition: Option<i32>,
         key: &str,
         value: &T,
+        trace: Option<&str>,
     ) {
         loop {
-            if self.send_to(topic, partition, key, value).await {
+            if self.send_to(topic, partition, key, value, trace).await {
                 return;
             }
             if self.give_up.is_cancelled() {
@@ -230,8 +241,10 @@ impl Reporter {
         partition: Option<i32>,
         job_id: &str,
         value: &T,
+        trace: Option<&str>,
     ) {
-        self.send_to(&self.results, partition, job_id, value).await;
+        self.send_to(&self.results, partition, job_id, value, trace)
+            .await;
     }
 
     /// [`Reporter::send_result_topic`] until delivered ([`Reporter::deliver`]).
@@ -240,7 +253,9 @@ impl Reporter {
         partition: Option<i32>,
         job_id: &str,
         value: &T,
+        trace: Option<&str>,
     ) {
-        self.deliver(&self.results, partition, job_id, value).await;
+        self.deliver(&self.results, partition, job_id, value, trace)
+            .await;
     }
 }

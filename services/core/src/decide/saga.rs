@@ -160,6 +160,9 @@ impl Decider<'_, '_> {
             step_index: None,
             compensation: None,
             submitted_at: self.now(),
+            // A compensation starts no trace (the step's job may not be in memory here, and
+            // a decision may not depend on what is).
+            traceparent: None,
         };
         if self.state().jobs.contains_key(&job_id) {
             // Cannot happen with ids derived from the counter, but never overwrite a job.

@@ -283,9 +283,11 @@ fn same_submission(existing: &Job, new: &JobRequest) -> bool {
         return false;
     }
     let a = &existing.request;
+    // The same job, whoever traced this submission of it.
     let b = JobRequest {
         topic: a.topic.clone(),
         payload: Vec::new(),
+        traceparent: a.traceparent.clone(),
         ..new.clone()
     };
     *a == b

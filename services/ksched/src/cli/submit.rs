@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use clap::Args;
 use ksched_core::records::{Budget, JobMeta, JobRequest, Priority};
+use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde::Deserialize;
 use serde_json::json;
@@ -69,6 +70,11 @@ pub(crate) struct SubmitArgs {
     /// Seal the payload too: only the job's workers can read it (needs --keyring).
     #[arg(long, requires = "keyring")]
     pub seal_payload: bool,
+    /// W3C trace context the job continues (`00-<trace id>-<span id>-<flags>`), sent as the
+    /// record's `traceparent` header; from the TRACEPARENT environment variable when set
+    /// (how a traced script hands its context to the tools it runs).
+    #[arg(long, env = "TRACEPARENT", value_name = "TRACEPARENT")]
+    pub traceparent: Option<String>,
 }
 
 /// The JSON file format: every field optional.
@@ -187,6 +193,17 @@ pub(crate) fn build(args: &SubmitArgs, now_ms: i64) -> Result<JobRequest, Failur
         step_index: file.step_index,
         compensation: None,
         submitted_at: now_ms,
+        traceparent: match args.traceparent.as_deref().filter(|t| !t.is_empty()) {
+            None => None,
+            Some(t) => Some(ksched_codec::trace_context::normalize(t).ok_or_else(|| {
+                Failure::new(
+                    EXIT_BAD_INPUT,
+                    format!(
+                        "--traceparent {t:?} is not a W3C trace context (00-<32 hex>-<16 hex>-<2 hex>)"
+                    ),
+                )
+            })?),
+        },
     })
 }
 
@@ -238,13 +255,17 @@ pub(crate) fn submit(t: &Target, args: SubmitArgs) -> CliResult {
             .set("message.timeout.ms", "15000")
             .create()
             .map_err(|e| Failure::new(EXIT_FAILED, format!("kafka: {e}")))?;
+        let mut record = FutureRecord::to(&request.topic)
+            .key(&request.job_id)
+            .payload(&bytes);
+        if let Some(t) = &request.traceparent {
+            record = record.headers(OwnedHeaders::new().insert(Header {
+                key: ksched_codec::trace_context::HEADER,
+                value: Some(t),
+            }));
+        }
         producer
-            .send(
-                FutureRecord::to(&request.topic)
-                    .key(&request.job_id)
-                    .payload(&bytes),
-                Duration::from_secs(15),
-            )
+            .send(record, Duration::from_secs(15))
             .await
             .map(|d| (d.partition, d.offset))
             .map_err(|(e, _)| {
