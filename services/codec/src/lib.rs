@@ -23,7 +23,7 @@ use apache_avro::from_value;
 use ksched_core::events::JournalEntry;
 use ksched_core::records::{
     ApproveJob, CancelDispatch, CancelJob, DeadLetter, Dispatch, Heartbeat, JobProgress,
-    JobRequest, JobResult, JobStarted, RejectJob, Tick,
+    JobRequest, JobResult, JobStarted, RedriveJob, RejectJob, Tick,
 };
 use serde::{Serialize, de::DeserializeOwned};
 
@@ -91,6 +91,7 @@ records!(
     CancelDispatch,
     DeadLetter,
     JournalEntry,
+    RedriveJob,
 );
 
 /// The registry of the schemas built into this binary, shared by the whole process.

@@ -40,6 +40,7 @@ pub const TOP_LEVEL: &[&str] = &[
     "io.ksched.CancelDispatch",
     "io.ksched.DeadLetter",
     "io.ksched.JournalEntry",
+    "io.ksched.RedriveJob",
 ];
 
 /// One self-contained schema: a current reader, a historical writer, or both.

@@ -119,6 +119,7 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
                 request,
                 payload_len: payload.len() as u64,
                 payload_digest: payload_digest(&payload),
+                payload_of: None,
                 job_hash: e.job_hash.clone(),
                 state: JobState::Pending,
                 pools: e.pools.clone(),
@@ -560,6 +561,26 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
             if state.remove_worker(&e.worker_id).is_some() {
                 state.mark_worker(&e.worker_id);
             }
+        }
+        Event::JobRedriven(e) => {
+            // The new job (accepted just before) runs the old one's stored payload.
+            let payload = state.jobs.get(&e.job_id).map(|old| {
+                (
+                    old.payload_of.clone().unwrap_or_else(|| e.job_id.clone()),
+                    old.payload_len,
+                    old.payload_digest,
+                )
+            });
+            if let Some((of, len, digest)) = payload {
+                state.update_job(&e.new_job_id, |j| {
+                    j.payload_of = Some(of);
+                    j.payload_len = len;
+                    j.payload_digest = digest;
+                });
+            }
+            let text = event.describe(at.input);
+            state.write_history(&e.job_id, now, event.name(), text.clone());
+            state.write_history(&e.new_job_id, now, event.name(), text);
         }
     }
 }

@@ -231,6 +231,16 @@ impl Event {
                 "worker {} of pool {} forgotten (last seen at {})",
                 w.worker_id, w.pool, w.last_seen
             ),
+            Event::JobRedriven(r) => {
+                let mut s = format!(
+                    "{} redriven as {} by {}",
+                    r.job_id, r.new_job_id, r.principal_id
+                );
+                if let Some(why) = &r.reason {
+                    let _ = write!(s, ": {why}");
+                }
+                s
+            }
         }
     }
 }

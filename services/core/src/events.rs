@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::records::{
     ApproveJob, CancelJob, Constraints, DeadLetter, Heartbeat, JobProgress, JobRequest, JobResult,
-    JobStarted, JobTemplate, Millis, Priority, RejectJob, ResultMeta, Tick,
+    JobStarted, JobTemplate, Millis, Priority, RedriveJob, RejectJob, ResultMeta, Tick,
 };
 
 /// Where an input record came from.
@@ -78,6 +78,7 @@ pub enum Input {
     Tick(Tick),
     Malformed(MalformedRecord),
     Reconfigure(Reconfigure),
+    Redrive(RedriveJob),
 }
 
 impl Input {
@@ -95,6 +96,7 @@ impl Input {
             Input::Tick(_) => "Tick",
             Input::Malformed(_) => "MalformedRecord",
             Input::Reconfigure(_) => "Reconfigure",
+            Input::Redrive(_) => "RedriveJob",
         }
     }
 
@@ -108,6 +110,7 @@ impl Input {
             Input::Cancel(r) => Some(&r.job_id),
             Input::Approve(r) => Some(&r.job_id),
             Input::Reject(r) => Some(&r.job_id),
+            Input::Redrive(r) => Some(&r.job_id),
             Input::Heartbeat(_) | Input::Tick(_) | Input::Malformed(_) | Input::Reconfigure(_) => {
                 None
             }
@@ -415,6 +418,18 @@ pub struct JobCancelled {
     pub reason: Option<String>,
 }
 
+/// A dead-lettered job was submitted again as a new job, accepted just before in the same
+/// entry: the new job runs the old one's request and payload (its payload is read from the
+/// old job's, [`crate::state::Job::payload_of`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobRedriven {
+    /// The dead-lettered job; it stays as it ended.
+    pub job_id: String,
+    pub new_job_id: String,
+    pub principal_id: String,
+    pub reason: Option<String>,
+}
+
 /// The job ran out of time.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct JobTimedOut {
@@ -627,6 +642,7 @@ pub enum Event {
     BreakerCounted(BreakerCounted),
     ClockGap(ClockGap),
     WorkerForgotten(WorkerForgotten),
+    JobRedriven(JobRedriven),
 }
 
 impl Event {
@@ -666,6 +682,7 @@ impl Event {
             Event::BreakerCounted(_) => "BreakerCounted",
             Event::ClockGap(_) => "ClockGap",
             Event::WorkerForgotten(_) => "WorkerForgotten",
+            Event::JobRedriven(_) => "JobRedriven",
         }
     }
 
@@ -697,6 +714,7 @@ impl Event {
             Event::SagaRollbackStarted(e) => &e.failed_job_id,
             Event::SagaCompensationSubmitted(e) => &e.job_id,
             Event::BreakerCounted(e) => &e.job_id,
+            Event::JobRedriven(e) => &e.job_id,
             Event::WorkerUpdated(_)
             | Event::WorkerLost(_)
             | Event::CircuitChanged(_)
@@ -781,6 +799,7 @@ impl JournalEntry {
                 Event::SagaRollbackStarted(s) => workflows.push(s.workflow_id.clone()),
                 Event::SagaCompensationSubmitted(s) => workflows.push(s.workflow_id.clone()),
                 Event::SagaFinished(s) => workflows.push(s.workflow_id.clone()),
+                Event::JobRedriven(r) => jobs.push(r.new_job_id.clone()),
                 _ => {}
             }
         }

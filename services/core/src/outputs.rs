@@ -12,13 +12,15 @@ use crate::state::State;
 #[derive(Debug, Clone, PartialEq)]
 pub enum Output {
     /// To `ksched.dispatch.<pool>`, key worker_id, on `partition`. The record's job carries
-    /// no payload (jobs do not hold theirs): the processor adds the job's `payload_len` bytes
-    /// from where it keeps payloads before it sends the record.
+    /// no payload (jobs do not hold theirs): the processor adds the `payload_len` bytes stored
+    /// for job `payload_of` (the job itself, or the job a redrive copied) before it sends
+    /// the record.
     Dispatch {
         pool: String,
         partition: i32,
         record: Box<Dispatch>,
         payload_len: u64,
+        payload_of: String,
     },
     /// To `ksched.dispatch.<pool>`, key worker_id; `partition` -1 lets the key choose.
     CancelDispatch {
@@ -41,6 +43,7 @@ pub fn output_of(state: &State, event: &Event, now: Millis) -> Option<Output> {
                 pool: e.pool.clone(),
                 partition: e.partition,
                 payload_len: job.payload_len,
+                payload_of: job.payload_of.clone().unwrap_or_else(|| e.job_id.clone()),
                 record: Box::new(Dispatch {
                     job: job.request.clone(),
                     attempt: e.attempt,

@@ -140,6 +140,14 @@ codes! {
         /// a rebalance of the pool's dispatch partitions).
         NotAssignedWorker = "not_assigned_worker",
         InvalidConfig = "invalid_config",
+        /// A redrive of a job that did not end dead-lettered (FAILED, TIMEOUT, DENIED).
+        NotDeadLettered = "not_dead_lettered",
+        /// A redrive whose new job id a job already has.
+        JobIdTaken = "job_id_taken",
+        /// A redrive whose new job id is empty, too long or padded with spaces.
+        InvalidJobId = "invalid_job_id",
+        /// A redrive into a pool or tenant already at its pending-jobs limit.
+        QueueFull = "queue_full",
     }
 }
 

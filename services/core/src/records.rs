@@ -313,6 +313,21 @@ pub struct RejectJob {
     pub requested_at: Millis,
 }
 
+/// Submit a dead-lettered job again, as a new job running the same request and payload
+/// (topic `ksched.control`, key job_id).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct RedriveJob {
+    /// The dead-lettered job (FAILED, TIMEOUT or DENIED).
+    pub job_id: String,
+    /// The new job's id; no job may have it yet.
+    pub new_job_id: String,
+    /// The tenant the requester acts for (it must own the job); None for an operator.
+    pub tenant_id: Option<String>,
+    pub principal_id: String,
+    pub reason: Option<String>,
+    pub requested_at: Millis,
+}
+
 /// Advances the scheduler's timers (topic `ksched.control`). Its Kafka timestamp is the time.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct Tick {

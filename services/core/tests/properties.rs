@@ -60,6 +60,12 @@ enum Op {
     Reject {
         job: u8,
     },
+    /// A redrive of job `job` as `j<to>`: ids 12..16 are free until taken, lower ones are
+    /// submitted jobs' (taken).
+    Redrive {
+        job: u8,
+        to: u8,
+    },
     Tick {
         ms: u32,
     },
@@ -78,6 +84,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0..12u8, any::<bool>()).prop_map(|(job, foreign)| Op::Cancel { job, foreign }),
         1 => (0..12u8, any::<bool>()).prop_map(|(job, good)| Op::Approve { job, good }),
         1 => (0..12u8).prop_map(|job| Op::Reject { job }),
+        1 => (0..16u8, 0..16u8).prop_map(|(job, to)| Op::Redrive { job, to }),
         3 => (0..40_000u32).prop_map(|ms| Op::Tick { ms }),
         1 => Just(Op::Malformed),
     ]
@@ -256,6 +263,19 @@ fn run(ops: &[Op]) -> Sim {
                     Input::Reject(RejectJob {
                         job_id: format!("j{job}"),
                         approver: "bob".into(),
+                        reason: None,
+                        requested_at: 0,
+                    }),
+                );
+            }
+            Op::Redrive { job, to } => {
+                sim.input(
+                    "ksched.control",
+                    Input::Redrive(RedriveJob {
+                        job_id: format!("j{job}"),
+                        new_job_id: format!("j{to}"),
+                        tenant_id: None,
+                        principal_id: "op".into(),
                         reason: None,
                         requested_at: 0,
                     }),

@@ -486,6 +486,7 @@ fn openapi_describes_the_routes(c: &RunningScheduler) {
         "POST /api/v1/jobs/{id}/approve",
         "POST /api/v1/jobs/{id}/reject",
         "POST /api/v1/jobs/{id}/cancel",
+        "POST /api/v1/jobs/{id}/redrive",
         "GET /api/v1/workers",
         "GET /api/v1/dlq",
         "GET /api/v1/tenants",

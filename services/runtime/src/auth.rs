@@ -41,6 +41,8 @@ pub enum Role {
 pub enum Action {
     Read,
     Cancel,
+    /// Submit a dead-lettered job again (an operator's, like cancel).
+    Redrive,
     Decide,
     Checkpoint,
 }
@@ -69,7 +71,7 @@ impl Identity {
         let has = |r: Role| self.roles.contains(&r) || self.roles.contains(&Role::Admin);
         match action {
             Action::Read => !self.roles.is_empty(),
-            Action::Cancel => has(Role::Operator),
+            Action::Cancel | Action::Redrive => has(Role::Operator),
             Action::Decide => has(Role::Approver),
             Action::Checkpoint => has(Role::Admin),
         }
@@ -441,9 +443,11 @@ mod tests {
         let alice = a.identify(Some(&format!("Bearer {ALICE}"))).unwrap();
         assert_eq!(alice.principal.as_deref(), Some("alice"));
         assert!(alice.may(Action::Decide) && !alice.may(Action::Cancel));
+        assert!(!alice.may(Action::Redrive), "an approver does not redrive");
         assert!(alice.sees("anyone") && alice.sees_all());
         let bob = a.identify(Some(&format!("Bearer {BOB}"))).unwrap();
         assert!(bob.may(Action::Cancel) && !bob.may(Action::Decide));
+        assert!(bob.may(Action::Redrive), "an operator redrives");
         assert!(bob.sees("acme") && !bob.sees("globex") && !bob.sees_all());
         assert!(!bob.may(Action::Checkpoint));
         for bad in [

@@ -1339,9 +1339,10 @@ impl Processor {
                 partition,
                 mut record,
                 payload_len,
+                payload_of,
             } => {
                 if payload_len > 0 {
-                    record.job.payload = self.payload(&record.job.job_id)?;
+                    record.job.payload = self.payload(&payload_of)?;
                 }
                 if self.shard.count > 1 {
                     record.reply_partition = self

@@ -67,6 +67,7 @@ pub fn topic_records(topics: &Topics) -> Vec<(String, Vec<&'static str>)> {
             "io.ksched.CancelJob",
             "io.ksched.ApproveJob",
             "io.ksched.RejectJob",
+            "io.ksched.RedriveJob",
         ],
     ));
     out.push((topics.journal.clone(), vec!["io.ksched.JournalEntry"]));

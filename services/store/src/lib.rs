@@ -39,7 +39,8 @@ use thiserror::Error;
 /// 2: breakers track their probes by job id; watermark and liveness floor in `meta`; job
 /// histories (`history`) and payloads (`payloads`) beside the jobs, not in them.
 /// 3: a job's request keeps the submission's `traceparent`.
-pub const FORMAT_VERSION: u32 = 3;
+/// 4: a job names the job whose payload it runs (`payload_of`, redrive).
+pub const FORMAT_VERSION: u32 = 4;
 
 /// Most idempotency keys one write deletes when their retention passed; the rest follow in
 /// the next writes, so a prune never becomes one huge batch.

@@ -116,6 +116,7 @@ impl Decider<'_, '_> {
             Input::Cancel(c) => self.cancel(c),
             Input::Approve(a) => self.approve(a),
             Input::Reject(r) => self.reject(r),
+            Input::Redrive(r) => self.redrive(r),
             Input::Tick(t) => self.tick(t),
             Input::Malformed(m) => self.malformed(m),
             Input::Reconfigure(r) => self.reconfigure(r),

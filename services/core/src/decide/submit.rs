@@ -4,8 +4,8 @@ use crate::decide::Decider;
 use crate::events::*;
 use crate::hash::job_hash;
 use crate::policy::{PolicyDecision, input_document};
-use crate::reason::DlqReason;
-use crate::records::{Constraints, JobRequest};
+use crate::reason::{DlqReason, Rejection};
+use crate::records::{Constraints, JobRequest, RedriveJob};
 use crate::rules::{Limits, Rules};
 use crate::state::{Job, State};
 
@@ -102,24 +102,117 @@ impl Decider<'_, '_> {
     /// Admits a job (a submission or a saga compensation): routing, policy, queueing.
     /// `journal_request`: the request is not the entry's input, so JobAccepted carries it.
     pub(super) fn accept(&mut self, request: JobRequest, journal_request: bool) {
-        let config = self.rules();
-        let rules = &config.rules;
         let job_id = request.job_id.clone();
-        let (pools, notes) = route(rules, &request);
+        let notes = self.record_accepted(request, journal_request);
+        self.route_and_judge(&job_id, notes);
+    }
+
+    /// Journals JobAccepted (the job exists from here on); returns the routing notes.
+    fn record_accepted(&mut self, request: JobRequest, journal_request: bool) -> Vec<String> {
+        let (pools, notes) = route(&self.rules().rules, &request);
         self.emit(Event::JobAccepted(JobAccepted {
-            job_id: job_id.clone(),
+            job_id: request.job_id.clone(),
             job_hash: job_hash(&request),
-            pools: pools.clone(),
+            pools,
             routing_notes: notes.clone(),
             request: journal_request.then_some(request),
         }));
-        if pools.is_empty() {
+        notes
+    }
+
+    /// An accepted job with no pool fails for good; the others go to the safety kernel.
+    fn route_and_judge(&mut self, job_id: &str, notes: Vec<String>) {
+        if self.state().jobs[job_id].pools.is_empty() {
             let reason = notes.join("; ");
-            self.fail_for_good(&job_id, DlqReason::NoPoolMapping.as_str(), None, reason);
+            self.fail_for_good(job_id, DlqReason::NoPoolMapping.as_str(), None, reason);
             return;
         }
-        let decision = self.evaluate_input_policy(&job_id);
-        self.apply_policy_decision(&job_id, decision);
+        let decision = self.evaluate_input_policy(job_id);
+        self.apply_policy_decision(job_id, decision);
+    }
+
+    /// RedriveJob: a dead-lettered job submitted again as `new_job_id`, with the same request
+    /// (submitted now: its deadline counts from the redrive; no idempotency key, the old job
+    /// keeps it) and the same stored payload. It is routed, judged by the policy, approved
+    /// and limited like any submission. Saga steps are not redriven alone.
+    pub(super) fn redrive(&mut self, r: &RedriveJob) {
+        let Some(old) = self.state().jobs.get(&r.job_id) else {
+            self.refuse(
+                &r.job_id,
+                Rejection::UnknownJob,
+                format!("no job {}", r.job_id),
+            );
+            return;
+        };
+        if let Some(tenant) = &r.tenant_id
+            && *tenant != old.request.tenant_id
+        {
+            let reason = format!(
+                "principal {} of tenant {tenant} may not redrive a job of tenant {}",
+                r.principal_id, old.request.tenant_id
+            );
+            self.refuse(&r.job_id, Rejection::TenantMismatch, reason);
+            return;
+        }
+        if !matches!(
+            old.state,
+            JobState::Failed | JobState::Timeout | JobState::Denied
+        ) {
+            let reason = format!(
+                "the job is {}; only a dead-lettered job (FAILED, TIMEOUT, DENIED) is redriven",
+                old.state
+            );
+            self.refuse(&r.job_id, Rejection::NotDeadLettered, reason);
+            return;
+        }
+        if let Some(wf) = &old.request.workflow_id {
+            let reason = format!(
+                "the job is a step of workflow {wf}; a saga step is not redriven alone (submit the workflow again)"
+            );
+            self.refuse(&r.job_id, Rejection::InvalidTransition, reason);
+            return;
+        }
+        let new_id = r.new_job_id.trim();
+        if new_id.is_empty() || new_id.len() > MAX_ID_BYTES || new_id != r.new_job_id {
+            let reason = format!(
+                "new job id {:?} must be 1 to {MAX_ID_BYTES} bytes without surrounding spaces",
+                crate::records::truncate_for_display(&r.new_job_id, 64)
+            );
+            self.refuse(&r.job_id, Rejection::InvalidJobId, reason);
+            return;
+        }
+        if self.state().jobs.contains_key(new_id) {
+            let reason = format!("job {new_id} exists already; choose another new job id");
+            self.refuse(&r.job_id, Rejection::JobIdTaken, reason);
+            return;
+        }
+        let mut request = old.request.clone();
+        request.job_id = new_id.to_owned();
+        request.submitted_at = self.now();
+        request.meta.idempotency_key = None;
+        let config = self.rules();
+        // A tenant-bound topic's job ids stay in their tenant's namespace.
+        if let Some(why) =
+            config
+                .rules
+                .tenant_not_allowed(&request.topic, &request.tenant_id, &request.job_id)
+        {
+            self.refuse(&r.job_id, Rejection::TenantMismatch, why);
+            return;
+        }
+        let (pools, _) = route(&config.rules, &request);
+        if let Some(why) = queue_full(self.state(), &config.rules, &request, &pools) {
+            self.refuse(&r.job_id, Rejection::QueueFull, why);
+            return;
+        }
+        let notes = self.record_accepted(request, true);
+        self.emit(Event::JobRedriven(JobRedriven {
+            job_id: r.job_id.clone(),
+            new_job_id: new_id.to_owned(),
+            principal_id: r.principal_id.clone(),
+            reason: r.reason.clone(),
+        }));
+        self.route_and_judge(new_id, notes);
     }
 
     /// Asks the safety kernel about a job, with the effective constraints filled in.

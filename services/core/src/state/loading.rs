@@ -28,6 +28,10 @@ impl State {
         if let Some(id) = input.job_id() {
             p.job_ids.push(id.to_owned());
         }
+        // A redrive may not take an id a job already has, cold or not.
+        if let Input::Redrive(r) = input {
+            p.job_ids.push(r.new_job_id.clone());
+        }
         if let Input::Submit(r) = input
             && let Some(key) = &r.meta.idempotency_key
         {

@@ -49,6 +49,9 @@ pub struct Job {
     /// First 16 bytes of the payload's SHA-256: a resubmission is "the same job" only with
     /// the same payload.
     pub payload_digest: [u8; 16],
+    /// The job whose stored payload this one runs: a redriven job (JobRedriven) reads the
+    /// dead-lettered job's, which stays where it was written. None: its own.
+    pub payload_of: Option<String>,
     pub job_hash: String,
     pub state: JobState,
     /// Pools the job may run in, in preference order.

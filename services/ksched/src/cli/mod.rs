@@ -551,10 +551,55 @@ pub(crate) enum DlqCommand {
     },
     /// The dead letters of one job.
     Show { job_id: String },
+    /// Submit a dead-lettered job (FAILED, TIMEOUT, DENIED) again as a new job: the same
+    /// request and payload, routed, judged and limited like a new submission. Journaled
+    /// (JobRedriven) with who did it and why.
+    Redrive {
+        job_id: String,
+        /// The new job's id [default: <JOB_ID>.redrive-<unix ms>].
+        #[arg(long)]
+        new_id: Option<String>,
+        /// Who redrives it (without API authentication; otherwise the caller).
+        #[arg(long, default_value = "operator")]
+        principal: String,
+        /// The tenant the principal acts for; it must own the job (omit as an operator).
+        #[arg(long)]
+        tenant: Option<String>,
+        #[arg(long)]
+        reason: Option<String>,
+    },
 }
 
 pub(crate) fn dlq(t: &Target, cmd: DlqCommand) -> CliResult {
     let (q, show) = match &cmd {
+        DlqCommand::Redrive {
+            job_id,
+            new_id,
+            principal,
+            tenant,
+            reason,
+        } => {
+            let v = call(
+                t,
+                "POST",
+                &format!("/api/v1/jobs/{}/redrive", urlencode(job_id)),
+                Some(json!({
+                    "principal": principal,
+                    "tenant": tenant,
+                    "new_job_id": new_id,
+                    "reason": reason,
+                })),
+            )?;
+            match t.output {
+                Format::Json => output::json(&v),
+                Format::Table => println!(
+                    "{job_id}: {} as {}",
+                    cell(&v["status"]),
+                    cell(&v["new_job_id"])
+                ),
+            }
+            return Ok(());
+        }
         DlqCommand::List { reason, limit } => (
             query(&[
                 ("reason", reason.clone()),

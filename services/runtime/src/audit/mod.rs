@@ -26,7 +26,7 @@ mod what_if;
 
 pub use export::{entry_json, export_avro, export_jsonl};
 pub use rebuild::{Difference, RebuildReport, compare, rebuild};
-pub use timeline::{TimelineItem, Until, replay_until, timeline};
+pub use timeline::{TimelineItem, Until, job_window, replay_until, timeline};
 pub use verify::{Divergence, VerifyReport, verify};
 pub use what_if::{Alternative, Outcome, WhatIfReport, WhatIfRow, what_if};
 

@@ -24,6 +24,7 @@ fn concerns(entry: &JournalEntry, job_id: &str) -> bool {
             e.job_id() == Some(job_id)
                 || matches!(e, Event::JobDuplicate(d) if d.existing_job_id == job_id)
                 || matches!(e, Event::WorkerLost(l) if l.job_ids.iter().any(|j| j == job_id))
+                || matches!(e, Event::JobRedriven(r) if r.new_job_id == job_id)
         })
 }
 
@@ -33,20 +34,94 @@ pub fn timeline(src: &Source, job_id: &str) -> Result<Vec<TimelineItem>> {
     let mut out = Vec::new();
     src.read(0, |rec| {
         if concerns(&rec.entry, job_id) {
-            let mut entry = rec.entry.redacted();
-            entry.events.retain(|e| {
-                e.job_id() == Some(job_id)
-                    || matches!(e, Event::JobDuplicate(d) if d.existing_job_id == job_id)
-                    || matches!(e, Event::WorkerLost(l) if l.job_ids.iter().any(|j| j == job_id))
-            });
             out.push(TimelineItem {
                 offset: rec.offset,
-                entry,
+                entry: only_about(rec.entry.redacted(), job_id),
             });
         }
         Ok(Flow::Continue)
     })?;
     Ok(out)
+}
+
+/// [`timeline`], read only from around the job's acceptance to its last change (a margin of
+/// `margin_ms` either side, the broker's record times), and at most `max_entries` entries
+/// read: the console's job page, which must not read the whole journal for every view.
+/// Returns the items and whether the read stopped at `max_entries`.
+pub fn job_window(
+    src: &Source,
+    job_id: &str,
+    from_ms: i64,
+    until_ms: i64,
+    margin_ms: i64,
+    max_entries: usize,
+) -> Result<(Vec<TimelineItem>, bool)> {
+    let start = offset_at(src, from_ms.saturating_sub(margin_ms))?;
+    let mut out = Vec::new();
+    let mut read = 0usize;
+    let mut cut = false;
+    src.read(start, |rec| {
+        read += 1;
+        if rec.entry.log_time > until_ms.saturating_add(margin_ms) {
+            return Ok(Flow::Stop);
+        }
+        if read > max_entries {
+            cut = true;
+            return Ok(Flow::Stop);
+        }
+        if concerns(&rec.entry, job_id) {
+            out.push(TimelineItem {
+                offset: rec.offset,
+                entry: only_about(rec.entry.redacted(), job_id),
+            });
+        }
+        Ok(Flow::Continue)
+    })?;
+    Ok((out, cut))
+}
+
+/// The first journal offset whose record time is at or after `ms` (the end if none).
+fn offset_at(src: &Source, ms: i64) -> Result<i64> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let consumer: BaseConsumer = src
+        .client
+        .clone()
+        .set("group.id", "ksched-journal-reader")
+        .create()
+        .map_err(crate::error::kafka("creating a journal reader"))?;
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    tpl.add_partition_offset(
+        &src.topic,
+        src.partition,
+        rdkafka::Offset::Offset(ms.max(0)),
+    )
+    .map_err(crate::error::kafka("building an offset query"))?;
+    let found = consumer
+        .offsets_for_times(tpl, std::time::Duration::from_secs(10))
+        .map_err(crate::error::kafka(
+            "looking up the journal offset of a time",
+        ))?;
+    let offset = found
+        .elements()
+        .first()
+        .map(|e| e.offset())
+        .unwrap_or(rdkafka::Offset::End);
+    match offset {
+        rdkafka::Offset::Offset(o) => Ok(o),
+        // No record that late: nothing to read.
+        _ => src.end(),
+    }
+}
+
+/// Only the events of `entry` that concern `job_id`.
+fn only_about(mut entry: JournalEntry, job_id: &str) -> JournalEntry {
+    entry.events.retain(|e| {
+        e.job_id() == Some(job_id)
+            || matches!(e, Event::JobDuplicate(d) if d.existing_job_id == job_id)
+            || matches!(e, Event::WorkerLost(l) if l.job_ids.iter().any(|j| j == job_id))
+            || matches!(e, Event::JobRedriven(r) if r.new_job_id == job_id)
+    });
+    entry
 }
 
 /// Up to where a time-travel replay goes.

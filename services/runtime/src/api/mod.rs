@@ -16,7 +16,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Router, http::header};
 use ksched_core::events::JobState;
-use ksched_core::records::{ApproveJob, CancelJob, DeadLetter, RejectJob, redact_env};
+use ksched_core::records::{ApproveJob, CancelJob, DeadLetter, RedriveJob, RejectJob, redact_env};
 use ksched_core::state::{Job, Worker};
 use ksched_store::Store;
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
@@ -152,6 +152,7 @@ fn require(id: &Identity, action: Action) -> ApiResult<()> {
             match action {
                 Action::Read => "read",
                 Action::Cancel => "cancel jobs (role operator)",
+                Action::Redrive => "redrive dead-lettered jobs (role operator)",
                 Action::Decide => "approve or reject jobs (role approver)",
                 Action::Checkpoint => "take checkpoints (role admin)",
             }
@@ -177,6 +178,7 @@ pub fn router(api: Arc<Api>) -> Router {
         .route("/api/v1/jobs/{id}/approve", post(approve))
         .route("/api/v1/jobs/{id}/reject", post(reject))
         .route("/api/v1/jobs/{id}/cancel", post(cancel))
+        .route("/api/v1/jobs/{id}/redrive", post(redrive))
         .route("/api/v1/workers", get(workers))
         .route("/api/v1/dlq", get(dlq))
         .route("/api/v1/tenants", get(tenants))
@@ -480,9 +482,23 @@ async fn list_jobs(
     Extension(caller): Extension<Identity>,
     Query(q): Query<HashMap<String, String>>,
 ) -> ApiResult {
-    require(&caller, Action::Read)?;
     only(&q, &["state", "tenant", "pool", "topic", "limit", "after"])?;
-    let limit = limit_of(&q)?;
+    let (jobs, next) = jobs_query(&api, caller, &q).await?;
+    Ok(axum::Json(json!({
+        "jobs": jobs.iter().map(|(id, j)| job_view(id, j)).collect::<Vec<_>>(),
+        "next_after": next,
+    })))
+}
+
+/// The jobs `caller` sees that match the filters in `q` (state, tenant, pool, topic), in id
+/// order, `limit` of them after `after`; and the id to continue after, if there may be more.
+async fn jobs_query(
+    api: &Api,
+    caller: Identity,
+    q: &HashMap<String, String>,
+) -> ApiResult<(Vec<(String, Job)>, Option<String>)> {
+    require(&caller, Action::Read)?;
+    let limit = limit_of(q)?;
     let state = match q.get("state") {
         None => None,
         Some(s) => Some(JobState::parse(s).ok_or_else(|| {
@@ -537,10 +553,7 @@ async fn list_jobs(
     let next = (jobs.len() == limit)
         .then(|| jobs.last().map(|(id, _)| id.clone()))
         .flatten();
-    Ok(axum::Json(json!({
-        "jobs": jobs.iter().map(|(id, j)| job_view(id, j)).collect::<Vec<_>>(),
-        "next_after": next,
-    })))
+    Ok((jobs, next))
 }
 
 /// The job, if it exists and `caller` may see it (another tenant's job is "not found": its
@@ -665,8 +678,13 @@ async fn approve(
     body: axum::body::Bytes,
 ) -> ApiResult<Response> {
     let b: ApproveBody = parse_body(&body)?;
-    let approver = decider(&caller, b.approver)?;
-    let job = awaiting_approval(&api, &caller, &id, &approver)?;
+    Ok(accepted(approve_job(&api, &caller, &id, b).await?))
+}
+
+async fn approve_job(api: &Api, caller: &Identity, id: &str, b: ApproveBody) -> ApiResult<Value> {
+    let id = id.to_owned();
+    let approver = decider(caller, b.approver)?;
+    let job = awaiting_approval(api, caller, &id, &approver)?;
     let record = ApproveJob {
         job_id: id.clone(),
         job_hash: job.job_hash.clone(),
@@ -675,14 +693,14 @@ async fn approve(
         comment: b.comment,
         requested_at: wall_clock_ms(),
     };
-    send_control(&api, &id, &record).await?;
-    Ok(accepted(json!({
+    send_control(api, &id, &record).await?;
+    Ok(json!({
         "job_id": id,
         "job_hash": record.job_hash,
         "policy_snapshot": record.policy_snapshot,
         "approver": approver,
         "status": "approval sent",
-    })))
+    }))
 }
 
 #[derive(Deserialize)]
@@ -700,18 +718,20 @@ async fn reject(
     body: axum::body::Bytes,
 ) -> ApiResult<Response> {
     let b: RejectBody = parse_body(&body)?;
-    let approver = decider(&caller, b.approver)?;
-    awaiting_approval(&api, &caller, &id, &approver)?;
+    Ok(accepted(reject_job(&api, &caller, &id, b).await?))
+}
+
+async fn reject_job(api: &Api, caller: &Identity, id: &str, b: RejectBody) -> ApiResult<Value> {
+    let approver = decider(caller, b.approver)?;
+    awaiting_approval(api, caller, id, &approver)?;
     let record = RejectJob {
-        job_id: id.clone(),
+        job_id: id.to_owned(),
         approver,
         reason: b.reason,
         requested_at: wall_clock_ms(),
     };
-    send_control(&api, &id, &record).await?;
-    Ok(accepted(
-        json!({ "job_id": id, "status": "rejection sent" }),
-    ))
+    send_control(api, id, &record).await?;
+    Ok(json!({ "job_id": id, "status": "rejection sent" }))
 }
 
 #[derive(Deserialize)]
@@ -731,20 +751,35 @@ async fn cancel(
     body: axum::body::Bytes,
 ) -> ApiResult<Response> {
     let b: CancelBody = parse_body(&body)?;
-    require(&caller, Action::Cancel)?;
-    let job = load_job(&api, &caller, &id)?;
-    // The journaled principal and tenant come from the identity: a tenant-scoped operator
-    // acts for the job's tenant (which it sees), an unscoped one as an operator.
+    Ok(accepted(cancel_job(&api, &caller, &id, b).await?))
+}
+
+/// Who an operator's command is journaled as, and for which tenant: from the identity (a
+/// tenant-scoped operator acts for the job's tenant, which it sees; an unscoped one as an
+/// operator); without authentication (loopback only), as the request names.
+fn acting(
+    caller: &Identity,
+    job: &Job,
+    principal: Option<String>,
+    tenant: Option<String>,
+) -> ApiResult<(String, Option<String>)> {
     let (principal, tenant) = match &caller.principal {
         Some(p) => (
             p.clone(),
             (!caller.sees_all()).then(|| job.request.tenant_id.clone()),
         ),
-        None => (b.principal.unwrap_or_default(), b.tenant),
+        None => (principal.unwrap_or_default(), tenant),
     };
     if principal.trim().is_empty() {
         return Err(bad_request("principal must not be empty"));
     }
+    Ok((principal, tenant))
+}
+
+async fn cancel_job(api: &Api, caller: &Identity, id: &str, b: CancelBody) -> ApiResult<Value> {
+    require(caller, Action::Cancel)?;
+    let job = load_job(api, caller, id)?;
+    let (principal, tenant) = acting(caller, &job, b.principal, b.tenant)?;
     if job.state.is_terminal() {
         return Err(ApiError(
             StatusCode::CONFLICT,
@@ -752,14 +787,80 @@ async fn cancel(
         ));
     }
     let record = CancelJob {
-        job_id: id.clone(),
+        job_id: id.to_owned(),
         tenant_id: tenant,
         principal_id: principal,
         reason: b.reason,
         requested_at: wall_clock_ms(),
     };
-    send_control(&api, &id, &record).await?;
-    Ok(accepted(json!({ "job_id": id, "status": "cancel sent" })))
+    send_control(api, id, &record).await?;
+    Ok(json!({ "job_id": id, "status": "cancel sent" }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RedriveBody {
+    /// Only without authentication; an authenticated caller redrives as itself.
+    principal: Option<String>,
+    /// Only without authentication; an authenticated caller acts for its tenants.
+    tenant: Option<String>,
+    /// The new job's id; default `<job_id>.redrive-<unix ms>`.
+    new_job_id: Option<String>,
+    reason: Option<String>,
+}
+
+/// Submits a dead-lettered job again as a new job (RedriveJob on the control topic; the
+/// processor decides and journals JobAccepted + JobRedriven, or CommandRejected).
+async fn redrive(
+    AxState(api): AxState<Arc<Api>>,
+    Extension(caller): Extension<Identity>,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> ApiResult<Response> {
+    let b: RedriveBody = parse_body(&body)?;
+    Ok(accepted(redrive_job(&api, &caller, &id, b).await?))
+}
+
+async fn redrive_job(api: &Api, caller: &Identity, id: &str, b: RedriveBody) -> ApiResult<Value> {
+    require(caller, Action::Redrive)?;
+    let job = load_job(api, caller, id)?;
+    let (principal, tenant) = acting(caller, &job, b.principal, b.tenant)?;
+    if !matches!(
+        job.state,
+        JobState::Failed | JobState::Timeout | JobState::Denied
+    ) {
+        return Err(ApiError(
+            StatusCode::CONFLICT,
+            format!(
+                "job {id} is {}; only a dead-lettered job (FAILED, TIMEOUT, DENIED) is redriven",
+                job.state
+            ),
+        ));
+    }
+    let now = wall_clock_ms();
+    let new_job_id = b
+        .new_job_id
+        .unwrap_or_else(|| format!("{id}.redrive-{now}"));
+    if find_job(api, &Identity::local(), &new_job_id).is_ok() {
+        return Err(ApiError(
+            StatusCode::CONFLICT,
+            format!("job {new_job_id} exists already; choose another new_job_id"),
+        ));
+    }
+    let record = RedriveJob {
+        job_id: id.to_owned(),
+        new_job_id: new_job_id.clone(),
+        tenant_id: tenant,
+        principal_id: principal,
+        reason: b.reason,
+        requested_at: now,
+    };
+    send_control(api, id, &record).await?;
+    Ok(json!({
+        "job_id": id,
+        "new_job_id": new_job_id,
+        "status": "redrive sent",
+    }))
 }
 
 fn accepted(body: Value) -> Response {
@@ -820,24 +921,48 @@ async fn dlq(
     Extension(caller): Extension<Identity>,
     Query(q): Query<HashMap<String, String>>,
 ) -> ApiResult {
-    require(&caller, Action::Read)?;
     only(&q, &["reason", "job_id", "limit"])?;
     let limit = limit_of(&q)?;
+    let (list, counts) = dead_letters(
+        &api,
+        &caller,
+        q.get("reason").map(String::as_str),
+        q.get("job_id").map(String::as_str),
+        limit,
+    )?;
+    Ok(axum::Json(json!({
+        "dead_letters": list.iter().map(dead_letter_view).collect::<Vec<_>>(),
+        "counts_by_reason": counts.map_or(Value::Null, |c| json!(c)),
+    })))
+}
+
+/// The dead letters `caller` sees, newest first across shards, filtered by reason and job;
+/// and the counts by reason, for a caller who sees every tenant (they span them all).
+type DeadLetters = (
+    Vec<DeadLetter>,
+    Option<std::collections::BTreeMap<String, u64>>,
+);
+
+fn dead_letters(
+    api: &Api,
+    caller: &Identity,
+    reason: Option<&str>,
+    job_id: Option<&str>,
+    limit: usize,
+) -> ApiResult<DeadLetters> {
+    require(caller, Action::Read)?;
     let mut all = Vec::new();
     for store in &api.stores {
         all.extend(store.dead_letters().map_err(internal)?);
     }
-    // Newest first, across shards.
     all.sort_by_key(|d| std::cmp::Reverse(d.at));
-    let list: Vec<Value> = all
-        .iter()
+    let list: Vec<DeadLetter> = all
+        .into_iter()
         .filter(|d| caller.sees(&d.tenant_id))
-        .filter(|d| q.get("reason").is_none_or(|r| &d.reason_code == r))
-        .filter(|d| q.get("job_id").is_none_or(|j| &d.job_id == j))
+        .filter(|d| reason.is_none_or(|r| d.reason_code == r))
+        .filter(|d| job_id.is_none_or(|j| d.job_id == j))
         .take(limit)
-        .map(dead_letter_view)
         .collect();
-    // Counts span every tenant: only for callers who see them all.
     let counts = if caller.sees_all() {
         let mut counts: std::collections::BTreeMap<String, u64> = Default::default();
         for store in &api.stores {
@@ -845,26 +970,38 @@ async fn dlq(
                 *counts.entry(reason).or_default() += n;
             }
         }
-        json!(counts)
+        Some(counts)
     } else {
-        Value::Null
+        None
     };
-    Ok(axum::Json(json!({
-        "dead_letters": list,
-        "counts_by_reason": counts,
-    })))
+    Ok((list, counts))
 }
 
 async fn tenants(
     AxState(api): AxState<Arc<Api>>,
     Extension(caller): Extension<Identity>,
 ) -> ApiResult {
-    require(&caller, Action::Read)?;
+    let usage = tenant_usage(&api, &caller)?;
+    Ok(axum::Json(json!({
+        "tenants": usage.iter().map(|(t, (running, waiting, limit))| json!({
+            "tenant_id": t,
+            "active_jobs": running,
+            "waiting_jobs": waiting,
+            "max_concurrent_jobs": limit,
+        })).collect::<Vec<_>>(),
+    })))
+}
+
+/// Per tenant `caller` sees: jobs on workers, jobs waiting, and the concurrency limit.
+type TenantUsage = std::collections::BTreeMap<String, (i64, i64, Option<i32>)>;
+
+fn tenant_usage(api: &Api, caller: &Identity) -> ApiResult<TenantUsage> {
+    require(caller, Action::Read)?;
     let mut active = Vec::new();
     for store in &api.stores {
         active.extend(store.active_jobs().map_err(internal)?);
     }
-    let mut usage: std::collections::BTreeMap<String, (i64, i64, Option<i32>)> = Default::default();
+    let mut usage = TenantUsage::new();
     for (_, j) in active
         .iter()
         .filter(|(_, j)| caller.sees(&j.request.tenant_id))
@@ -879,12 +1016,5 @@ async fn tenants(
         }
         e.2 = e.2.or(j.constraints.max_concurrent_jobs);
     }
-    Ok(axum::Json(json!({
-        "tenants": usage.iter().map(|(t, (running, waiting, limit))| json!({
-            "tenant_id": t,
-            "active_jobs": running,
-            "waiting_jobs": waiting,
-            "max_concurrent_jobs": limit,
-        })).collect::<Vec<_>>(),
-    })))
+    Ok(usage)
 }
