@@ -62,4 +62,15 @@ ksched_setup() {
   export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/ksched/target}"
 }
 
+# The console's browser test (services/ksched/tests/console.rs) drives headless Chromium
+# through chromedriver, both from Debian. Only the tests need them (scripts/test.sh).
+ksched_setup_browser() {
+  command -v chromedriver >/dev/null 2>&1 && [ -x /usr/bin/chromium ] && return 0
+  echo "setup: installing chromium and chromium-driver (the console's browser test)" >&2
+  local sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium chromium-driver >/dev/null
+}
+
 ksched_setup

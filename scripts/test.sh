@@ -7,6 +7,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/setup.sh
+ksched_setup_browser
 
 started_broker=""
 if [ -z "${KAFKA_BOOTSTRAP_SERVERS:-}" ]; then

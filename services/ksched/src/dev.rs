@@ -444,12 +444,14 @@ fn banner(args: &DevArgs, bootstrap: &str, in_memory: bool, keyring: &Path) {
     let api = format!("http://{}", args.http_listen);
     println!(
         "\nksched dev\n  {kafka}\n  RocksDB projection in {}\n  HTTP API {api}: NO AUTHENTICATION (anyone on this machine may approve and cancel; see docs/security.md)\n  keyring {} seals the demo tenant's secrets (ksched submit --keyring it)\n  2 shards: cpu pool on shard 0 (2 workers, least_loaded), gpu pool on shard 1 (1 worker, capacity)\n\n\
+         CONSOLE {api}/ui  (the demo jobs are there; demo-deploy-prod waits for your approval)\n\n\
          Inspect while it runs (another terminal):\n  \
          curl {api}/api/v1/jobs\n  \
          ksched jobs list --api {api}\n  \
          ksched jobs history demo-flaky-1 --api {api}\n  \
          ksched workers list --api {api}\n  \
          ksched dlq list --api {api}\n  \
+         ksched dlq redrive JOB_ID --api {api}\n  \
          ksched approve demo-deploy-prod --api {api}\n  \
          ksched journal tail --follow --bootstrap-servers {bootstrap}\n  \
          curl {api}/metrics\n\nCtrl-C stops it.\n",

@@ -34,6 +34,18 @@ fn ksched_dev_runs_the_demo_to_its_expected_outcomes() {
     wait_until("the demo approval request", 60, || {
         job_state(&api, "demo-deploy-prod").as_deref() == Some("APPROVAL_REQUIRED")
     });
+    // The console the banner names shows it, with its approval button.
+    assert!(
+        output().contains(&format!("CONSOLE {api}/ui")),
+        "{}",
+        output()
+    );
+    let (code, page) = http(&format!("{api}/ui/jobs/demo-deploy-prod"), "GET", None).unwrap();
+    assert_eq!(code, 200, "{page}");
+    assert!(
+        page.contains("APPROVAL_REQUIRED") && page.contains("/ui/jobs/demo-deploy-prod/approve"),
+        "{page}"
+    );
     let (code, body) = http(
         &format!("{api}/api/v1/jobs/demo-deploy-prod/approve"),
         "POST",

@@ -622,6 +622,15 @@ impl Store {
             .collect())
     }
 
+    /// Every pool's circuit breaker.
+    pub fn breakers(&self) -> Result<Vec<(String, Breaker)>> {
+        Ok(self
+            .scan::<Breaker>(CF_BREAKERS)?
+            .into_iter()
+            .map(|(k, b)| (utf8(k), b))
+            .collect())
+    }
+
     /// Dead letters, oldest first.
     pub fn dead_letters(&self) -> Result<Vec<DeadLetter>> {
         Ok(self

@@ -556,7 +556,7 @@ pub(crate) enum DlqCommand {
     /// (JobRedriven) with who did it and why.
     Redrive {
         job_id: String,
-        /// The new job's id [default: <JOB_ID>.redrive-<unix ms>].
+        /// The new job's id (default: `<JOB_ID>.redrive-<unix ms>`).
         #[arg(long)]
         new_id: Option<String>,
         /// Who redrives it (without API authentication; otherwise the caller).

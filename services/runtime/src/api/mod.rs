@@ -31,6 +31,8 @@ use crate::settings::Settings;
 use crate::status::Shards;
 use crate::topics::{Topics, client_config};
 
+mod console;
+
 /// Most jobs one list request returns.
 pub const MAX_LIMIT: usize = 10_000;
 /// Jobs a list request returns without `limit`.
@@ -52,6 +54,12 @@ pub struct Api {
     four_eyes: bool,
     allowed_hosts: Vec<String>,
     max_body_bytes: usize,
+    /// The console's samples of the metrics, for its plots.
+    samples: console::Samples,
+    /// How the console reads the journal (a job's decisions, time travel).
+    journal_client: rdkafka::ClientConfig,
+    /// Served over TLS: the console's cookie is `Secure`, and its pages' origin `https`.
+    secure_cookies: bool,
 }
 
 impl std::fmt::Debug for Api {
@@ -95,6 +103,13 @@ impl Api {
             four_eyes: settings.http.four_eyes,
             allowed_hosts,
             max_body_bytes: settings.http.max_body_bytes,
+            samples: console::Samples::default(),
+            journal_client: {
+                let mut c = client_config(settings);
+                c.set("client.id", format!("{}-console", settings.kafka.client_id));
+                c
+            },
+            secure_cookies: settings.http.tls.is_some(),
             kafka_ok: Mutex::new((None, false)),
             tick_stale_ms: i64::try_from(settings.processor.tick_interval_ms.saturating_mul(5))
                 .unwrap_or(i64::MAX)
@@ -183,6 +198,7 @@ pub fn router(api: Arc<Api>) -> Router {
         .route("/api/v1/dlq", get(dlq))
         .route("/api/v1/tenants", get(tenants))
         .route("/api/v1/admin/checkpoint", post(checkpoint))
+        .merge(console::routes(api.clone()))
         .fallback(|| async { ApiError(StatusCode::NOT_FOUND, "no such route".into()) })
         .layer(axum::middleware::from_fn_with_state(
             api.clone(),
@@ -264,6 +280,7 @@ pub async fn serve(
     api: Arc<Api>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<()> {
+    console::start_sampler(api.clone());
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .map_err(crate::error::io(format!(
