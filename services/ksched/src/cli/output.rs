@@ -32,40 +32,34 @@ pub(crate) fn clean(s: &str) -> std::borrow::Cow<'_, str> {
     std::borrow::Cow::Owned(out)
 }
 
-/// Prints rows under headers, each column as wide as its widest cell (every cell
-/// [`clean`]ed).
+/// Prints rows under headers, columns aligned by display width (wide characters count
+/// twice), every cell [`clean`]ed.
 pub(crate) fn table(headers: &[&str], rows: &[Vec<String>]) {
-    let rows: Vec<Vec<String>> = rows
-        .iter()
-        .map(|r| r.iter().map(|c| clean(c).into_owned()).collect())
-        .collect();
-    let rows = &rows;
-    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
+    print!("{}", render_table(headers, rows));
+}
+
+/// [`table`]'s text: comfy-table without borders, two spaces between columns, no trailing
+/// blanks.
+fn render_table(headers: &[&str], rows: &[Vec<String>]) -> String {
+    let mut t = comfy_table::Table::new();
+    t.load_preset(comfy_table::presets::NOTHING)
+        .set_content_arrangement(comfy_table::ContentArrangement::Disabled)
+        .set_header(headers.iter().map(|h| clean(h).into_owned()));
     for r in rows {
-        for (i, c) in r.iter().enumerate() {
-            if i < widths.len() {
-                widths[i] = widths[i].max(c.chars().count());
-            }
+        t.add_row(r.iter().map(|c| clean(c).into_owned()));
+    }
+    for column in t.column_iter_mut() {
+        column.set_padding((0, 2));
+    }
+    let mut out = String::new();
+    for line in t.lines() {
+        let line = line.trim_end();
+        if !line.is_empty() {
+            out.push_str(line);
+            out.push('\n');
         }
     }
-    let line = |cells: Vec<String>| {
-        let last = cells.len().saturating_sub(1);
-        let mut out = String::new();
-        for (i, c) in cells.into_iter().enumerate() {
-            if i == last {
-                out.push_str(&c);
-            } else {
-                let pad = widths[i].saturating_sub(c.chars().count());
-                out.push_str(&c);
-                out.push_str(&" ".repeat(pad + 2));
-            }
-        }
-        println!("{}", out.trim_end());
-    };
-    line(headers.iter().map(|h| (*h).to_owned()).collect());
-    for r in rows {
-        line(r.clone());
-    }
+    out
 }
 
 pub(crate) fn json(v: &Value) {
@@ -104,6 +98,23 @@ mod tests {
         assert_eq!(super::time(0), "1970-01-01 00:00:00.000");
         assert_eq!(super::time(1_700_000_000_123), "2023-11-14 22:13:20.123");
         assert_eq!(super::time(951_782_400_000), "2000-02-29 00:00:00.000");
+    }
+
+    #[test]
+    fn columns_align_by_display_width() {
+        let out = super::render_table(
+            &["JOB", "STATE"],
+            &[
+                vec!["日本-1".into(), "RUNNING".into()],
+                vec!["ab".into(), "\u{1b}[31mX".into()],
+            ],
+        );
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(
+            lines,
+            ["JOB     STATE", "日本-1  RUNNING", "ab      \\u{1b}[31mX",],
+            "{out}"
+        );
     }
 
     #[test]

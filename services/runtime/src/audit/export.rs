@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use crate::error::{Error, Result};
 use crate::replay::Flow;
 
-use super::Source;
+use super::{Progress, Reporting, Source};
 
 fn base64(bytes: &[u8]) -> String {
     const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
@@ -96,12 +96,19 @@ pub fn entry_json(partition: i32, offset: i64, entry: &JournalEntry) -> Value {
 }
 
 /// Writes the journal as JSON Lines; returns the number of entries.
-pub fn export_jsonl(src: &Source, out: &mut dyn Write) -> Result<u64> {
-    let mut n = 0;
+pub fn export_jsonl(
+    src: &Source,
+    out: &mut dyn Write,
+    progress: impl FnMut(&Progress),
+) -> Result<u64> {
+    let mut reporting = Reporting::start(src, progress)?;
+    let (mut n, mut events) = (0, 0);
     src.read(0, |rec| {
         let line = entry_json(rec.partition, rec.offset, &rec.entry);
         writeln!(out, "{line}").map_err(crate::error::io("writing the export"))?;
         n += 1;
+        events += rec.entry.events.len() as u64;
+        reporting.done(n, events, rec.offset);
         Ok(Flow::Continue)
     })?;
     Ok(n)
@@ -109,7 +116,12 @@ pub fn export_jsonl(src: &Source, out: &mut dyn Write) -> Result<u64> {
 
 /// Writes the journal as an Avro object container file (schema `io.ksched.JournalEntry`,
 /// deflate), secrets hidden; returns the number of entries.
-pub fn export_avro(src: &Source, out: &mut dyn Write) -> Result<u64> {
+pub fn export_avro(
+    src: &Source,
+    out: &mut dyn Write,
+    progress: impl FnMut(&Progress),
+) -> Result<u64> {
+    let mut reporting = Reporting::start(src, progress)?;
     let entry_schema = ksched_codec::registry()
         .current("io.ksched.JournalEntry")
         .ok_or_else(|| Error::Audit("no JournalEntry schema".into()))?
@@ -123,12 +135,14 @@ pub fn export_avro(src: &Source, out: &mut dyn Write) -> Result<u64> {
     writer
         .add_user_metadata("ksched.journal.topic".into(), src.topic.as_bytes())
         .map_err(|e| Error::Audit(e.to_string()))?;
-    let mut n = 0;
+    let (mut n, mut events) = (0, 0);
     src.read(0, |rec| {
         writer
             .append_ser(rec.entry.redacted())
             .map_err(|e| Error::Audit(format!("writing the Avro export: {e}")))?;
         n += 1;
+        events += rec.entry.events.len() as u64;
+        reporting.done(n, events, rec.offset);
         Ok(Flow::Continue)
     })?;
     writer

@@ -73,6 +73,45 @@ impl Progress {
     }
 }
 
+/// Reports a replay's progress to a callback, at most twice a second.
+struct Reporting<F: FnMut(&Progress)> {
+    report: F,
+    end: i64,
+    started: std::time::Instant,
+    last: std::time::Instant,
+}
+
+impl<F: FnMut(&Progress)> Reporting<F> {
+    /// From now, for a replay of `src` to its current end.
+    fn start(src: &Source, report: F) -> Result<Reporting<F>> {
+        let now = std::time::Instant::now();
+        Ok(Reporting {
+            report,
+            end: src.end()?,
+            started: now,
+            last: now,
+        })
+    }
+
+    /// `entries` and `events` done, the last at `offset`.
+    fn done(&mut self, entries: u64, events: u64, offset: i64) {
+        if self.last.elapsed() >= Duration::from_millis(500) {
+            self.last = std::time::Instant::now();
+            (self.report)(&Progress {
+                entries,
+                events,
+                offset,
+                end: self.end,
+                elapsed: self.started.elapsed(),
+            });
+        }
+    }
+
+    fn elapsed(&self) -> Duration {
+        self.started.elapsed()
+    }
+}
+
 fn partition_u16(p: i32) -> Result<u16> {
     u16::try_from(p).map_err(|_| Error::Audit(format!("journal partition {p} out of range")))
 }

@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ksched_store::{CFS, Store};
 
@@ -11,7 +11,7 @@ use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::replay::{Flow, Replayer};
 
-use super::{Progress, Source, partition_u16};
+use super::{Progress, Reporting, Source, partition_u16};
 
 /// What a rebuild did.
 #[derive(Debug, Clone)]
@@ -34,7 +34,7 @@ pub fn rebuild(
     src: &Source,
     into: &Path,
     until: Option<i64>,
-    mut progress: impl FnMut(&Progress),
+    progress: impl FnMut(&Progress),
 ) -> Result<RebuildReport> {
     let store = Store::open(into, partition_u16(src.partition)?)?;
     if store.watermark()?.is_some() {
@@ -43,26 +43,15 @@ pub fn rebuild(
             into.display()
         )));
     }
-    let end = src.end()?;
-    let started = Instant::now();
+    let mut reporting = Reporting::start(src, progress)?;
     let mut engine = Engine::open(store)?;
     let mut r = Replayer::new(&mut engine);
-    let mut last_report = Instant::now();
     src.read(0, |rec| {
         if until.is_some_and(|u| rec.offset > u) {
             return Ok(Flow::Stop);
         }
         r.apply(rec.offset, &rec.entry)?;
-        if last_report.elapsed() >= Duration::from_millis(500) {
-            last_report = Instant::now();
-            progress(&Progress {
-                entries: r.applied,
-                events: r.events,
-                offset: rec.offset,
-                end,
-                elapsed: started.elapsed(),
-            });
-        }
+        reporting.done(r.applied, r.events, rec.offset);
         Ok(Flow::Continue)
     })?;
     r.persist()?;
@@ -70,7 +59,7 @@ pub fn rebuild(
         entries: r.applied,
         events: r.events,
         last_offset: r.last_offset,
-        elapsed: started.elapsed(),
+        elapsed: reporting.elapsed(),
     };
     engine.store().flush()?;
     Ok(report)

@@ -1,7 +1,7 @@
 //! `audit verify`: every recorded input decided again, checked against its entry.
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ksched_core::decide::Ctx;
 use ksched_core::events::JournalEntry;
@@ -12,7 +12,7 @@ use crate::engine::Engine;
 use crate::error::Result;
 use crate::replay::Flow;
 
-use super::{Progress, Source, partition_u16};
+use super::{Progress, Reporting, Source, partition_u16};
 
 /// A recorded entry that `decide` does not reproduce.
 #[derive(Debug, Clone, PartialEq)]
@@ -69,18 +69,16 @@ pub fn verify(
     src: &Source,
     scratch: &Path,
     policy: &RegoEngine,
-    mut progress: impl FnMut(&Progress),
+    progress: impl FnMut(&Progress),
 ) -> Result<VerifyReport> {
     let store = Store::open(scratch, partition_u16(src.partition)?)?;
-    let end = src.end()?;
-    let started = Instant::now();
+    let mut reporting = Reporting::start(src, progress)?;
     let mut engine = Engine::open(store)?;
     let mut since_persist: Vec<JournalEntry> = Vec::new();
     let mut entries = 0u64;
     let mut events = 0u64;
     let mut last_offset = None;
     let mut divergences = Vec::new();
-    let mut last_report = Instant::now();
     let ctx = Ctx { policy };
     src.read(0, |rec| {
         let recorded = &rec.entry;
@@ -133,22 +131,13 @@ pub fn verify(
             engine.checkpoint(last_offset)?;
             since_persist.clear();
         }
-        if last_report.elapsed() >= Duration::from_millis(500) {
-            last_report = Instant::now();
-            progress(&Progress {
-                entries,
-                events,
-                offset: rec.offset,
-                end,
-                elapsed: started.elapsed(),
-            });
-        }
+        reporting.done(entries, events, rec.offset);
         Ok(Flow::Continue)
     })?;
     Ok(VerifyReport {
         entries,
         events,
         divergences,
-        elapsed: started.elapsed(),
+        elapsed: reporting.elapsed(),
     })
 }

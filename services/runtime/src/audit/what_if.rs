@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 use crate::replay::Flow;
 use crate::settings::PoolsFile;
 
-use super::Source;
+use super::{Progress, Reporting, Source};
 
 /// What to decide under instead of what was in force.
 #[derive(Debug, Clone, Default)]
@@ -121,7 +121,14 @@ fn record_verdicts(events: &[Event], verdicts: &mut BTreeMap<String, Verdict>) {
 /// outcome differs from what happened. Recorded approvals and rejections stand in the
 /// alternative world (an approval that matched its job's policy snapshot then is taken to
 /// match the snapshot the job has there). Holds both worlds in memory.
-pub fn what_if(src: &Source, alt: &Alternative, policy: &RegoEngine) -> Result<WhatIfReport> {
+pub fn what_if(
+    src: &Source,
+    alt: &Alternative,
+    policy: &RegoEngine,
+    progress: impl FnMut(&Progress),
+) -> Result<WhatIfReport> {
+    let mut reporting = Reporting::start(src, progress)?;
+    let (mut entries, mut events) = (0, 0);
     let mut actual = State::new();
     let mut other = State::new();
     let mut actual_verdicts = BTreeMap::new();
@@ -161,6 +168,9 @@ pub fn what_if(src: &Source, alt: &Alternative, policy: &RegoEngine) -> Result<W
             input,
         );
         record_verdicts(&p.entry.events, &mut other_verdicts);
+        entries += 1;
+        events += rec.entry.events.len() as u64;
+        reporting.done(entries, events, rec.offset);
         Ok(Flow::Continue)
     })?;
     let a = outcomes(&actual, &actual_verdicts);

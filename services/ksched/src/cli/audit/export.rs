@@ -7,7 +7,7 @@ use ksched_runtime::audit::{self, Source};
 
 use crate::cli::{CliResult, EXIT_BAD_INPUT, Failure};
 
-use super::{ExportFormat, failed};
+use super::{ExportFormat, failed, progress_printer};
 
 pub(super) fn export(src: &Source, format: ExportFormat, out: Option<PathBuf>) -> CliResult {
     let mut sink: Box<dyn Write> = match &out {
@@ -17,8 +17,8 @@ pub(super) fn export(src: &Source, format: ExportFormat, out: Option<PathBuf>) -
         None => Box::new(std::io::BufWriter::new(std::io::stdout().lock())),
     };
     let n = match format {
-        ExportFormat::Jsonl => audit::export_jsonl(src, &mut sink),
-        ExportFormat::Avro => audit::export_avro(src, &mut sink),
+        ExportFormat::Jsonl => audit::export_jsonl(src, &mut sink, progress_printer("export")),
+        ExportFormat::Avro => audit::export_avro(src, &mut sink, progress_printer("export")),
     }
     .map_err(failed)?;
     sink.flush().map_err(failed)?;

@@ -102,27 +102,40 @@ fn failed(e: impl std::fmt::Display) -> Failure {
     Failure::new(EXIT_FAILED, e.to_string())
 }
 
-/// Prints progress on standard error (a line updated in place on a terminal).
+/// Shows a replay's progress on standard error: a progress bar on a terminal (indicatif:
+/// offsets done of the journal's end, rate, time left), a line per report otherwise (a log
+/// keeps them).
 fn progress_printer(label: &'static str) -> impl FnMut(&Progress) {
     let tty = std::io::stderr().is_terminal();
+    let mut bar: Option<indicatif::ProgressBar> = None;
     move |p: &Progress| {
-        let eta = p
-            .eta()
-            .map(|d| format!(", ETA {}s", d.as_secs()))
-            .unwrap_or_default();
-        let line = format!(
-            "{label}: {} entries, {} events, offset {}/{}, {:.0} events/s{eta}",
+        let rate = format!(
+            "{} entries, {} events, {:.0} events/s",
             p.entries,
             p.events,
-            p.offset,
-            p.end,
             p.events_per_sec()
         );
-        if tty {
-            eprint!("\r{line}   ");
-        } else {
-            eprintln!("{line}");
+        if !tty {
+            let eta = p
+                .eta()
+                .map(|d| format!(", ETA {}s", d.as_secs()))
+                .unwrap_or_default();
+            eprintln!("{label}: {rate}, offset {}/{}{eta}", p.offset, p.end);
+            return;
         }
+        let bar = bar.get_or_insert_with(|| {
+            let b = indicatif::ProgressBar::new(u64::try_from(p.end).unwrap_or(0));
+            let style = indicatif::ProgressStyle::with_template(
+                "{prefix}: [{bar:30}] offset {pos}/{len}, {eta} left, {msg}",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+            .progress_chars("=> ");
+            b.set_style(style);
+            b.set_prefix(label);
+            b
+        });
+        bar.set_position(u64::try_from(p.offset).unwrap_or(0));
+        bar.set_message(rate);
     }
 }
 

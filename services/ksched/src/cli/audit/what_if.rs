@@ -43,7 +43,13 @@ pub(super) fn what_if(
         None => None,
     };
     let engine = RegoEngine::new();
-    let report = audit::what_if(src, &Alternative { pools, policy }, &engine).map_err(failed)?;
+    let report = audit::what_if(
+        src,
+        &Alternative { pools, policy },
+        &engine,
+        super::progress_printer("what-if"),
+    )
+    .map_err(failed)?;
     match t.output {
         Format::Json => crate::cli::output::json(&json!({
             "jobs": report.jobs,
