@@ -378,6 +378,26 @@ fn an_operator_follows_approves_and_redrives_jobs_in_a_real_browser() {
     assert!(!then.contains(&new_id), "the redrive came later");
     b.shot("time-travel");
 
+    // What if approvals had been a denial: the job that waited for one differs.
+    b.go(&format!("{ui}/what-if"));
+    b.type_into(
+        "#policy",
+        "package ksched.input\n\ndefault allow := true\n\ndeny contains \"no approvals today\" if input.job.labels.approval == \"required\"\n",
+    );
+    b.click("#compare");
+    let summary = b.text("#what-if-summary");
+    assert!(
+        summary.contains("would have ended differently"),
+        "{summary}"
+    );
+    let diff = b.text("table");
+    assert!(
+        diff.contains("needs-approval") && diff.contains("DENIED"),
+        "{diff}"
+    );
+    assert!(!diff.contains("ok-1"), "ok-1 ends the same: {diff}");
+    b.shot("what-if");
+
     // Everything the console did is in the journal, and replays to the same decisions.
     let (code, out, err) = rc.cli(&["audit", "verify", "-o", "json"]);
     assert_eq!(code, 0, "{out}\n{err}");

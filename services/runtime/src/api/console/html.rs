@@ -87,6 +87,7 @@ const NAV: &[(&str, &str)] = &[
     ("/ui/pools", "Pools & tenants"),
     ("/ui/dlq", "DLQ"),
     ("/ui/at", "Time travel"),
+    ("/ui/what-if", "What if"),
 ];
 
 /// A whole page: the navigation (`active` marked), who is signed in, and `body`.

@@ -35,7 +35,7 @@ use super::{
     Api, ApproveBody, CancelBody, DEFAULT_LIMIT, RedriveBody, RejectBody, approve_job, cancel_job,
     dead_letters, find_job, job_view, jobs_query, redrive_job, reject_job, tenant_usage,
 };
-use crate::audit::{Source, TimelineItem, Until, job_window, replay_until};
+use crate::audit::{Alternative, Source, TimelineItem, Until, job_window, replay_until};
 use crate::auth::{Action, Denied, Identity, host_allowed};
 use crate::processor::wall_clock_ms;
 use html::{action_form, esc, flash, job_link, page, state, table, time, url};
@@ -62,6 +62,7 @@ pub(super) fn routes(api: Arc<Api>) -> Router<Arc<Api>> {
         .route("/ui/pools", get(pools))
         .route("/ui/dlq", get(dlq))
         .route("/ui/at", get(at))
+        .route("/ui/what-if", get(what_if_page).post(what_if))
         .route("/ui/login", get(login_page).post(login))
         .route("/ui/logout", post(logout))
         .layer(axum::middleware::from_fn_with_state(api, guard))
@@ -933,6 +934,21 @@ fn parse_time(s: &str) -> Option<i64> {
         .map(|z| z.timestamp().as_millisecond())
 }
 
+/// Time travel and what-if replay a shard's whole journal: one at a time per process, so
+/// that a few clicks cannot take every core from the scheduler.
+static REPLAYS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(1);
+
+fn busy(who: &Identity, title: &str) -> Response {
+    failed(
+        who,
+        title,
+        super::ApiError(
+            StatusCode::TOO_MANY_REQUESTS,
+            "another time travel or what-if replay is running; try again in a moment".into(),
+        ),
+    )
+}
+
 /// Time travel: the projection of one shard as of a moment, replayed from the journal
 /// into a scratch store (as `ksched audit at`).
 async fn at(
@@ -943,6 +959,9 @@ async fn at(
     if let Err(e) = super::require(&who, Action::Read) {
         return failed(&who, "Time travel", e);
     }
+    let Ok(_replay) = REPLAYS.try_acquire() else {
+        return busy(&who, "Time travel");
+    };
     let when = q.get("time").map_or("", |t| t.trim());
     let shard: i32 = q
         .get("shard")
@@ -1023,6 +1042,160 @@ async fn at(
         Err(e) => body.push_str(&flash(&format!("the replay failed: {e}"), true)),
     }
     Html(page("Time travel", "/ui/at", Some(&who), &body)).into_response()
+}
+
+fn what_if_form(pools: &str, policy: &str, shard: i32) -> String {
+    format!(
+        "<h1>What if</h1><p class=\"muted\">Decides every recorded input of a shard again under \
+         other pools (a pools.yaml: topics, pools, tenants) and/or another input policy (one \
+         Rego module), and lists the jobs that would have ended differently (as \
+         <code>ksched audit what-if</code>). Nothing is written anywhere.</p>\
+         <form method=\"post\" action=\"/ui/what-if\" id=\"what-if\">\
+         <p><label>pools.yaml<br><textarea name=\"pools\" rows=\"10\" cols=\"90\" id=\"pools\">{}</textarea></label></p>\
+         <p><label>policy (Rego, package ksched.input)<br><textarea name=\"policy\" rows=\"8\" cols=\"90\" id=\"policy\">{}</textarea></label></p>\
+         <p>shard <input name=\"shard\" value=\"{shard}\" size=\"3\"> <button type=\"submit\" id=\"compare\">Compare</button></p></form>",
+        esc(pools),
+        esc(policy)
+    )
+}
+
+async fn what_if_page(Extension(who): Extension<Identity>) -> Response {
+    Html(page(
+        "What if",
+        "/ui/what-if",
+        Some(&who),
+        &what_if_form("", "", 0),
+    ))
+    .into_response()
+}
+
+/// The what-if diff: jobs whose state, pool, worker or verdict would have differed.
+async fn what_if(
+    AxState(api): AxState<Arc<Api>>,
+    Extension(who): Extension<Identity>,
+    Form(f): Form<HashMap<String, String>>,
+) -> Response {
+    if let Err(e) = super::require(&who, Action::Read) {
+        return failed(&who, "What if", e);
+    }
+    // Browsers send a textarea's line breaks as CRLF.
+    let text = |k: &str| {
+        f.get(k)
+            .map_or(String::new(), |s| s.trim().replace("\r\n", "\n"))
+    };
+    let (pools_text, policy_text) = (text("pools"), text("policy"));
+    let shard: i32 = f
+        .get("shard")
+        .and_then(|s| s.trim().parse().ok())
+        .filter(|s| *s >= 0 && (*s as usize) < api.stores.len())
+        .unwrap_or(0);
+    let mut body = what_if_form(&pools_text, &policy_text, shard);
+    let error = |body: &mut String, msg: String| body.push_str(&flash(&msg, true));
+    if pools_text.is_empty() && policy_text.is_empty() {
+        error(&mut body, "give a pools.yaml, a policy, or both".into());
+        return Html(page("What if", "/ui/what-if", Some(&who), &body)).into_response();
+    }
+    let pools = if pools_text.is_empty() {
+        None
+    } else {
+        match crate::settings::parse_pools(&pools_text) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                error(&mut body, format!("pools.yaml: {e}"));
+                return Html(page("What if", "/ui/what-if", Some(&who), &body)).into_response();
+            }
+        }
+    };
+    let policy = if policy_text.is_empty() {
+        None
+    } else {
+        let bundle = ksched_policy::PolicyBundle {
+            modules: BTreeMap::from([("input.rego".to_owned(), policy_text.clone())]),
+            data_json: "{}".into(),
+        };
+        if let Err(e) = ksched_policy::compile(&bundle) {
+            error(&mut body, format!("policy: {e}"));
+            return Html(page("What if", "/ui/what-if", Some(&who), &body)).into_response();
+        }
+        Some(bundle)
+    };
+    let Ok(_replay) = REPLAYS.try_acquire() else {
+        return busy(&who, "What if");
+    };
+    let src = Source {
+        client: api.journal_client.clone(),
+        topic: api.topics.journal.clone(),
+        partition: shard,
+    };
+    let report = tokio::task::spawn_blocking(move || {
+        let engine = ksched_policy::RegoEngine::new();
+        crate::audit::what_if(&src, &Alternative { pools, policy }, &engine, |_| {})
+            .map_err(|e| e.to_string())
+    })
+    .await
+    .map_err(|e| e.to_string())
+    .and_then(|r| r);
+    match report {
+        Ok(r) => {
+            let totals: Vec<String> = r
+                .totals
+                .iter()
+                .map(|(k, n)| format!("{n} by {k}"))
+                .collect();
+            let outcome = |o: &crate::audit::Outcome| {
+                format!(
+                    "{} {} {} {}",
+                    o.state.map_or(String::new(), |s| state(s.as_str())),
+                    esc(o.pool.as_deref().unwrap_or("")),
+                    esc(o.worker.as_deref().unwrap_or("")),
+                    o.verdict.map_or(String::new(), |v| format!("{v:?}")),
+                )
+            };
+            let rows: Vec<Vec<String>> = r
+                .rows
+                .iter()
+                .filter(|row| {
+                    api.stores
+                        .iter()
+                        .find_map(|s| s.job(&row.job_id).ok().flatten())
+                        .is_none_or(|j| who.sees(&j.request.tenant_id))
+                })
+                .take(1_000)
+                .map(|row| {
+                    vec![
+                        job_link(&row.job_id),
+                        esc(&row.topic),
+                        esc(&row.differs_in.join(", ")),
+                        outcome(&row.actual),
+                        outcome(&row.alternative),
+                    ]
+                })
+                .collect();
+            let _ = write!(
+                body,
+                "<p id=\"what-if-summary\">{} jobs replayed; {} would have ended differently{}.</p>{}",
+                r.jobs,
+                r.rows.len(),
+                if totals.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", totals.join(", "))
+                },
+                table(
+                    &[
+                        "JOB",
+                        "TOPIC",
+                        "DIFFERS IN",
+                        "RECORDED",
+                        "UNDER THE ALTERNATIVE"
+                    ],
+                    &rows
+                )
+            );
+        }
+        Err(e) => error(&mut body, format!("the replay failed: {e}")),
+    }
+    Html(page("What if", "/ui/what-if", Some(&who), &body)).into_response()
 }
 
 #[cfg(test)]
