@@ -292,6 +292,7 @@ fn an_operator_follows_approves_and_redrives_jobs_in_a_real_browser() {
     assert_eq!(b.text("#count-FAILED"), "1");
     assert!(b.body().contains("bad_input"), "the DLQ reasons show");
     b.find("svg[aria-label='Throughput'] polyline");
+    b.find("svg[aria-label='Dead-letter rate'] polyline");
     b.shot("overview");
 
     // Jobs, filtered; a job's page with its decisions and candidate table.

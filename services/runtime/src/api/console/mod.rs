@@ -336,6 +336,13 @@ async fn overview(
         "journal entries/s".to_owned(),
         samples.iter().map(|s| (s.at, s.entries_per_s)).collect(),
     )];
+    let dead_letters = vec![(
+        "dead letters/s".to_owned(),
+        samples
+            .iter()
+            .map(|s| (s.at, s.dead_letters_per_s))
+            .collect(),
+    )];
     let mut depth: BTreeMap<String, Vec<(i64, f64)>> = BTreeMap::new();
     for s in &samples {
         for (p, d) in &s.queue_depth {
@@ -359,8 +366,9 @@ async fn overview(
         ),
     ];
     let body = format!(
-        "<h1>Overview</h1>{stats}<h2>Over time</h2>{}{}{}",
+        "<h1>Overview</h1>{stats}<h2>Over time</h2>{}{}{}{}",
         plot::lines("Throughput", "entries/s", &throughput),
+        plot::lines("Dead-letter rate", "/s", &dead_letters),
         plot::lines(
             "Queue depth by pool",
             "jobs",

@@ -102,6 +102,8 @@ pub(super) struct Sample {
     pub at: i64,
     /// Journal entries per second since the previous sample.
     pub entries_per_s: f64,
+    /// Dead letters per second since the previous sample.
+    pub dead_letters_per_s: f64,
     pub queue_depth: BTreeMap<String, f64>,
     /// Dispatch latency (acceptance to first dispatch) of the jobs dispatched since the
     /// previous sample, from the histogram's buckets: (p50, p99) in ms, when any were.
@@ -117,7 +119,8 @@ pub(crate) struct Samples {
 #[derive(Debug, Default)]
 struct Ring {
     samples: VecDeque<Sample>,
-    last_entries: Option<(i64, f64)>,
+    /// The last sample's time, journal entries and dead letters (counters).
+    last_counts: Option<(i64, f64, f64)>,
     last_buckets: BTreeMap<String, f64>,
 }
 
@@ -126,11 +129,15 @@ impl Samples {
     pub(super) fn take(&self, at: i64, metrics: &str) {
         let lines = parse(metrics);
         let entries = total(&lines, "ksched_journal_entries_total");
+        let dead = total(&lines, "ksched_dead_letters_total");
         let buckets = by(&lines, "ksched_dispatch_latency_seconds_bucket", "le");
         let mut ring = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        let entries_per_s = match ring.last_entries {
-            Some((t, n)) if at > t => ((entries - n).max(0.0)) * 1000.0 / (at - t) as f64,
-            _ => 0.0,
+        let (entries_per_s, dead_letters_per_s) = match ring.last_counts {
+            Some((t, n, d)) if at > t => {
+                let per_s = |now: f64, then: f64| (now - then).max(0.0) * 1000.0 / (at - t) as f64;
+                (per_s(entries, n), per_s(dead, d))
+            }
+            _ => (0.0, 0.0),
         };
         let delta: Vec<(f64, f64)> = buckets
             .iter()
@@ -145,11 +152,12 @@ impl Samples {
             })
             .collect();
         let latency_ms = quantile(&delta, 0.5).zip(quantile(&delta, 0.99));
-        ring.last_entries = Some((at, entries));
+        ring.last_counts = Some((at, entries, dead));
         ring.last_buckets = buckets;
         ring.samples.push_back(Sample {
             at,
             entries_per_s,
+            dead_letters_per_s,
             queue_depth: by(&lines, "ksched_queue_depth", "pool"),
             latency_ms,
         });
@@ -197,6 +205,7 @@ ksched_queue_depth{pool="default",shard="0"} 3
 ksched_queue_depth{pool="gpu",shard="0"} 1
 ksched_queue_depth{pool="default",shard="1"} 2
 ksched_journal_entries_total{shard="0"} 100
+ksched_dead_letters_total{reason="timeout"} 4
 ksched_workers{pool="a \"b\"",alive="true"} 2
 ksched_dispatch_latency_seconds_bucket{le="0.01"} 5
 ksched_dispatch_latency_seconds_bucket{le="0.1"} 9
@@ -230,12 +239,14 @@ garbage line
                 "entries_total{shard=\"0\"} 100",
                 "entries_total{shard=\"0\"} 300",
             )
+            .replace("{reason=\"timeout\"} 4", "{reason=\"timeout\"} 10")
             .replace("{le=\"0.1\"} 9", "{le=\"0.1\"} 109")
             .replace("{le=\"+Inf\"} 10", "{le=\"+Inf\"} 110");
         s.take(3_000, &later);
         let all = s.all();
         assert_eq!(all.len(), 2);
         assert_eq!(all[1].entries_per_s, 100.0);
+        assert_eq!(all[1].dead_letters_per_s, 3.0);
         // 100 new observations, all in (0.01, 0.1]: p50 and p99 are 100 ms.
         assert_eq!(all[1].latency_ms, Some((100.0, 100.0)));
         assert_eq!(all[1].queue_depth["default"], 5.0);
