@@ -7,7 +7,7 @@ use ksched_store::Store;
 
 use crate::engine::Engine;
 use crate::error::Result;
-use crate::replay::{Flow, Replayer};
+use crate::replay::{Flow, JournalRecord, Replayer};
 
 use super::{Source, partition_u16};
 
@@ -18,14 +18,27 @@ pub struct TimelineItem {
     pub entry: JournalEntry,
 }
 
-fn concerns(entry: &JournalEntry, job_id: &str) -> bool {
-    entry.input.job_id() == Some(job_id)
-        || entry.events.iter().any(|e| {
-            e.job_id() == Some(job_id)
-                || matches!(e, Event::JobDuplicate(d) if d.existing_job_id == job_id)
-                || matches!(e, Event::WorkerLost(l) if l.job_ids.iter().any(|j| j == job_id))
-                || matches!(e, Event::JobRedriven(r) if r.new_job_id == job_id)
-        })
+/// Whether `e` is about `job_id` (its own event, or one naming it).
+fn about(e: &Event, job_id: &str) -> bool {
+    e.job_id() == Some(job_id)
+        || matches!(e, Event::JobDuplicate(d) if d.existing_job_id == job_id)
+        || matches!(e, Event::WorkerLost(l) if l.job_ids.iter().any(|j| j == job_id))
+        || matches!(e, Event::JobRedriven(r) if r.new_job_id == job_id)
+}
+
+/// The record as a timeline item of `job_id` (its events about the job only, secrets
+/// hidden), if it concerns the job.
+fn item(rec: &JournalRecord, job_id: &str) -> Option<TimelineItem> {
+    let entry = &rec.entry;
+    if entry.input.job_id() != Some(job_id) && !entry.events.iter().any(|e| about(e, job_id)) {
+        return None;
+    }
+    let mut entry = entry.redacted();
+    entry.events.retain(|e| about(e, job_id));
+    Some(TimelineItem {
+        offset: rec.offset,
+        entry,
+    })
 }
 
 /// Every entry that concerns `job_id`, in journal order, secrets hidden; only the events of
@@ -33,12 +46,7 @@ fn concerns(entry: &JournalEntry, job_id: &str) -> bool {
 pub fn timeline(src: &Source, job_id: &str) -> Result<Vec<TimelineItem>> {
     let mut out = Vec::new();
     src.read(0, |rec| {
-        if concerns(&rec.entry, job_id) {
-            out.push(TimelineItem {
-                offset: rec.offset,
-                entry: only_about(rec.entry.redacted(), job_id),
-            });
-        }
+        out.extend(item(&rec, job_id));
         Ok(Flow::Continue)
     })?;
     Ok(out)
@@ -69,12 +77,7 @@ pub fn job_window(
             cut = true;
             return Ok(Flow::Stop);
         }
-        if concerns(&rec.entry, job_id) {
-            out.push(TimelineItem {
-                offset: rec.offset,
-                entry: only_about(rec.entry.redacted(), job_id),
-            });
-        }
+        out.extend(item(&rec, job_id));
         Ok(Flow::Continue)
     })?;
     Ok((out, cut))
@@ -111,17 +114,6 @@ fn offset_at(src: &Source, ms: i64) -> Result<i64> {
         // No record that late: nothing to read.
         _ => src.end(),
     }
-}
-
-/// Only the events of `entry` that concern `job_id`.
-fn only_about(mut entry: JournalEntry, job_id: &str) -> JournalEntry {
-    entry.events.retain(|e| {
-        e.job_id() == Some(job_id)
-            || matches!(e, Event::JobDuplicate(d) if d.existing_job_id == job_id)
-            || matches!(e, Event::WorkerLost(l) if l.job_ids.iter().any(|j| j == job_id))
-            || matches!(e, Event::JobRedriven(r) if r.new_job_id == job_id)
-    });
-    entry
 }
 
 /// Up to where a time-travel replay goes.
