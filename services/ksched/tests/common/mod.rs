@@ -426,6 +426,16 @@ pub(crate) fn http_with(
     headers: &[(&str, &str)],
     body: Option<&str>,
 ) -> std::io::Result<(u16, String)> {
+    http_full(url, method, headers, body).map(|(status, _, body)| (status, body))
+}
+
+/// [`http_with`], with the response's head (status line and headers) as well.
+pub(crate) fn http_full(
+    url: &str,
+    method: &str,
+    headers: &[(&str, &str)],
+    body: Option<&str>,
+) -> std::io::Result<(u16, String, String)> {
     use std::io::{Read, Write};
     let rest = url.strip_prefix("http://").unwrap();
     let (host, path) = rest
@@ -463,7 +473,7 @@ pub(crate) fn http_with(
     } else {
         body.to_owned()
     };
-    Ok((status, body))
+    Ok((status, head.to_owned(), body))
 }
 
 fn dechunk(mut s: &str) -> String {
