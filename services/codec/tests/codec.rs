@@ -198,10 +198,8 @@ fn errors_name_the_problem() {
     );
     let mut truncated = encode(&samples::job_request()).unwrap();
     truncated.truncate(truncated.len() - 5);
-    assert!(matches!(
-        decode::<JobRequest>(&truncated),
-        Err(Error::Malformed { .. })
-    ));
+    let got = decode::<JobRequest>(&truncated);
+    assert!(matches!(got, Err(Error::Malformed { .. })), "{got:?}");
     let mut trailing = encode(&samples::tick()).unwrap();
     trailing.extend_from_slice(&[0, 0]);
     assert_eq!(
@@ -240,4 +238,26 @@ fn every_top_level_schema_has_a_distinct_fingerprint() {
     fps.sort_unstable();
     fps.dedup();
     assert_eq!(fps.len(), TOP_LEVEL.len());
+}
+
+/// A record cut anywhere inside its trailing optional field is refused, not read as if the
+/// field were absent (apache-avro reads a cut-short union as null).
+#[test]
+fn a_record_cut_inside_a_trailing_optional_field_is_malformed() {
+    let full = encode(&samples::job_request()).unwrap();
+    assert!(decode::<JobRequest>(&full).unwrap().traceparent.is_some());
+    for cut in 1..=56 {
+        let got = decode::<JobRequest>(&full[..full.len() - cut]);
+        assert!(
+            matches!(got, Err(Error::Malformed { .. })),
+            "cut {cut}: {got:?}"
+        );
+    }
+    let mut dispatch = samples::dispatch();
+    dispatch.reply_partition = Some(300);
+    let full = encode(&dispatch).unwrap();
+    for cut in 1..=2 {
+        let got = decode::<ksched_core::records::Dispatch>(&full[..full.len() - cut]);
+        assert!(got.is_err(), "cut {cut}: {got:?}");
+    }
 }
