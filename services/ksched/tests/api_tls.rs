@@ -246,9 +246,17 @@ fn the_api_over_mutual_tls_takes_issuer_jwts_and_refuses_everything_else() {
     let carol = jwt(&key, "k1", "carol", &["approver"], in_an_hour);
     let (code, _, err) = c.cli(&["approve", "tls-1", "--token", &carol]);
     assert_eq!(code, 0, "{err}");
-    let (_, tail, err) = c.cli(&["journal", "tail", "--job", "tls-1", "-o", "json"]);
+    // The API answered once the ApproveJob record was written; the processor journals the
+    // approval a moment later (CI once read the journal before it had).
+    let mut tail = String::new();
+    wait_until("the approval to be journaled", 30, || {
+        tail = c
+            .cli(&["journal", "tail", "--job", "tls-1", "-o", "json"])
+            .1;
+        tail.contains("JobApproved")
+    });
     let approved: Vec<&str> = tail.lines().filter(|l| l.contains("JobApproved")).collect();
-    assert_eq!(approved.len(), 1, "{tail}{err}");
+    assert_eq!(approved.len(), 1, "{tail}");
     assert!(approved[0].contains("\"carol\""), "{}", approved[0]);
     c.stop();
 }
