@@ -43,7 +43,8 @@ fn ksched_dev_runs_the_demo_to_its_expected_outcomes() {
     let (code, page) = http(&format!("{api}/ui/jobs/demo-deploy-prod"), "GET", None).unwrap();
     assert_eq!(code, 200, "{page}");
     assert!(
-        page.contains("APPROVAL_REQUIRED") && page.contains("/ui/jobs/demo-deploy-prod/approve"),
+        page.contains("<span class=\"state APPROVAL_REQUIRED\">")
+            && page.contains("/ui/jobs/demo-deploy-prod/approve"),
         "{page}"
     );
     let (code, body) = http(
