@@ -165,6 +165,14 @@ impl JobState {
         )
     }
 
+    /// Ended dead-lettered: what a redrive may submit again.
+    pub fn is_dead_lettered(self) -> bool {
+        matches!(
+            self,
+            JobState::Failed | JobState::Timeout | JobState::Denied
+        )
+    }
+
     /// Counted against the tenant's `max_concurrent_jobs`.
     pub fn is_active(self) -> bool {
         matches!(

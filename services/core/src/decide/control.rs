@@ -6,25 +6,37 @@ use crate::reason::{DlqReason, Rejection};
 use crate::records::{ApproveJob, CancelJob, RejectJob};
 
 impl Decider<'_, '_> {
-    pub(super) fn cancel(&mut self, c: &CancelJob) {
-        let Some(job) = self.state().jobs.get(&c.job_id) else {
-            self.refuse(
-                &c.job_id,
-                Rejection::UnknownJob,
-                format!("no job {}", c.job_id),
-            );
-            return;
+    /// Whether an operator's command about `job_id` (one acting for `tenant`, if any) may
+    /// go on: the job exists and belongs to that tenant; otherwise it is refused here.
+    pub(super) fn commanded(
+        &mut self,
+        job_id: &str,
+        tenant: Option<&str>,
+        principal: &str,
+        verb: &str,
+    ) -> bool {
+        let Some(job) = self.state().jobs.get(job_id) else {
+            self.refuse(job_id, Rejection::UnknownJob, format!("no job {job_id}"));
+            return false;
         };
-        if let Some(tenant) = &c.tenant_id
-            && *tenant != job.request.tenant_id
+        if let Some(tenant) = tenant
+            && tenant != job.request.tenant_id
         {
             let reason = format!(
-                "principal {} of tenant {tenant} may not cancel a job of tenant {}",
-                c.principal_id, job.request.tenant_id
+                "principal {principal} of tenant {tenant} may not {verb} a job of tenant {}",
+                job.request.tenant_id
             );
-            self.refuse(&c.job_id, Rejection::TenantMismatch, reason);
+            self.refuse(job_id, Rejection::TenantMismatch, reason);
+            return false;
+        }
+        true
+    }
+
+    pub(super) fn cancel(&mut self, c: &CancelJob) {
+        if !self.commanded(&c.job_id, c.tenant_id.as_deref(), &c.principal_id, "cancel") {
             return;
         }
+        let job = &self.state().jobs[&c.job_id];
         if job.state.is_terminal() {
             let reason = format!("the job is already {}", job.state);
             self.refuse(&c.job_id, Rejection::InvalidTransition, reason);

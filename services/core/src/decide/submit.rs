@@ -136,28 +136,16 @@ impl Decider<'_, '_> {
     /// keeps it) and the same stored payload. It is routed, judged by the policy, approved
     /// and limited like any submission. Saga steps are not redriven alone.
     pub(super) fn redrive(&mut self, r: &RedriveJob) {
-        let Some(old) = self.state().jobs.get(&r.job_id) else {
-            self.refuse(
-                &r.job_id,
-                Rejection::UnknownJob,
-                format!("no job {}", r.job_id),
-            );
-            return;
-        };
-        if let Some(tenant) = &r.tenant_id
-            && *tenant != old.request.tenant_id
-        {
-            let reason = format!(
-                "principal {} of tenant {tenant} may not redrive a job of tenant {}",
-                r.principal_id, old.request.tenant_id
-            );
-            self.refuse(&r.job_id, Rejection::TenantMismatch, reason);
+        if !self.commanded(
+            &r.job_id,
+            r.tenant_id.as_deref(),
+            &r.principal_id,
+            "redrive",
+        ) {
             return;
         }
-        if !matches!(
-            old.state,
-            JobState::Failed | JobState::Timeout | JobState::Denied
-        ) {
+        let old = &self.state().jobs[&r.job_id];
+        if !old.state.is_dead_lettered() {
             let reason = format!(
                 "the job is {}; only a dead-lettered job (FAILED, TIMEOUT, DENIED) is redriven",
                 old.state

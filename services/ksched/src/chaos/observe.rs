@@ -120,12 +120,15 @@ impl Drop for JournalWatch {
     }
 }
 
-/// `code`, after the error codes of the job's retried attempts.
-fn ended_because(s: &Seen, job_id: &str, code: &str) -> String {
-    match s.retried.get(job_id) {
+/// A job ended in `state` (not SUCCEEDED) with `code`: noted with why, the error codes of
+/// its retried attempts first.
+fn ended(s: &mut Seen, job_id: &str, state: JobState, code: &str) {
+    s.terminal.entry(job_id.to_owned()).or_default().push(state);
+    let why = match s.retried.get(job_id) {
         Some(codes) if !codes.is_empty() => format!("{code} after {}", codes.join(", ")),
         _ => code.to_owned(),
-    }
+    };
+    s.why.insert(job_id.to_owned(), why);
 }
 
 fn note(s: &mut Seen, entry: &JournalEntry) {
@@ -158,22 +161,8 @@ fn note(s: &mut Seen, entry: &JournalEntry) {
                 .entry(x.job_id.clone())
                 .or_default()
                 .push(x.error_code.clone()),
-            Event::JobFailed(x) => {
-                s.terminal
-                    .entry(x.job_id.clone())
-                    .or_default()
-                    .push(JobState::Failed);
-                let why = ended_because(s, &x.job_id, &x.reason_code);
-                s.why.insert(x.job_id.clone(), why);
-            }
-            Event::JobTimedOut(x) => {
-                s.terminal
-                    .entry(x.job_id.clone())
-                    .or_default()
-                    .push(JobState::Timeout);
-                let why = ended_because(s, &x.job_id, &x.reason_code);
-                s.why.insert(x.job_id.clone(), why);
-            }
+            Event::JobFailed(x) => ended(s, &x.job_id, JobState::Failed, &x.reason_code),
+            Event::JobTimedOut(x) => ended(s, &x.job_id, JobState::Timeout, &x.reason_code),
             Event::JobCancelled(x) => s
                 .terminal
                 .entry(x.job_id.clone())

@@ -842,10 +842,7 @@ async fn redrive_job(api: &Api, caller: &Identity, id: &str, b: RedriveBody) -> 
     require(caller, Action::Redrive)?;
     let job = load_job(api, caller, id)?;
     let (principal, tenant) = acting(caller, &job, b.principal, b.tenant)?;
-    if !matches!(
-        job.state,
-        JobState::Failed | JobState::Timeout | JobState::Denied
-    ) {
+    if !job.state.is_dead_lettered() {
         return Err(ApiError(
             StatusCode::CONFLICT,
             format!(

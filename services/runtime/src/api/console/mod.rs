@@ -572,11 +572,7 @@ fn actions(who: &Identity, id: &str, j: &Job) -> String {
         f.push(("reason", "reason", ""));
         out.push_str(&action_form(&format!("{base}/cancel"), "Cancel", &f));
     }
-    if matches!(
-        j.state,
-        JobState::Failed | JobState::Timeout | JobState::Denied
-    ) && who.may(Action::Redrive)
-    {
+    if j.state.is_dead_lettered() && who.may(Action::Redrive) {
         let mut f = as_field("principal");
         f.push(("new_job_id", "new id (optional)", ""));
         f.push(("reason", "reason", ""));
