@@ -31,11 +31,11 @@ use clap::{Args, ValueEnum};
 use infra::{Cluster, Ksched, PyWorker, Toxiproxy, free_port, tail};
 use ksched_core::events::JobState;
 use ksched_core::records::{Dispatch, Heartbeat, JobRequest};
-use observe::{JournalWatch, Load, SdkWorkers, now_ms};
+use observe::{JournalWatch, Load, LoadDeliveries, LoadProducer, SdkWorkers, now_ms};
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
-use rdkafka::producer::{BaseProducer, BaseRecord};
+use rdkafka::producer::BaseRecord;
 use rdkafka::{Offset, TopicPartitionList};
 use serde::Serialize;
 use serde_json::json;
@@ -367,6 +367,8 @@ struct Scenario {
     watch: JournalWatch,
     heals: Vec<i64>,
     notes: Vec<String>,
+    /// Jobs the load's producer never got to the broker (the run is then not conclusive).
+    undelivered: usize,
     /// Dead letters the run must have written, at least, by reason.
     expect_dead_letters: BTreeMap<String, u64>,
     /// Recovery measured to the first Tick of this ticker (an instance that took over), from
@@ -426,6 +428,7 @@ impl Scenario {
             watch,
             heals: Vec::new(),
             notes: Vec::new(),
+            undelivered: 0,
             expect_dead_letters: BTreeMap::new(),
             recover_by_ticker: None,
         })
@@ -479,6 +482,18 @@ impl Scenario {
         let load = self.load(rate(env))?;
         std::thread::sleep(Duration::from_secs(5));
         Ok((k, sdk, py, load))
+    }
+
+    /// The jobs the load got to the broker, to judge the run on; the rest are noted, and
+    /// fail the run (it says nothing about them).
+    fn submitted(&mut self, (ids, delivered): (Vec<String>, observe::Delivered)) -> Vec<String> {
+        if let Some(note) = delivered.note() {
+            self.notes.push(note);
+        }
+        self.undelivered = delivered.undelivered.len();
+        ids.into_iter()
+            .filter(|id| !delivered.undelivered.contains(id))
+            .collect()
     }
 
     /// Waits until every job is terminal (or `limit`), then judges the run.
@@ -628,6 +643,7 @@ impl Scenario {
                 .filter(|(_, at)| *at < workers_stopped_at)
                 .count();
             let passed = missing.is_empty()
+                && self.undelivered == 0
                 && !workers_failed
                 && lost == 0
                 && stuck == 0
@@ -726,7 +742,7 @@ fn kill(env: &Env) -> Result<Verdict> {
         k = s.ksched(n)?;
     }
     std::thread::sleep(env.seconds(10, 5));
-    let ids = load.finish();
+    let ids = s.submitted(load.finish());
     k.wait_ready(Duration::from_secs(120))?;
     let what = format!(
         "SIGKILL of ksched run every 2-5 s, {kills} times, restarted at once; worker TTL 5 s; {:.0} jobs/s",
@@ -749,7 +765,7 @@ fn broker_restart(env: &Env) -> Result<Verdict> {
     cluster.start()?;
     s.heals.push(now_ms());
     std::thread::sleep(env.seconds(15, 8));
-    let ids = load.finish();
+    let ids = s.submitted(load.finish());
     let what = format!(
         "broker stopped for {} s and started again; workers keep heartbeating into their producers' queues",
         down.as_secs()
@@ -780,7 +796,7 @@ fn broker_kill(env: &Env) -> Result<Verdict> {
         cluster.start_node(node)?;
         std::thread::sleep(env.seconds(10, 5));
     }
-    let ids = load.finish();
+    let ids = s.submitted(load.finish());
     let what = format!(
         "3-node KRaft cluster, journal RF 3 / min.insync.replicas 2; each node in turn SIGKILLed, started again {} s later",
         down.as_secs()
@@ -927,7 +943,7 @@ fn network(env: &Env) -> Result<Verdict> {
     proxy.remove_toxic("kafka", "blackhole")?;
     s.heals.push(now_ms());
     std::thread::sleep(env.seconds(15, 8));
-    let ids = load.finish();
+    let ids = s.submitted(load.finish());
     let what = format!(
         "through toxiproxy between ksched and the broker: 300 ms latency for {} s, connections reset, a {} s blackhole (workers connect directly)",
         env.seconds(20, 6).as_secs(),
@@ -997,7 +1013,7 @@ fn two_instances(env: &Env) -> Result<Verdict> {
         };
     }
     std::thread::sleep(env.seconds(10, 5));
-    let ids = load.finish();
+    let ids = s.submitted(load.finish());
     match &outcome {
         Ok(how) => s.notes.push(how.chars().take(120).collect()),
         Err(why) => s.notes.push(why.clone()),
@@ -1057,7 +1073,7 @@ fn disk_full(env: &Env) -> Result<Verdict> {
         let mut k2 = s.ksched(1)?;
         k2.wait_ready(Duration::from_secs(120))?;
         std::thread::sleep(env.seconds(10, 5));
-        let ids = load.finish();
+        let ids = s.submitted(load.finish());
         let clean = s
             .notes
             .first()
@@ -1104,18 +1120,18 @@ fn poison(env: &Env) -> Result<Verdict> {
     let extra = {
         let (topic, prefix, direct) = (s.job_topic.clone(), s.prefix.clone(), s.direct.clone());
         let (compressed, expected) = (compressed.clone(), expected.clone());
-        let codecs: Vec<(String, BaseProducer)> = ["gzip", "zstd"]
+        let codecs: Vec<(String, LoadProducer)> = ["gzip", "zstd"]
             .iter()
             .map(|c| {
-                let p: BaseProducer = ClientConfig::new()
+                let p: LoadProducer = ClientConfig::new()
                     .set("bootstrap.servers", &direct)
                     .set("compression.type", *c)
-                    .create()
+                    .create_with_context(LoadDeliveries::default())
                     .expect("a compressing producer");
                 ((*c).to_owned(), p)
             })
             .collect();
-        move |n: u64, producer: &BaseProducer| {
+        move |n: u64, producer: &LoadProducer| {
             if n % 100 != 9 {
                 return;
             }
@@ -1128,8 +1144,9 @@ fn poison(env: &Env) -> Result<Verdict> {
                 tenant_id: "poison".into(),
                 ..Default::default()
             };
-            let send = |p: &BaseProducer, topic: &str, key: &str, bytes: &[u8]| {
-                let mut r = BaseRecord::to(topic).key(key).payload(bytes);
+            let send = |p: &LoadProducer, topic: &str, key: &str, bytes: &[u8]| {
+                // Untracked (opaque 0): a poison record is not a job the verdict waits for.
+                let mut r = BaseRecord::with_opaque_to(topic, 0).key(key).payload(bytes);
                 loop {
                     match p.send(r) {
                         Ok(()) => return,
@@ -1232,7 +1249,7 @@ fn poison(env: &Env) -> Result<Verdict> {
     while load.ids.lock().map_or(0, |v| v.len() as u64) < jobs {
         std::thread::sleep(Duration::from_millis(100));
     }
-    let mut ids = load.finish();
+    let mut ids = s.submitted(load.finish());
     let compressed = compressed.lock().map(|c| c.clone()).unwrap_or_default();
     ids.extend(compressed.iter().cloned());
     s.expect_dead_letters = expected
