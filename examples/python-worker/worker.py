@@ -46,16 +46,20 @@ class PyWorker:
         self.cancelled = set()
         self.done = 0
         self.stop = threading.Event()
-        self.producer = Producer({
-            "bootstrap.servers": args.bootstrap,
-            "enable.idempotence": True,
-            "linger.ms": 1,
-            # Heard again soon after an outage: the scheduler allows worker_ttl_ms from its
-            # own recovery, and librdkafka's default reconnect back-off grows to 10 s.
-            "reconnect.backoff.max.ms": 1000,
-            "client.id": f"ksched-py-{args.worker_id}",
-            **args.properties,
-        })
+        # Reports (starts, results) kept until the broker acknowledged them, by sequence
+        # number; heartbeats are not kept (the next one supersedes them). A producer that
+        # acknowledged nothing for three heartbeat intervals while records wait is replaced
+        # and the kept reports sent again on the new one: after a broker restart librdkafka's
+        # idempotent producer can stop delivering altogether, and a worker whose heartbeats
+        # stall past the scheduler's worker_ttl_ms is declared lost.
+        self.lock = threading.RLock()
+        self.pending = {}
+        self.seq = 0
+        self.sent = self.reported = 0
+        self.last_delivered = time.monotonic()
+        self.stall = max(3 * args.heartbeat_interval, 2.0)
+        self.replaced = 0
+        self.producer = self.new_producer()
         self.consumer = Consumer({
             "bootstrap.servers": args.bootstrap,
             "group.id": f"{self.prefix}workers.{args.pool}",
@@ -67,15 +71,65 @@ class PyWorker:
             **args.properties,
         })
 
-    def send(self, topic, key, name, record, partition=None):
+    def new_producer(self):
+        return Producer({
+            "bootstrap.servers": self.args.bootstrap,
+            "enable.idempotence": True,
+            "linger.ms": 1,
+            # Heard again soon after an outage: the scheduler allows worker_ttl_ms from its
+            # own recovery, and librdkafka's default reconnect back-off grows to 10 s.
+            "reconnect.backoff.max.ms": 1000,
+            "client.id": f"ksched-py-{self.args.worker_id}",
+            **self.args.properties,
+        })
+
+    def send(self, topic, key, name, record, partition=None, keep=True):
         # A Dispatch names the results partition its shard reads (reply_partition); None:
         # the partitioner's choice by key (a scheduler with one shard).
+        value = self.codec.encode(name, record)
+        with self.lock:
+            if self.sent == self.reported:
+                self.last_delivered = time.monotonic()  # the stall clock starts now
+            self.seq += 1
+            if keep:
+                self.pending[self.seq] = (topic, key.encode(), value, partition)
+            self.produce(self.seq, topic, key.encode(), value, partition)
+            self.producer.poll(0)
+            self.replace_if_stalled()
+
+    def produce(self, seq, topic, key, value, partition):
+        producer = self.producer
         extra = {} if partition is None else {"partition": partition}
-        self.producer.produce(topic, key=key.encode(), value=self.codec.encode(name, record), **extra)
-        self.producer.poll(0)
+
+        def done(err, _msg):
+            with self.lock:
+                if producer is not self.producer:
+                    return  # a replaced producer's report
+                self.reported += 1
+                if err is None:
+                    self.pending.pop(seq, None)
+                    self.last_delivered = time.monotonic()
+
+        producer.produce(topic, key=key, value=value, on_delivery=done, **extra)
+        self.sent += 1
+
+    def replace_if_stalled(self):
+        waited = time.monotonic() - self.last_delivered
+        if self.sent == self.reported or waited < self.stall:
+            return
+        old, self.producer = self.producer, self.new_producer()
+        self.replaced += 1
+        self.sent = self.reported = 0
+        self.last_delivered = time.monotonic()
+        print(f"{self.args.worker_id}: the producer delivered nothing for {waited:.1f} s; "
+              f"replaced, {len(self.pending)} reports sent again", file=sys.stderr, flush=True)
+        old.purge()
+        old.poll(0)
+        for seq, (topic, key, value, partition) in sorted(self.pending.items()):
+            self.produce(seq, topic, key, value, partition)
 
     def heartbeat(self, draining=False):
-        self.send(f"{self.prefix}heartbeats", self.args.worker_id, "Heartbeat", {
+        self.send(f"{self.prefix}heartbeats", self.args.worker_id, "Heartbeat", keep=False, record={
             "worker_id": self.args.worker_id,
             "pool": self.args.pool,
             "active_jobs": len(self.active),

@@ -8,6 +8,9 @@ use rdkafka::ClientConfig;
 
 use crate::{Error, Result};
 
+/// A heartbeat every 3 s: five in the scheduler's default `worker_ttl_ms` (15 s).
+pub(crate) const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(3);
+
 /// How a worker connects and what it reports about itself.
 #[derive(Clone)]
 pub struct WorkerConfig {
@@ -54,7 +57,7 @@ impl WorkerConfig {
             pool: pool.to_owned(),
             topic_prefix: "ksched.".to_owned(),
             max_parallel_jobs: 4,
-            heartbeat_interval: Duration::from_secs(3),
+            heartbeat_interval: DEFAULT_HEARTBEAT_INTERVAL,
             shutdown_grace: Duration::from_secs(10),
             labels: BTreeMap::new(),
             capabilities: Vec::new(),

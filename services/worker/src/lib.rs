@@ -177,7 +177,8 @@ impl Worker {
             // recovery to be heard again; librdkafka's default reconnect back-off grows to
             // 10 s, longer than a short TTL, so heartbeats retry the broker every second.
             .set("reconnect.backoff.max.ms", RECONNECT_BACKOFF_MAX_MS);
-        let reporter = Reporter::new(producer, &config.worker_id, &config.topic_prefix)?;
+        let mut reporter = Reporter::new(producer, &config.worker_id, &config.topic_prefix)?;
+        reporter.stall = reporter::producer_stall(config.heartbeat_interval);
         Ok(Worker {
             config,
             consumer: Arc::new(consumer),
@@ -239,8 +240,9 @@ impl Worker {
 
     async fn send_heartbeat(&self, draining: bool) {
         let hb = self.heartbeat(draining);
+        let timeout = reporter::heartbeat_timeout(self.config.heartbeat_interval);
         self.reporter
-            .send(&self.reporter.heartbeats, &self.config.worker_id, &hb)
+            .send_heartbeat(&self.config.worker_id, &hb, timeout)
             .await;
     }
 
@@ -597,6 +599,30 @@ mod tests {
         );
     }
 
+    /// A worker whose report producer delivers nothing gets a new one within a few heartbeat
+    /// intervals (before, a heartbeat was waited for 30 s and the producer replaced only
+    /// after 45 s without a delivery: after a broker restart left librdkafka's idempotent
+    /// producer stuck, the scheduler declared the live worker lost long before).
+    #[tokio::test]
+    async fn a_stalled_heartbeat_producer_is_replaced_within_a_few_intervals() {
+        let mut cfg = WorkerConfig::new("127.0.0.1:1", "w-stalled", "default");
+        cfg.heartbeat_interval = Duration::from_millis(200);
+        cfg.shutdown_grace = Duration::from_millis(100);
+        let worker = Worker::new(cfg).unwrap();
+        let reporter = worker.reporter.clone();
+        let shutdown = CancellationToken::new();
+        let run = tokio::spawn(worker.run(|_| async { Outcome::succeeded() }, shutdown.clone()));
+        // Stall after 2 s (three intervals, at least 2 s), heartbeats given up after 1 s.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let generation = reporter.current().1;
+        shutdown.cancel();
+        let _ = tokio::time::timeout(Duration::from_secs(20), run).await;
+        assert!(
+            generation >= 1,
+            "the stalled report producer was not replaced within 5 s"
+        );
+    }
+
     /// A report producer that stopped delivering is replaced and the report sent again on
     /// the new one (before, every report of a broken idempotent producer was given up, its
     /// heartbeats with them, and the scheduler declared a live worker lost). The first
@@ -629,7 +655,7 @@ mod tests {
             worker_id: "w-renew".into(),
             started_at: now_ms(),
         };
-        reporter.send(&topic, "j-1", &hb).await;
+        reporter.send_to(&topic, None, "j-1", &hb, None).await;
 
         assert_eq!(reporter.current().1, 1, "the producer was not replaced");
         let read = ksched_testkit::read_to_end(&bootstrap, &topic).unwrap();
@@ -681,7 +707,7 @@ mod tests {
             worker_id: "w-keep".into(),
             started_at: now_ms(),
         };
-        reporter.send("nowhere", "j-1", &hb).await;
+        reporter.send_to("nowhere", None, "j-1", &hb, None).await;
         assert_eq!(reporter.current().1, 0);
     }
 

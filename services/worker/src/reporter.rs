@@ -23,7 +23,7 @@ pub(crate) const FAREWELL_TIMEOUT: Duration = Duration::from_secs(3);
 /// Reports go through one idempotent producer. A producer that has stopped delivering is
 /// replaced: librdkafka makes an idempotent producer unusable after a fatal error (a
 /// sequence gap the broker refuses after an outage), and a producer that delivered nothing
-/// for [`PRODUCER_STALL`] while the broker is reachable again is not trusted either. The
+/// for [`producer_stall`] is not trusted either. The
 /// scheduler dedupes reports by (job, attempt), so one sent twice across a replacement is
 /// harmless; a heartbeat that never arrives is not (the worker would be declared lost).
 #[derive(Clone)]
@@ -33,7 +33,7 @@ pub(crate) struct Reporter {
     pub(crate) config: ClientConfig,
     /// Longest a report is waited for ([`REPORT_TIMEOUT`]).
     pub(crate) timeout: Duration,
-    /// [`PRODUCER_STALL`].
+    /// [`producer_stall`].
     pub(crate) stall: Duration,
     pub(crate) worker_id: String,
     pub(crate) results: String,
@@ -51,8 +51,19 @@ pub(crate) struct Producer {
 }
 
 /// A producer that delivered nothing for this long (every report given up meanwhile) is
-/// replaced by a new one.
-pub(crate) const PRODUCER_STALL: Duration = Duration::from_secs(45);
+/// replaced by a new one: three heartbeat intervals, at least 2 s ([`producer_stall`]).
+/// After a broker restart librdkafka's idempotent producer can stop delivering altogether
+/// (the fault suite's load producer once delivered nothing for five minutes); a worker whose
+/// heartbeats stall longer than the scheduler's `worker_ttl_ms` is declared lost, so the
+/// stall must be well inside it (default: 9 s of 15 s).
+pub(crate) fn producer_stall(heartbeat_interval: Duration) -> Duration {
+    (heartbeat_interval * 3).max(Duration::from_secs(2))
+}
+
+/// How long a heartbeat is waited for: two intervals, at least 1 s.
+pub(crate) fn heartbeat_timeout(heartbeat_interval: Duration) -> Duration {
+    (heartbeat_interval * 2).max(Duration::from_secs(1))
+}
 
 impl std::fmt::Debug for Reporter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -79,7 +90,7 @@ impl Reporter {
             })),
             config,
             timeout: REPORT_TIMEOUT,
-            stall: PRODUCER_STALL,
+            stall: producer_stall(crate::config::DEFAULT_HEARTBEAT_INTERVAL),
             worker_id: worker_id.to_owned(),
             results: format!("{topic_prefix}results"),
             heartbeats: format!("{topic_prefix}heartbeats"),
@@ -100,7 +111,7 @@ impl Reporter {
     }
 
     /// After a failed report: replaces the producer of `generation` when it is fatally
-    /// broken or has delivered nothing for [`PRODUCER_STALL`]. True when the report should
+    /// broken or has delivered nothing for [`producer_stall`]. True when the report should
     /// be sent again: the producer was replaced, here or meanwhile (a replaced producer's
     /// queued reports fail when it is dropped).
     pub(crate) fn renew_if_broken(&self, generation: u64, producer: &FutureProducer) -> bool {
@@ -139,19 +150,22 @@ impl Reporter {
         }
     }
 
-    /// Sends a report once (on a new producer too, when the first turns out broken); true
-    /// when it was delivered.
-    pub(crate) async fn send<T: ksched_codec::Record>(
+    /// A heartbeat, waited for at most `timeout`: the next one supersedes it, so a producer
+    /// that holds it longer is checked for a stall at once rather than after
+    /// [`REPORT_TIMEOUT`].
+    pub(crate) async fn send_heartbeat<T: ksched_codec::Record>(
         &self,
-        topic: &str,
         key: &str,
         value: &T,
+        timeout: Duration,
     ) -> bool {
-        self.send_to(topic, None, key, value, None).await
+        self.send_once(&self.heartbeats, None, key, value, None, timeout)
+            .await
     }
 
-    /// [`Reporter::send`] to a given partition (None: the partitioner's, by key), with the
-    /// job's `traceparent` header when it is traced.
+    /// Sends a report once (on a new producer too, when the first turns out broken) to a
+    /// given partition (None: the partitioner's, by key), with the job's `traceparent`
+    /// header when it is traced; true when it was delivered.
     pub(crate) async fn send_to<T: ksched_codec::Record>(
         &self,
         topic: &str,
@@ -159,6 +173,19 @@ impl Reporter {
         key: &str,
         value: &T,
         trace: Option<&str>,
+    ) -> bool {
+        self.send_once(topic, partition, key, value, trace, self.timeout)
+            .await
+    }
+
+    async fn send_once<T: ksched_codec::Record>(
+        &self,
+        topic: &str,
+        partition: Option<i32>,
+        key: &str,
+        value: &T,
+        trace: Option<&str>,
+        timeout: Duration,
     ) -> bool {
         let bytes = match ksched_codec::encode(value) {
             Ok(b) => b,
@@ -183,7 +210,7 @@ impl Reporter {
             // Bounded, whatever state the client is in: a report that cannot be delivered is
             // given up (the scheduler's timeouts cover it) rather than holding up the job or
             // the worker's shutdown.
-            match tokio::time::timeout(self.timeout, producer.send(record, self.timeout)).await {
+            match tokio::time::timeout(timeout, producer.send(record, timeout)).await {
                 Ok(Ok(_)) => {
                     self.delivered(generation);
                     return true;
@@ -192,7 +219,7 @@ impl Reporter {
                 Err(_) => warn!(
                     topic,
                     key,
-                    timeout_s = self.timeout.as_secs(),
+                    timeout_ms = timeout.as_millis() as u64,
                     "report not delivered in time; given up"
                 ),
             }
