@@ -281,7 +281,7 @@ impl Metrics {
                 &r,
                 Counter::new(
                     PROCESSOR_CPU,
-                    "CPU time of the processor thread (deciding, encoding, RocksDB writes, Kafka client calls; not librdkafka's own threads), from the thread's CPU clock.",
+                    "CPU time of the processor's threads: the deciding thread (decoding, deciding, encoding, RocksDB writes) and its transaction thread (offsets, delivery reports, commits); not librdkafka's own threads. From each thread's CPU clock.",
                 )
                 .unwrap_or_else(|e| unreachable!("{e}")),
             ),
@@ -364,12 +364,7 @@ impl Metrics {
 
     /// Adds the CPU time the calling thread used since `last` (its previous reading, updated).
     pub fn add_thread_cpu(&self, last: &mut Option<f64>) {
-        let Some(now) = thread_cpu_seconds() else {
-            return;
-        };
-        if let Some(before) = last.replace(now) {
-            self.processor_cpu.inc_by((now - before).max(0.0));
-        }
+        add_thread_cpu(&self.processor_cpu, last);
     }
 
     /// After a batch: gauges from the state.
@@ -495,6 +490,17 @@ pub fn thread_cpu_seconds() -> Option<f64> {
     let text = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
     let ns: u64 = text.split_whitespace().next()?.parse().ok()?;
     Some(ns as f64 / 1e9)
+}
+
+/// Adds to `counter` the CPU time the calling thread used since `last` (its previous
+/// reading, updated; the first reading only starts the count).
+pub fn add_thread_cpu(counter: &Counter, last: &mut Option<f64>) {
+    let Some(now) = thread_cpu_seconds() else {
+        return;
+    };
+    if let Some(before) = last.replace(now) {
+        counter.inc_by((now - before).max(0.0));
+    }
 }
 
 #[cfg(test)]

@@ -25,6 +25,7 @@ use ksched_core::outputs::Output;
 use ksched_core::state::State;
 use ksched_policy::RegoEngine;
 use ksched_store::Store;
+use prometheus::Counter;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, OwnedHeaders};
@@ -40,12 +41,12 @@ use crate::inputs::{
     InputRecord, ReadThrough, Taken, Unreadable, set_aside, skips_records, take, unreadable_input,
 };
 use crate::job_trace::{JobSpans, Traced};
-use crate::metrics::RecordCounters;
+use crate::metrics::{RecordCounters, add_thread_cpu};
 use crate::replay::{Flow, Replayer, journal_watermarks, read_journal};
 use crate::settings::Config;
 use crate::shard::{Shard, Takes};
 use crate::status::Status;
-use crate::topics::{InputKind, Topics, client_config};
+use crate::topics::{InputKind, Topics, client_config, transactional_retry_backoff};
 
 /// Most continuation entries one input may add in its own transaction; further work waits
 /// for the next Tick (which continues it anyway).
@@ -305,14 +306,19 @@ struct Caller {
 type Call = Box<dyn FnOnce(&BaseProducer<Delivery>) + Send>;
 
 impl Caller {
-    fn start(producer: Arc<BaseProducer<Delivery>>) -> Result<Caller> {
+    /// `cpu` counts the thread's CPU time: the transaction's calls, and the delivery reports
+    /// they serve, are the processor's work as much as deciding is.
+    fn start(producer: Arc<BaseProducer<Delivery>>, cpu: Counter) -> Result<Caller> {
         let (calls, rx) = std::sync::mpsc::channel::<Call>();
         std::thread::Builder::new()
             .name("ksched-txn-calls".into())
             .spawn(move || {
+                let mut last = None;
+                add_thread_cpu(&cpu, &mut last);
                 // Ends when the processor (the sender) is gone.
                 while let Ok(call) = rx.recv() {
                     call(&producer);
+                    add_thread_cpu(&cpu, &mut last);
                 }
             })
             .map_err(crate::error::io("starting the transaction thread"))?;
@@ -392,25 +398,26 @@ impl Processor {
             delivered: AtomicU64::new(0),
             failures: Mutex::new(Vec::new()),
         };
-        let producer: BaseProducer<Delivery> = client_config(settings)
-            .set(
-                "client.id",
-                format!("{}-processor", settings.kafka.client_id),
-            )
-            .set("transactional.id", &transactional_id)
-            .set("enable.idempotence", "true")
-            .set(
-                "transaction.timeout.ms",
-                settings.processor.transaction_timeout_ms.to_string(),
-            )
-            .set("linger.ms", "2")
-            .set("queue.buffering.max.messages", "1000000")
-            .set("compression.type", "lz4")
-            // A record to a topic or partition that does not exist fails within seconds
-            // instead of waiting out the transaction.
-            .set("topic.metadata.propagation.max.ms", "5000")
-            .create_with_context(delivery)
-            .map_err(kafka("creating the transactional producer"))?;
+        let producer: BaseProducer<Delivery> =
+            transactional_retry_backoff(&mut client_config(settings))
+                .set(
+                    "client.id",
+                    format!("{}-processor", settings.kafka.client_id),
+                )
+                .set("transactional.id", &transactional_id)
+                .set("enable.idempotence", "true")
+                .set(
+                    "transaction.timeout.ms",
+                    settings.processor.transaction_timeout_ms.to_string(),
+                )
+                .set("linger.ms", "2")
+                .set("queue.buffering.max.messages", "1000000")
+                .set("compression.type", "lz4")
+                // A record to a topic or partition that does not exist fails within seconds
+                // instead of waiting out the transaction.
+                .set("topic.metadata.propagation.max.ms", "5000")
+                .create_with_context(delivery)
+                .map_err(kafka("creating the transactional producer"))?;
         let timeout = Duration::from_millis(settings.processor.transaction_timeout_ms);
         producer.init_transactions(timeout).map_err(|e| {
             if is_fenced(&e) {
@@ -424,7 +431,7 @@ impl Processor {
         })?;
         let fenced_ms = started.elapsed().as_millis() as u64;
         let producer = Arc::new(producer);
-        let caller = Caller::start(producer.clone())?;
+        let caller = Caller::start(producer.clone(), status.metrics.processor_cpu.clone())?;
         let engine = Engine::open(store)?;
         let loaded_ms = started.elapsed().as_millis() as u64;
         let mut p = Processor {
@@ -1566,7 +1573,7 @@ mod tests {
     /// send_offsets_to_transaction after a broker holding a coordinator was killed).
     #[test]
     fn a_transactional_call_that_hangs_is_given_up_on() {
-        let caller = Caller::start(producer()).unwrap();
+        let caller = Caller::start(producer(), cpu_counter()).unwrap();
         let seven = caller.run(|_| 7).unwrap();
         assert_eq!(seven.recv_timeout(Duration::from_secs(5)).ok(), Some(7));
         let started = Instant::now();
@@ -1575,5 +1582,39 @@ mod tests {
             .unwrap();
         assert!(hung.recv_timeout(Duration::from_millis(200)).is_err());
         assert!(started.elapsed() < Duration::from_secs(2));
+    }
+
+    fn cpu_counter() -> Counter {
+        Counter::new("cpu", "test").unwrap()
+    }
+
+    /// The transaction thread's CPU is the processor's: it serves the delivery reports and
+    /// the commit calls that the deciding thread once made itself (before, it went
+    /// uncounted, and processor CPU per job looked smaller than it was).
+    #[test]
+    fn the_transaction_threads_cpu_is_counted_as_the_processors() {
+        let cpu = cpu_counter();
+        let caller = Caller::start(producer(), cpu.clone()).unwrap();
+        let worked = caller
+            .run(|_| {
+                let clock0 = crate::metrics::thread_cpu_seconds().unwrap();
+                let mut x = 0u64;
+                while crate::metrics::thread_cpu_seconds().unwrap() - clock0 < 0.03 {
+                    x = std::hint::black_box(x.wrapping_add(1));
+                }
+                x
+            })
+            .unwrap();
+        assert!(worked.recv_timeout(Duration::from_secs(10)).is_ok());
+        // The count is added after the call has sent its result: wait for it briefly.
+        let until = Instant::now() + Duration::from_secs(5);
+        while cpu.get() < 0.03 && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(
+            cpu.get() >= 0.03,
+            "{} s counted for 30 ms of work",
+            cpu.get()
+        );
     }
 }

@@ -5,6 +5,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
+use ksched_runtime::topics::transactional_retry_backoff;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
@@ -74,8 +75,8 @@ pub(super) fn run(
         .set("fetch.queue.backoff.ms", "1")
         .create()?;
     consumer.subscribe(&[input])?;
-    let txn: BaseProducer = client
-        .clone()
+    // The processor's transactional settings, its retry backoff included.
+    let txn: BaseProducer = transactional_retry_backoff(&mut client.clone())
         .set("transactional.id", format!("{input}-pipe"))
         .set("enable.idempotence", "true")
         .set("linger.ms", "2")

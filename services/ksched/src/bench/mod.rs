@@ -758,7 +758,7 @@ fn print_table(r: &Report) {
         );
     }
     println!(
-        "| CPU per job at saturation: processor thread / whole bench process (workers, clients; not the broker) | {:.0} us / {:.0} us |",
+        "| CPU per job at saturation: processor (deciding and transaction threads) / whole bench process (workers, clients; not the broker) | {:.0} us / {:.0} us |",
         r.saturation_small_history.processor_cpu_us_per_job,
         r.saturation_small_history.process_cpu_us_per_job
     );
