@@ -1456,7 +1456,7 @@ fn refusals(producer: &BaseProducer<Delivery>) -> Result<()> {
 fn await_deliveries(producer: &BaseProducer<Delivery>, timeout: Duration) -> Result<()> {
     let deadline = Instant::now() + timeout;
     while producer.in_flight_count() > 0 {
-        producer.poll(Duration::from_millis(1));
+        crate::topics::serve_deliveries(producer);
         if Instant::now() > deadline {
             return Err(Error::Unacknowledged {
                 records: producer.in_flight_count(),

@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use ksched_runtime::topics::transactional_retry_backoff;
+use ksched_runtime::topics::{serve_deliveries, transactional_retry_backoff};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
@@ -137,10 +137,10 @@ pub(super) fn run(
             .group_metadata()
             .context("the pipe consumer has no group metadata")?;
         txn.send_offsets_to_transaction(&tpl, &meta, timeout)?;
-        // As the processor does: serve delivery reports in 1 ms steps before committing
-        // (rust-rdkafka's flush inside commit_transaction polls in 100 ms steps).
+        // As the processor does: serve delivery reports before committing (rust-rdkafka's
+        // flush inside commit_transaction polls in 100 ms steps), napping, not spinning.
         while txn.in_flight_count() > 0 {
-            txn.poll(Duration::from_millis(1));
+            serve_deliveries(&txn);
         }
         txn.commit_transaction(timeout)?;
         done += batch.len() as u64;

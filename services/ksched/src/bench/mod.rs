@@ -253,7 +253,7 @@ where
         match producer.send(record) {
             Ok(()) => return Ok(()),
             Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
-                producer.poll(Duration::from_millis(1));
+                ksched_runtime::topics::serve_deliveries(producer);
                 record = r;
             }
             Err((e, _)) => return Err(e).context("producing a bench record"),
