@@ -500,9 +500,9 @@ mod tests {
             .send(BaseRecord::to("t").key("k").payload("v"))
             .map_err(|(e, _)| e)
             .unwrap();
-        assert_eq!(
-            producer.in_flight_count(),
-            1,
+        // librdkafka counts its own requests in flight too: at least the record.
+        assert!(
+            producer.in_flight_count() >= 1,
             "no broker: it stays in flight"
         );
         let cpu0 = crate::metrics::thread_cpu_seconds().unwrap();
