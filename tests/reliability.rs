@@ -360,3 +360,74 @@ fn requests_are_journaled_once() {
     let bytes = ksched_codec::encode(&entry).unwrap();
     assert!(bytes.len() < 101_000, "{} bytes", bytes.len());
 }
+
+/// A transaction that a crashed processor left open on its shard's second transactional id
+/// (`<id>-b`) is aborted when the shard's processor starts again, even one configured with a
+/// single producer: the journal's readers (read_committed) are not held behind it until the
+/// transaction times out, and the setting can change between runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_left_open_on_either_producer_is_aborted_at_start() {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::message::Message;
+
+    let mut s = Scheduler::start(vec![(
+        "KSCHED__PROCESSOR__TRANSACTIONAL_PRODUCERS",
+        "1".into(),
+    )])
+    .await;
+    assert_eq!(s.config.settings.processor.transactional_producers, 1);
+    let w = running_a_job(&s).await;
+    s.stop();
+    // What a processor that died mid-transaction leaves: a record in the journal, in a
+    // transaction that stays open for ten minutes unless someone aborts it.
+    let journal = s.topic("journal");
+    let id = format!("{}-journal-0-b", s.config.settings.processor.group_id);
+    let zombie: BaseProducer = client_config(&s.bootstrap)
+        .set("transactional.id", &id)
+        .set("transaction.timeout.ms", "600000")
+        .create()
+        .unwrap();
+    zombie.init_transactions(Duration::from_secs(30)).unwrap();
+    zombie.begin_transaction().unwrap();
+    zombie
+        .send(BaseRecord::to(&journal).partition(0).key("x").payload("x"))
+        .map_err(|(e, _)| e)
+        .unwrap();
+    zombie.flush(Duration::from_secs(30)).unwrap();
+    std::mem::forget(zombie);
+
+    let s = s.restart().await;
+    s.submit(&request(&s, "after"));
+    s.wait_job("after", "SUCCEEDED", |j| j.state == JobState::Succeeded)
+        .await;
+    // The journal shows it to a read_committed reader.
+    let reader: BaseConsumer = client_config(&s.bootstrap)
+        .set("group.id", ksched_testkit::unique("reader"))
+        .set("isolation.level", "read_committed")
+        .set("auto.offset.reset", "earliest")
+        .create()
+        .unwrap();
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    tpl.add_partition_offset(&journal, 0, rdkafka::Offset::Beginning)
+        .unwrap();
+    reader.assign(&tpl).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut seen = false;
+    while !seen && std::time::Instant::now() < deadline {
+        if let Some(Ok(m)) = reader.poll(Duration::from_millis(200))
+            && let Some(Ok(entry)) = m
+                .payload()
+                .map(ksched_codec::decode::<ksched_core::events::JournalEntry>)
+        {
+            seen = entry
+                .events
+                .iter()
+                .any(|e| matches!(e, Event::JobSucceeded(j) if j.job_id == "after"));
+        }
+    }
+    assert!(
+        seen,
+        "the journal's committed records stop at the transaction left open on {id}"
+    );
+    w.stop().await;
+}

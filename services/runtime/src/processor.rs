@@ -10,9 +10,10 @@
 //!
 //! Runs on a plain thread: the Kafka transaction calls block.
 
+use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -58,6 +59,9 @@ const INPUTS_REFRESH: Duration = Duration::from_secs(30);
 /// Under a steady load the pipeline never empties by itself; this often it is let empty, so
 /// that cold records leave memory (`Processor::drain`).
 const EVICT_EVERY: Duration = Duration::from_secs(1);
+
+/// Transactional producers a shard's processor may use in turn (ids `<id>` and `<id>-b`).
+const MAX_TRANSACTIONAL_PRODUCERS: u8 = 2;
 
 /// What a failed run leaves for the next: input partitions to process one input per
 /// transaction (to find which input failed), and inputs to set aside.
@@ -106,12 +110,13 @@ impl Recovery {
     }
 }
 
-/// Collects delivery reports: the last journal offset written, and refusals.
+/// Collects a producer's delivery reports: the last journal offset written (shared by the
+/// processor's producers, so that it only moves forward whichever producer commits), and
+/// refusals.
 struct Delivery {
     journal: String,
     partition: i32,
-    last_journal_offset: AtomicI64,
-    delivered: AtomicU64,
+    last_journal_offset: Arc<AtomicI64>,
     failures: Mutex<Vec<(String, RDKafkaErrorCode, String)>>,
 }
 
@@ -124,7 +129,6 @@ impl ProducerContext for Delivery {
         use rdkafka::message::Message;
         match result {
             Ok(m) => {
-                self.delivered.fetch_add(1, Ordering::Relaxed);
                 if m.partition() == self.partition && m.topic() == self.journal {
                     self.last_journal_offset
                         .fetch_max(m.offset(), Ordering::Relaxed);
@@ -189,11 +193,21 @@ pub struct Processor {
     /// The state over its projection: every decision, fold and checkpoint goes through it.
     engine: Engine,
     policy: Arc<RegoEngine>,
-    /// Shared with a thread only while a transactional call that may hang runs there
-    /// ([`Processor::bounded`]).
-    producer: Arc<BaseProducer<Delivery>>,
+    /// The transactional producers, used in turn: a batch's transaction runs on
+    /// `producers[turn]`, and the next batch's on the next one
+    /// (`processor.transactional_producers`). Shared with the transaction thread, which ends
+    /// each transaction.
+    producers: Vec<Arc<BaseProducer<Delivery>>>,
+    /// Their transactional ids, in the same order.
+    transactional_ids: Vec<String>,
+    /// The producer the next (or the open) transaction is on.
+    turn: usize,
+    /// The producer with a transaction begun and not yet ended, to abort on failure. At most
+    /// one transaction is open at a time: the next begins once the previous committed.
+    txn_on: Cell<Option<usize>>,
     caller: Caller,
     consumer: Option<BaseConsumer<InputContext>>,
+    /// The shard's transactional id (its first producer's): the name of this processor.
     transactional_id: String,
     status: Arc<Status>,
     shutdown: CancellationToken,
@@ -296,19 +310,19 @@ struct InFlight {
     batch: Batch,
 }
 
-/// A thread that makes the producer's transactional calls for the processor, so that one
-/// librdkafka does not return from holds up this thread only ([`Processor::bounded`]).
+/// A thread that makes the producers' transactional calls for the processor, so that one
+/// librdkafka does not return from holds up this thread only.
 struct Caller {
     calls: std::sync::mpsc::Sender<Call>,
 }
 
 /// One call for the [`Caller`]'s thread.
-type Call = Box<dyn FnOnce(&BaseProducer<Delivery>) + Send>;
+type Call = Box<dyn FnOnce() + Send>;
 
 impl Caller {
     /// `cpu` counts the thread's CPU time: the transaction's calls, and the delivery reports
     /// they serve, are the processor's work as much as deciding is.
-    fn start(producer: Arc<BaseProducer<Delivery>>, cpu: Counter) -> Result<Caller> {
+    fn start(cpu: Counter) -> Result<Caller> {
         let (calls, rx) = std::sync::mpsc::channel::<Call>();
         std::thread::Builder::new()
             .name("ksched-txn-calls".into())
@@ -317,7 +331,7 @@ impl Caller {
                 add_thread_cpu(&cpu, &mut last);
                 // Ends when the processor (the sender) is gone.
                 while let Ok(call) = rx.recv() {
-                    call(&producer);
+                    call();
                     add_thread_cpu(&cpu, &mut last);
                 }
             })
@@ -328,12 +342,12 @@ impl Caller {
     /// Starts `f` on the thread; its result comes on the receiver.
     fn run<T: Send + 'static>(
         &self,
-        f: impl FnOnce(&BaseProducer<Delivery>) -> T + Send + 'static,
+        f: impl FnOnce() -> T + Send + 'static,
     ) -> Option<std::sync::mpsc::Receiver<T>> {
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         self.calls
-            .send(Box::new(move |p| {
-                let _ = tx.send(f(p));
+            .send(Box::new(move || {
+                let _ = tx.send(f());
             }))
             .ok()?;
         Some(rx)
@@ -391,47 +405,31 @@ impl Processor {
         let partition = settings.processor.journal_partition;
         let shard = Shard::new(partition, settings.topics.journal_partitions);
         let transactional_id = format!("{}-journal-{partition}", settings.processor.group_id);
-        let delivery = Delivery {
-            journal: topics.journal.clone(),
-            partition,
-            last_journal_offset: AtomicI64::new(-1),
-            delivered: AtomicU64::new(0),
-            failures: Mutex::new(Vec::new()),
-        };
-        let producer: BaseProducer<Delivery> =
-            transactional_retry_backoff(&mut client_config(settings))
-                .set(
-                    "client.id",
-                    format!("{}-processor", settings.kafka.client_id),
-                )
-                .set("transactional.id", &transactional_id)
-                .set("enable.idempotence", "true")
-                .set(
-                    "transaction.timeout.ms",
-                    settings.processor.transaction_timeout_ms.to_string(),
-                )
-                .set("linger.ms", "2")
-                .set("queue.buffering.max.messages", "1000000")
-                .set("compression.type", "lz4")
-                // A record to a topic or partition that does not exist fails within seconds
-                // instead of waiting out the transaction.
-                .set("topic.metadata.propagation.max.ms", "5000")
-                .create_with_context(delivery)
-                .map_err(kafka("creating the transactional producer"))?;
-        let timeout = Duration::from_millis(settings.processor.transaction_timeout_ms);
-        producer.init_transactions(timeout).map_err(|e| {
-            if is_fenced(&e) {
-                Error::Fenced {
-                    partition,
-                    transactional_id: transactional_id.clone(),
-                }
-            } else {
-                kafka(format!("init_transactions for {transactional_id}"))(e)
+        // Both ids are initialised before the journal is read, whatever
+        // `transactional_producers` says: an older instance is fenced on each, a transaction
+        // it left open on either is aborted (so the setting can change between runs), and
+        // nothing it still commits can follow the catch-up.
+        let last_journal_offset = Arc::new(AtomicI64::new(-1));
+        let mut producers = Vec::new();
+        let mut transactional_ids = Vec::new();
+        for i in 0..MAX_TRANSACTIONAL_PRODUCERS {
+            let suffix = if i == 0 { "" } else { "-b" };
+            let id = format!("{transactional_id}{suffix}");
+            let delivery = Delivery {
+                journal: topics.journal.clone(),
+                partition,
+                last_journal_offset: last_journal_offset.clone(),
+                failures: Mutex::new(Vec::new()),
+            };
+            let client_id = format!("{}-processor{suffix}", settings.kafka.client_id);
+            let producer = transactional_producer(&config, &id, &client_id, delivery)?;
+            if i < settings.processor.transactional_producers {
+                producers.push(Arc::new(producer));
+                transactional_ids.push(id);
             }
-        })?;
+        }
         let fenced_ms = started.elapsed().as_millis() as u64;
-        let producer = Arc::new(producer);
-        let caller = Caller::start(producer.clone(), status.metrics.processor_cpu.clone())?;
+        let caller = Caller::start(status.metrics.processor_cpu.clone())?;
         let engine = Engine::open(store)?;
         let loaded_ms = started.elapsed().as_millis() as u64;
         let mut p = Processor {
@@ -439,7 +437,10 @@ impl Processor {
             topics,
             engine,
             policy,
-            producer,
+            producers,
+            transactional_ids,
+            turn: 0,
+            txn_on: Cell::new(None),
             caller,
             consumer: None,
             transactional_id,
@@ -1014,13 +1015,15 @@ impl Processor {
     /// as they are decided. Nothing may be in flight.
     fn open(&mut self) -> Result<()> {
         debug_assert!(self.in_flight.is_none() && !self.open);
-        self.producer.begin_transaction().map_err(|e| {
+        debug_assert!(self.txn_on.get().is_none());
+        self.producer().begin_transaction().map_err(|e| {
             if is_fenced(&e) {
-                self.fenced()
+                self.fenced(self.turn)
             } else {
                 kafka("begin_transaction")(e)
             }
         })?;
+        self.txn_on.set(Some(self.turn));
         self.open = true;
         for o in std::mem::take(&mut self.outbox) {
             self.produce(o).map_err(|e| self.fail(e))?;
@@ -1053,15 +1056,19 @@ impl Processor {
             None => None,
         };
         phase.end();
-        let job = move |p: &BaseProducer<Delivery>| -> Result<i64> {
+        let p = self.producers[self.turn].clone();
+        // The next batch begins on the next producer: its transaction need not wait for the
+        // coordinator to finish this one's markers.
+        self.turn = (self.turn + 1) % self.producers.len();
+        let job = move || -> Result<i64> {
             let mut phase = Phase::start(&phases, "offsets");
             if let Some((tpl, meta)) = offsets {
                 p.send_offsets_to_transaction(&tpl, &meta, timeout)
                     .map_err(kafka("send_offsets_to_transaction"))?;
             }
             phase.next("deliveries");
-            await_deliveries(p, timeout)?;
-            refusals(p)?;
+            await_deliveries(&p, timeout)?;
+            refusals(&p)?;
             phase.next("commit");
             p.commit_transaction(timeout)
                 .map_err(kafka("commit_transaction"))?;
@@ -1143,7 +1150,10 @@ impl Processor {
         recovery: &mut Recovery,
     ) -> Result<()> {
         let last = match outcome {
-            Ok(last) => last,
+            Ok(last) => {
+                self.txn_on.set(None);
+                last
+            }
             Err(e) => {
                 let e = self.fail(e);
                 return Err(f.batch.blame(e));
@@ -1194,23 +1204,36 @@ impl Processor {
     fn fail(&self, e: Error) -> Error {
         let fatal = matches!(&e, Error::Kafka { source, .. } if is_fenced(source));
         let stuck = matches!(e, Error::TransactionStuck { .. });
-        if !fatal && !stuck {
-            let timeout =
-                Duration::from_millis(self.config.settings.processor.transaction_timeout_ms);
-            if let Err(abort) = self.abort(timeout.min(Duration::from_secs(5))) {
-                warn!(error = %abort, "abort_transaction failed");
+        let on = self.txn_on.take();
+        if let Some(on) = on {
+            if !fatal && !stuck {
+                let timeout =
+                    Duration::from_millis(self.config.settings.processor.transaction_timeout_ms);
+                if let Err(abort) = self.abort(on, timeout.min(Duration::from_secs(5))) {
+                    warn!(error = %abort, "abort_transaction failed");
+                }
             }
+            // Reports of the aborted records are moot now.
+            refusals(&self.producers[on]).ok();
         }
-        // Reports of the aborted records are moot now.
-        refusals(&self.producer).ok();
-        if fatal { self.fenced() } else { e }
+        if fatal {
+            self.fenced(on.unwrap_or(self.turn))
+        } else {
+            e
+        }
     }
 
-    fn fenced(&self) -> Error {
+    /// The error for producer `i` fenced: another instance took the shard.
+    fn fenced(&self, i: usize) -> Error {
         Error::Fenced {
             partition: self.config.settings.processor.journal_partition,
-            transactional_id: self.transactional_id.clone(),
+            transactional_id: self.transactional_ids[i].clone(),
         }
+    }
+
+    /// The producer the next (or the open) transaction is on.
+    fn producer(&self) -> &BaseProducer<Delivery> {
+        &self.producers[self.turn]
     }
 
     fn store_error(&self, e: ksched_store::Error) -> Error {
@@ -1228,17 +1251,17 @@ impl Processor {
     /// and their delivery reports served: librdkafka's abort waits for those reports, and
     /// this thread is the one that serves them (without this, every abort with records
     /// outstanding failed after its timeout and left the transaction to the next instance).
-    fn abort(&self, timeout: Duration) -> std::result::Result<(), KafkaError> {
+    fn abort(&self, on: usize, timeout: Duration) -> std::result::Result<(), KafkaError> {
+        let producer = &self.producers[on];
         let deadline = Instant::now() + timeout;
-        self.producer
-            .purge(rdkafka::producer::PurgeConfig::default().queue().inflight());
-        while self.producer.in_flight_count() > 0 && Instant::now() < deadline {
-            self.producer.poll(Duration::from_millis(10));
+        producer.purge(rdkafka::producer::PurgeConfig::default().queue().inflight());
+        while producer.in_flight_count() > 0 && Instant::now() < deadline {
+            crate::topics::serve_deliveries(producer);
         }
         let left = deadline
             .saturating_duration_since(Instant::now())
             .max(Duration::from_millis(100));
-        self.producer.abort_transaction(left)
+        producer.abort_transaction(left)
     }
 
     /// Status and metrics after a batch's projection was written.
@@ -1308,12 +1331,12 @@ impl Processor {
         let deadline = Instant::now()
             + Duration::from_millis(self.config.settings.processor.transaction_timeout_ms);
         loop {
-            match self.producer.send(record) {
+            match self.producer().send(record) {
                 Ok(()) => break,
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r))
                     if Instant::now() < deadline =>
                 {
-                    self.producer.poll(Duration::from_millis(10));
+                    crate::topics::serve_deliveries(self.producer());
                     record = r;
                 }
                 Err((e, _)) => return Err(kafka(format!("producing to {}", o.topic))(e)),
@@ -1321,7 +1344,7 @@ impl Processor {
         }
         self.sent += 1;
         if self.sent.is_multiple_of(1024) {
-            self.producer.poll(Duration::ZERO);
+            self.producer().poll(Duration::ZERO);
         }
         Ok(())
     }
@@ -1423,6 +1446,46 @@ impl Processor {
     pub fn state(&self) -> &State {
         self.engine.state()
     }
+}
+
+/// A transactional producer for the processor, its id initialised: an older instance with
+/// the same id is fenced, and a transaction it left open is aborted.
+fn transactional_producer(
+    config: &Config,
+    id: &str,
+    client_id: &str,
+    delivery: Delivery,
+) -> Result<BaseProducer<Delivery>> {
+    let settings = &config.settings;
+    let producer: BaseProducer<Delivery> =
+        transactional_retry_backoff(&mut client_config(settings))
+            .set("client.id", client_id)
+            .set("transactional.id", id)
+            .set("enable.idempotence", "true")
+            .set(
+                "transaction.timeout.ms",
+                settings.processor.transaction_timeout_ms.to_string(),
+            )
+            .set("linger.ms", "2")
+            .set("queue.buffering.max.messages", "1000000")
+            .set("compression.type", "lz4")
+            // A record to a topic or partition that does not exist fails within seconds
+            // instead of waiting out the transaction.
+            .set("topic.metadata.propagation.max.ms", "5000")
+            .create_with_context(delivery)
+            .map_err(kafka("creating the transactional producer"))?;
+    let timeout = Duration::from_millis(settings.processor.transaction_timeout_ms);
+    producer.init_transactions(timeout).map_err(|e| {
+        if is_fenced(&e) {
+            Error::Fenced {
+                partition: settings.processor.journal_partition,
+                transactional_id: id.to_owned(),
+            }
+        } else {
+            kafka(format!("init_transactions for {id}"))(e)
+        }
+    })?;
+    Ok(producer)
 }
 
 /// Delivery failures of the open transaction's records, as an error (and cleared).
@@ -1552,33 +1615,17 @@ impl<'a> Phase<'a> {
 mod tests {
     use super::*;
 
-    fn producer() -> Arc<BaseProducer<Delivery>> {
-        let delivery = Delivery {
-            journal: "j".into(),
-            partition: 0,
-            last_journal_offset: AtomicI64::new(-1),
-            delivered: AtomicU64::new(0),
-            failures: Mutex::new(Vec::new()),
-        };
-        Arc::new(
-            rdkafka::ClientConfig::new()
-                .set("bootstrap.servers", "127.0.0.1:1")
-                .create_with_context(delivery)
-                .unwrap(),
-        )
-    }
-
     /// A call that librdkafka does not return from is given up on after its limit, and the
     /// processor thread is free again (before, it waited forever in
     /// send_offsets_to_transaction after a broker holding a coordinator was killed).
     #[test]
     fn a_transactional_call_that_hangs_is_given_up_on() {
-        let caller = Caller::start(producer(), cpu_counter()).unwrap();
-        let seven = caller.run(|_| 7).unwrap();
+        let caller = Caller::start(cpu_counter()).unwrap();
+        let seven = caller.run(|| 7).unwrap();
         assert_eq!(seven.recv_timeout(Duration::from_secs(5)).ok(), Some(7));
         let started = Instant::now();
         let hung = caller
-            .run(|_| std::thread::sleep(Duration::from_secs(3)))
+            .run(|| std::thread::sleep(Duration::from_secs(3)))
             .unwrap();
         assert!(hung.recv_timeout(Duration::from_millis(200)).is_err());
         assert!(started.elapsed() < Duration::from_secs(2));
@@ -1594,9 +1641,9 @@ mod tests {
     #[test]
     fn the_transaction_threads_cpu_is_counted_as_the_processors() {
         let cpu = cpu_counter();
-        let caller = Caller::start(producer(), cpu.clone()).unwrap();
+        let caller = Caller::start(cpu.clone()).unwrap();
         let worked = caller
-            .run(|_| {
+            .run(|| {
                 let clock0 = crate::metrics::thread_cpu_seconds().unwrap();
                 let mut x = 0u64;
                 while crate::metrics::thread_cpu_seconds().unwrap() - clock0 < 0.03 {

@@ -170,6 +170,14 @@ pub struct ProcessorSettings {
     /// latency (docs/performance.md); it is meant for a broker across a network with cores
     /// to spare.
     pub pipelined: bool,
+    /// Transactional producers a shard's processor uses in turn, one transaction each: 1 or
+    /// 2. A transaction cannot add a partition until the coordinator has written the
+    /// previous one's commit markers (it answers CONCURRENT_TRANSACTIONS, and librdkafka
+    /// asks again 20 ms later); with two, each batch begins on the producer that did not
+    /// just commit. Transactions still commit one after the other, in order. The second
+    /// producer's transactional id is the first's with `-b` appended (the ACL prefix
+    /// `<group_id>-journal-` covers both). Default 2.
+    pub transactional_producers: u8,
     /// Leaves out of the journal (and the state) a heartbeat of an idle worker that says
     /// what its last journaled one said, while that one is less than a third of the worker
     /// TTL old (`ksched_core::decide::redundant_heartbeat`): an idle fleet no longer grows
@@ -217,6 +225,7 @@ impl Default for ProcessorSettings {
             commit_interval_ms: 20,
             adaptive_batching: true,
             pipelined: false,
+            transactional_producers: 2,
             coalesce_heartbeats: true,
             transaction_timeout_ms: 60_000,
             tick_interval_ms: 1_000,
@@ -876,6 +885,12 @@ impl Settings {
                 p.journal_partition, t.journal_partitions
             ));
         }
+        if !(1..=2).contains(&p.transactional_producers) {
+            return bad(format!(
+                "processor.transactional_producers must be 1 or 2, not {}",
+                p.transactional_producers
+            ));
+        }
         if p.max_batch == 0 {
             return bad("processor.max_batch must be at least 1".into());
         }
@@ -989,6 +1004,19 @@ mod tests {
         let e = s.validate().unwrap_err().to_string();
         assert!(e.contains("results_partitions (4)"), "{e}");
         s.topics.results_partitions = 6;
+        s.validate().unwrap();
+    }
+
+    #[test]
+    fn transactional_producers_are_one_or_two() {
+        let mut s = Settings::default();
+        assert_eq!(s.processor.transactional_producers, 2);
+        for n in [0, 3] {
+            s.processor.transactional_producers = n;
+            let e = s.validate().unwrap_err().to_string();
+            assert!(e.contains("must be 1 or 2"), "{e}");
+        }
+        s.processor.transactional_producers = 1;
         s.validate().unwrap();
     }
 }
