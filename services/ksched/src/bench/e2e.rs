@@ -52,6 +52,8 @@ pub(super) struct Level {
     pub achieved_jobs_per_sec: f64,
     pub jobs: u64,
     pub submit_to_dispatch_ms: Percentiles,
+    /// Where submit -> dispatch went, from the broker's and the processor's timestamps.
+    pub dispatch_parts: DispatchParts,
     pub submit_to_completed_ms: Percentiles,
     /// Mean input records per transaction, and mean time per batch (processing and
     /// commit), ms, during the level.
@@ -59,6 +61,43 @@ pub(super) struct Level {
     pub mean_batch_ms: f64,
     /// Mean ms per batch in each phase.
     pub phase_ms_per_batch: BTreeMap<String, f64>,
+}
+
+/// Submit -> dispatch in three parts, from timestamps on one clock (the bench and the broker
+/// run on one machine): `to_log`, from the send to the broker's append of the input the
+/// dispatch was decided on (the submission itself, unless the job waited for capacity);
+/// `deciding`, from there to the journal record's creation (the processor fetched it, its
+/// batch formed and the decision was made); `committing`, from there until the tailer saw
+/// it committed (the rest of the transaction, the markers, the tailer's fetch). Percentiles
+/// of each part, and the mean of each part over the slowest 1 % of jobs: what the p99 is
+/// made of.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub(super) struct DispatchParts {
+    pub to_log_ms: Percentiles,
+    pub deciding_ms: Percentiles,
+    pub committing_ms: Percentiles,
+    /// Means over the jobs at or above the p99 of submit -> dispatch: to_log, deciding,
+    /// committing.
+    pub slowest_1pct_ms: [f64; 3],
+}
+
+impl DispatchParts {
+    /// `jobs`: per job, the total and its three parts.
+    fn of(jobs: &[(f64, [f64; 3])]) -> DispatchParts {
+        if jobs.is_empty() {
+            return DispatchParts::default();
+        }
+        let part = |i: usize| Percentiles::of(jobs.iter().map(|j| j.1[i]).collect());
+        let p99 = Percentiles::of(jobs.iter().map(|j| j.0).collect()).p99;
+        let slow: Vec<&[f64; 3]> = jobs.iter().filter(|j| j.0 >= p99).map(|j| &j.1).collect();
+        let mean = |i: usize| slow.iter().map(|p| p[i]).sum::<f64>() / slow.len().max(1) as f64;
+        DispatchParts {
+            to_log_ms: part(0),
+            deciding_ms: part(1),
+            committing_ms: part(2),
+            slowest_1pct_ms: [mean(0), mean(1), mean(2)],
+        }
+    }
 }
 
 /// The journal an idle fleet writes: the rig's workers heartbeating (one a second) with no
@@ -149,6 +188,9 @@ impl Saturation {
 struct Times {
     sent: HashMap<String, f64>,
     dispatched: HashMap<String, f64>,
+    /// For each first dispatch: when the input it was decided on was appended, and when its
+    /// journal record was created (ms on the same clock as `sent`).
+    dispatch_marks: HashMap<String, (f64, f64)>,
     completed: HashMap<String, f64>,
 }
 
@@ -172,6 +214,13 @@ pub(super) struct Rig {
 
 fn now_ms(epoch: Instant) -> f64 {
     epoch.elapsed().as_secs_f64() * 1000.0
+}
+
+/// The wall clock, ms since the Unix epoch (what the broker's timestamps are in).
+fn wall_ms() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64() * 1000.0)
 }
 
 impl Rig {
@@ -200,6 +249,7 @@ impl Rig {
         let pools: Vec<String> = config.rules.pools.keys().cloned().collect();
         let workers = workers.max(pools.len());
         let epoch = Instant::now();
+        let epoch_wall = wall_ms();
         let times = Arc::new(Mutex::new(Times::default()));
         let tail_stop = Arc::new(AtomicBool::new(false));
         let tailer = {
@@ -211,7 +261,7 @@ impl Rig {
                 &format!("{journal}-bench-tail"),
             )?;
             let (times, stop) = (times.clone(), tail_stop.clone());
-            std::thread::spawn(move || tail(&consumer, &times, &stop, epoch))
+            std::thread::spawn(move || tail(&consumer, &times, &stop, epoch, epoch_wall))
         };
         let workers_stop = CancellationToken::new();
         let mut handles = Vec::new();
@@ -488,12 +538,16 @@ impl Rig {
         self.wait_completed(&ids, Duration::from_secs(600))?;
         let t = self.times.lock().map_err(|_| anyhow::anyhow!("poisoned"))?;
         let mut dispatch = Vec::new();
+        let mut parts = Vec::new();
         let mut completed = Vec::new();
         let mut last = t0;
         for id in &ids {
             let sent = t.sent[id];
             if let Some(d) = t.dispatched.get(id) {
                 dispatch.push(d - sent);
+                if let Some((logged, created)) = t.dispatch_marks.get(id) {
+                    parts.push((d - sent, [logged - sent, created - logged, d - created]));
+                }
             }
             if let Some(c) = t.completed.get(id) {
                 completed.push(c - sent);
@@ -511,6 +565,7 @@ impl Rig {
             achieved_jobs_per_sec: n as f64 / ((last - t0) / 1000.0).max(1e-9),
             jobs: n,
             submit_to_dispatch_ms: Percentiles::of(dispatch),
+            dispatch_parts: DispatchParts::of(&parts),
             submit_to_completed_ms: Percentiles::of(completed),
         })
     }
@@ -536,7 +591,14 @@ impl Rig {
 
 /// Follows the journal from its end, noting when each job's first dispatch and its success
 /// become visible (committed).
-fn tail(consumer: &BaseConsumer, times: &Mutex<Times>, stop: &AtomicBool, epoch: Instant) {
+/// `epoch_wall`: the wall clock at `epoch`, to put the records' timestamps on its clock.
+fn tail(
+    consumer: &BaseConsumer,
+    times: &Mutex<Times>,
+    stop: &AtomicBool,
+    epoch: Instant,
+    epoch_wall: f64,
+) {
     while !stop.load(Ordering::Relaxed) {
         let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) else {
             continue;
@@ -550,6 +612,11 @@ fn tail(consumer: &BaseConsumer, times: &Mutex<Times>, stop: &AtomicBool, epoch:
             match e {
                 Event::JobDispatched(d) if d.attempt == 1 => {
                     t.dispatched.insert(d.job_id.clone(), at);
+                    if let Some(created) = m.timestamp().to_millis() {
+                        let logged = entry.log_time as f64 - epoch_wall;
+                        let created = created as f64 - epoch_wall;
+                        t.dispatch_marks.insert(d.job_id.clone(), (logged, created));
+                    }
                 }
                 Event::JobSucceeded(s) => {
                     t.completed.insert(s.job_id.clone(), at);

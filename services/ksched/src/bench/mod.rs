@@ -64,6 +64,10 @@ pub(crate) struct BenchArgs {
     /// Journal every heartbeat (`processor.coalesce_heartbeats: false`), to compare.
     #[arg(long)]
     pub keep_heartbeats: bool,
+    /// Transactional producers per shard, used in turn (`processor.transactional_producers`,
+    /// 1 or 2), to compare. Default: the setting's default.
+    #[arg(long, value_name = "N")]
+    pub transactional_producers: Option<u8>,
     /// Only measure saturation throughput and CPU per job with each of these shard counts
     /// (one in-process instance holding them all, a processor thread per shard).
     #[arg(long, value_delimiter = ',', value_name = "N,N,...")]
@@ -137,9 +141,11 @@ struct Report {
     /// Median over the turns of jobs/s / the turn's physical limit.
     of_physical_limit: f64,
     commit_interval_ms: u64,
-    /// `processor.pipelined` and `processor.coalesce_heartbeats` in this run.
+    /// `processor.pipelined`, `processor.coalesce_heartbeats` and
+    /// `processor.transactional_producers` in this run.
     pipelined: bool,
     coalesce_heartbeats: bool,
+    transactional_producers: u8,
     total_seconds: f64,
 }
 
@@ -344,6 +350,16 @@ fn phase(name: &str) {
     eprintln!("bench: {name}");
 }
 
+/// The processor settings the bench's flags switch, for comparison runs.
+fn tune(args: &BenchArgs, config: &mut Config) {
+    let p = &mut config.settings.processor;
+    p.pipelined = args.pipelined;
+    p.coalesce_heartbeats = !args.keep_heartbeats;
+    if let Some(n) = args.transactional_producers {
+        p.transactional_producers = n;
+    }
+}
+
 fn bench(args: BenchArgs) -> Result<()> {
     if let Some(dir) = &args.memory_load {
         return memory::load(dir);
@@ -379,8 +395,8 @@ fn bench(args: BenchArgs) -> Result<()> {
     let small_prefix = format!("{run}.small.");
     let small_dir = work.join("small");
     let mut small_cfg = bench_config(&kafka, &small_prefix, &small_dir, None);
-    small_cfg.settings.processor.pipelined = args.pipelined;
-    small_cfg.settings.processor.coalesce_heartbeats = !args.keep_heartbeats;
+    tune(&args, &mut small_cfg);
+    let transactional_producers = small_cfg.settings.processor.transactional_producers;
     rt.block_on(ksched_runtime::topics::ensure_topics(
         &small_cfg.settings,
         &ksched_runtime::topics_of(&small_cfg),
@@ -483,6 +499,19 @@ fn bench(args: BenchArgs) -> Result<()> {
             l.mean_batch,
             l.mean_batch_ms
         );
+        let d = &l.dispatch_parts;
+        eprintln!(
+            "        dispatch parts p50 / p99: to the log {:.1} / {:.1}, deciding {:.1} / {:.1}, committing {:.1} / {:.1} ms; slowest 1 %: {:.1} + {:.1} + {:.1} ms",
+            d.to_log_ms.p50,
+            d.to_log_ms.p99,
+            d.deciding_ms.p50,
+            d.deciding_ms.p99,
+            d.committing_ms.p50,
+            d.committing_ms.p99,
+            d.slowest_1pct_ms[0],
+            d.slowest_1pct_ms[1],
+            d.slowest_1pct_ms[2]
+        );
         levels.push(l);
     }
     phase("an idle fleet: no jobs, the workers heartbeating");
@@ -518,6 +547,7 @@ fn bench(args: BenchArgs) -> Result<()> {
         commit_interval_ms: defaults.commit_interval_ms,
         pipelined: args.pipelined,
         coalesce_heartbeats: !args.keep_heartbeats,
+        transactional_producers,
         total_seconds: total.elapsed().as_secs_f64(),
     };
     print_table(&report);
@@ -553,8 +583,7 @@ fn large_phases(
         &large_dir,
         Some(format!("127.0.0.1:{port}")),
     );
-    large_cfg.settings.processor.pipelined = args.pipelined;
-    large_cfg.settings.processor.coalesce_heartbeats = !args.keep_heartbeats;
+    tune(args, &mut large_cfg);
     rt.block_on(ksched_runtime::topics::ensure_topics(
         &large_cfg.settings,
         &ksched_runtime::topics_of(&large_cfg),
@@ -655,7 +684,7 @@ fn print_table(r: &Report) {
     let l = |i: usize| &r.levels[i];
     println!();
     println!(
-        "ksched bench ({} build{}{}{}) on {}",
+        "ksched bench ({} build{}{}{}{}) on {}",
         r.build,
         if r.smoke { ", smoke sizes" } else { "" },
         if r.pipelined {
@@ -667,6 +696,11 @@ fn print_table(r: &Report) {
             ""
         } else {
             ", every heartbeat journaled"
+        },
+        if r.transactional_producers == 1 {
+            ", one transactional producer per shard"
+        } else {
+            ""
         },
         r.machine
     );
@@ -769,6 +803,19 @@ fn print_table(r: &Report) {
             l(i).submit_to_dispatch_ms.p99,
             l(i).submit_to_dispatch_ms.p999
         );
+        let d = &l(i).dispatch_parts;
+        println!(
+            "| its parts at {name} load, p50 / p99: to the log; deciding (fetch, batch, decide); committing (transaction, markers, fetch); the slowest 1 %'s means | {:.1} / {:.1}; {:.1} / {:.1}; {:.1} / {:.1}; {:.1} + {:.1} + {:.1} ms |",
+            d.to_log_ms.p50,
+            d.to_log_ms.p99,
+            d.deciding_ms.p50,
+            d.deciding_ms.p99,
+            d.committing_ms.p50,
+            d.committing_ms.p99,
+            d.slowest_1pct_ms[0],
+            d.slowest_1pct_ms[1],
+            d.slowest_1pct_ms[2]
+        );
         println!(
             "| submit -> completed at {name} load (p50 / p99 / p999) | {:.1} / {:.1} / {:.1} ms |",
             l(i).submit_to_completed_ms.p50,
@@ -840,15 +887,14 @@ fn shards_only(args: &BenchArgs, counts: &[u32]) -> Result<()> {
                 sizes.saturation_jobs
             ));
             let prefix = format!("{run}.shards-{n}-{round}.");
-            let r = shards::run(
+            let mut config = shards::config(
                 &kafka,
-                &client,
                 &prefix,
                 &work.path().join(format!("{n}-{round}")),
                 *n,
-                args.workers,
-                sizes.saturation_jobs,
-            )?;
+            );
+            tune(args, &mut config);
+            let r = shards::run(config, &client, *n, args.workers, sizes.saturation_jobs)?;
             eprintln!(
                 "        {:.0} jobs/s, processor CPU {:.0} us/job, process CPU {:.0} us/job",
                 r.saturation.jobs_per_sec,

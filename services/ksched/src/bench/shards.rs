@@ -50,16 +50,14 @@ pub(super) fn config(kafka: &KafkaSettings, prefix: &str, dir: &Path, shards: u3
 }
 
 /// Saturation with `shards` shards: `jobs` jobs as fast as possible after a warm-up.
+/// `config`: from [`config`] for as many shards.
 pub(super) fn run(
-    kafka: &KafkaSettings,
+    config: Config,
     client: &ClientConfig,
-    prefix: &str,
-    dir: &Path,
     shards: u32,
     workers: usize,
     jobs: u64,
 ) -> Result<ShardRun> {
-    let config = config(kafka, prefix, dir, shards);
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(ksched_runtime::topics::ensure_topics(
         &config.settings,
