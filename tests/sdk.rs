@@ -152,3 +152,72 @@ async fn after_the_grace_period_running_jobs_are_handed_back_and_run_elsewhere()
     assert!(retried, "the hand-back is journaled as handed_back");
     w2.stop().await;
 }
+
+/// A job done within `start_report_delay` is reported by its result alone: no JobStarted on
+/// the results topic, and the scheduler journals its start and its success in one entry
+/// (one input record and one journal entry fewer per short job). A job that runs longer
+/// reports its start first, while it runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_job_is_reported_by_its_result_alone_a_long_one_starts_first() {
+    use ksched_codec::AnyRecord;
+    let s = Scheduler::start(vec![]).await;
+    let w = s.worker_with(
+        "w1",
+        |c| c.start_report_delay = Duration::from_millis(500),
+        |job| async move {
+            if job.job_id() == "long" {
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            }
+            Outcome::succeeded()
+        },
+    );
+    s.wait_worker("w1").await;
+    s.submit(&request(&s, "short"));
+    s.wait_job("short", "SUCCEEDED", |j| j.state == JobState::Succeeded)
+        .await;
+    s.submit(&request(&s, "long"));
+    s.wait_job("long", "RUNNING", |j| j.state == JobState::Running)
+        .await;
+    s.wait_job("long", "SUCCEEDED", |j| j.state == JobState::Succeeded)
+        .await;
+    w.stop().await;
+
+    let reports: Vec<(String, &str)> = read_all(&s.bootstrap, &s.topic("results"), |b| {
+        ksched_codec::decode_any(b).unwrap()
+    })
+    .into_iter()
+    .filter_map(|(_, r)| match r {
+        AnyRecord::JobStarted(x) => Some((x.job_id, "started")),
+        AnyRecord::JobResult(x) => Some((x.job_id, "result")),
+        _ => None,
+    })
+    .collect();
+    let of = |id: &str| -> Vec<&str> {
+        reports
+            .iter()
+            .filter(|(j, _)| j == id)
+            .map(|(_, k)| *k)
+            .collect()
+    };
+    assert_eq!(of("short"), ["result"], "{reports:?}");
+    assert_eq!(of("long"), ["started", "result"], "{reports:?}");
+    // The short job's start and success are journaled by the one entry of its result.
+    let journal = s.journal();
+    let entry = journal
+        .iter()
+        .map(|(_, e)| e)
+        .find(|e| {
+            e.events
+                .iter()
+                .any(|ev| matches!(ev, Event::JobSucceeded(j) if j.job_id == "short"))
+        })
+        .expect("the short job's success is journaled");
+    assert!(
+        entry
+            .events
+            .iter()
+            .any(|ev| matches!(ev, Event::JobRunning(j) if j.job_id == "short")),
+        "{:?}",
+        entry.events
+    );
+}

@@ -1,7 +1,8 @@
 //! Adaptive batching (`processor.adaptive_batching`, on by default): a batch commits as soon
 //! as the input consumer has nothing more at hand, not when `commit_interval_ms` runs out.
-//! With a 20 s interval, a job needs three batches (its submission, JobStarted, JobResult):
-//! it can succeed within 10 s only if batches close early. The interval is the upper bound
+//! With a 20 s interval, a job needs two batches (its submission, its JobResult; a job
+//! longer than the worker's start report delay a third, for JobStarted): it can succeed
+//! within 10 s only if batches close early. The interval is the upper bound
 //! under load, which other tests exercise.
 
 mod common;
@@ -37,7 +38,7 @@ fn a_lone_input_is_committed_without_waiting_out_the_commit_interval() {
         .unwrap();
     submit(&producer, &c.job_topic, "acme:lone-1");
     producer.flush(Duration::from_secs(10)).unwrap();
-    // Three batches of 20 s each would take a minute.
+    // Two batches of 20 s each would take 40 s.
     wait_until(
         "the job to succeed long before one commit interval",
         10,

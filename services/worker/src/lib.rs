@@ -2,7 +2,9 @@
 //!
 //! A [`Worker`] joins its pool's consumer group on `<prefix>dispatch.<pool>`, runs a handler
 //! for every Dispatch addressed to the partitions it owns (at most `max_parallel_jobs` at
-//! once), reports `JobStarted`, progress and `JobResult` with the attempt number, sends
+//! once), reports `JobStarted` (once a job has run for
+//! [`WorkerConfig::start_report_delay`]; a shorter job's result stands for its start),
+//! progress and `JobResult` with the attempt number, sends
 //! heartbeats (load, memory, labels, capabilities, owned partitions, active jobs), honours
 //! `CancelDispatch` through the job's cancellation token, and shuts down gracefully: it stops
 //! taking work, lets running jobs finish within a grace period, and hands back the rest.
@@ -473,28 +475,45 @@ impl Worker {
         let trace = ctx.trace.clone();
         debug!(%job_id, attempt, "job started");
         let started = Instant::now();
-        self.reporter
-            .deliver_result_topic(
-                reply,
-                &job_id,
-                &JobStarted {
-                    job_id: job_id.clone(),
-                    attempt,
-                    worker_id: self.config.worker_id.clone(),
-                    started_at: now_ms(),
-                },
-                trace.as_deref(),
-            )
-            .await;
-        let outcome = match self.open(&ctx.dispatch.job) {
-            Ok(opened) => {
-                let mut ctx = ctx.clone();
-                ctx.opened = Arc::new(opened);
-                handler(ctx).await
+        let start = JobStarted {
+            job_id: job_id.clone(),
+            attempt,
+            worker_id: self.config.worker_id.clone(),
+            started_at: now_ms(),
+        };
+        let report_start = || {
+            self.reporter
+                .deliver_result_topic(reply, &job_id, &start, trace.as_deref())
+        };
+        let handled = async {
+            match self.open(&ctx.dispatch.job) {
+                Ok(opened) => {
+                    let mut ctx = ctx.clone();
+                    ctx.opened = Arc::new(opened);
+                    handler(ctx).await
+                }
+                Err(why) => {
+                    warn!(%job_id, attempt, error = %why, "sealed values do not open; the job fails without running");
+                    Outcome::fatal(SECRET_UNAVAILABLE, &why)
+                }
             }
-            Err(why) => {
-                warn!(%job_id, attempt, error = %why, "sealed values do not open; the job fails without running");
-                Outcome::fatal(SECRET_UNAVAILABLE, &why)
+        };
+        // The start is reported once the job has run for `start_report_delay`; a job done
+        // sooner is reported by its result alone. Either way the result goes out after the
+        // start was delivered, so the scheduler never reads them the other way round.
+        let delay = self.config.start_report_delay;
+        let outcome = if delay.is_zero() {
+            report_start().await;
+            handled.await
+        } else {
+            tokio::pin!(handled);
+            tokio::select! {
+                biased;
+                outcome = &mut handled => outcome,
+                _ = tokio::time::sleep(delay) => {
+                    let ((), outcome) = tokio::join!(report_start(), &mut handled);
+                    outcome
+                }
             }
         };
         let key = (job_id.clone(), attempt);
