@@ -195,7 +195,11 @@ fn a_job_is_one_trace_from_its_record_through_dispatch_and_run_to_its_result() {
     let token = CancellationToken::new();
     let worker = {
         let _guard = rt.enter();
-        Worker::new(rc.worker_config("traced-worker")).unwrap()
+        // Every attempt reports its start too (not only its result, as a job this short
+        // otherwise would): each report is a span of the trace.
+        let mut cfg = rc.worker_config("traced-worker");
+        cfg.start_report_delay = Duration::ZERO;
+        Worker::new(cfg).unwrap()
     };
     let t = token.clone();
     rt.spawn(async move {
