@@ -98,6 +98,20 @@ impl DispatchParts {
             slowest_1pct_ms: [mean(0), mean(1), mean(2)],
         }
     }
+
+    /// The figures in one line, as the bench prints them.
+    pub(super) fn figures(&self) -> String {
+        let [a, b, c] = self.slowest_1pct_ms;
+        format!(
+            "to the log {:.1} / {:.1}, deciding {:.1} / {:.1}, committing {:.1} / {:.1} ms; slowest 1 %: {a:.1} + {b:.1} + {c:.1} ms",
+            self.to_log_ms.p50,
+            self.to_log_ms.p99,
+            self.deciding_ms.p50,
+            self.deciding_ms.p99,
+            self.committing_ms.p50,
+            self.committing_ms.p99,
+        )
+    }
 }
 
 /// The journal an idle fleet writes: the rig's workers heartbeating (one a second) with no

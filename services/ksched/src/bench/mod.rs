@@ -499,18 +499,9 @@ fn bench(args: BenchArgs) -> Result<()> {
             l.mean_batch,
             l.mean_batch_ms
         );
-        let d = &l.dispatch_parts;
         eprintln!(
-            "        dispatch parts p50 / p99: to the log {:.1} / {:.1}, deciding {:.1} / {:.1}, committing {:.1} / {:.1} ms; slowest 1 %: {:.1} + {:.1} + {:.1} ms",
-            d.to_log_ms.p50,
-            d.to_log_ms.p99,
-            d.deciding_ms.p50,
-            d.deciding_ms.p99,
-            d.committing_ms.p50,
-            d.committing_ms.p99,
-            d.slowest_1pct_ms[0],
-            d.slowest_1pct_ms[1],
-            d.slowest_1pct_ms[2]
+            "        dispatch parts p50 / p99: {}",
+            l.dispatch_parts.figures()
         );
         levels.push(l);
     }
@@ -803,18 +794,9 @@ fn print_table(r: &Report) {
             l(i).submit_to_dispatch_ms.p99,
             l(i).submit_to_dispatch_ms.p999
         );
-        let d = &l(i).dispatch_parts;
         println!(
-            "| its parts at {name} load, p50 / p99: to the log; deciding (fetch, batch, decide); committing (transaction, markers, fetch); the slowest 1 %'s means | {:.1} / {:.1}; {:.1} / {:.1}; {:.1} / {:.1}; {:.1} + {:.1} + {:.1} ms |",
-            d.to_log_ms.p50,
-            d.to_log_ms.p99,
-            d.deciding_ms.p50,
-            d.deciding_ms.p99,
-            d.committing_ms.p50,
-            d.committing_ms.p99,
-            d.slowest_1pct_ms[0],
-            d.slowest_1pct_ms[1],
-            d.slowest_1pct_ms[2]
+            "| its parts at {name} load, p50 / p99 (deciding: fetch, batch, decide; committing: transaction, markers, fetch) | {} |",
+            l(i).dispatch_parts.figures()
         );
         println!(
             "| submit -> completed at {name} load (p50 / p99 / p999) | {:.1} / {:.1} / {:.1} ms |",
