@@ -335,6 +335,48 @@ async fn without_a_lease_a_second_instance_fences_the_first_and_one_gives_way() 
     }
 }
 
+/// Two instances starting at once initialise the shard's two transactional ids one after
+/// the other, so each can be left holding one: a fence on the second id alone must not count
+/// toward giving way, or both instances could stop. Here another client takes the second id
+/// twice in a minute; the processor recovers each time and keeps scheduling (it stopped at
+/// the second fence when every fenced id counted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fences_on_the_second_transactional_id_alone_do_not_stop_the_processor() {
+    let s = Scheduler::start(vec![("KSCHED__PROCESSOR__LEASE", "false".into())]).await;
+    assert_eq!(s.config.settings.processor.transactional_producers, 2);
+    let w = running_a_job(&s).await;
+    let id = format!("{}-journal-0-b", s.config.settings.processor.group_id);
+    let recoveries = || s.status.metrics.recoveries.get();
+    for round in 0..2 {
+        let before = recoveries();
+        let other: BaseProducer = client_config(&s.bootstrap)
+            .set("transactional.id", &id)
+            .create()
+            .unwrap();
+        other.init_transactions(Duration::from_secs(30)).unwrap();
+        // Jobs until the processor has used its second producer, been fenced and recovered.
+        let mut n = 0;
+        while recoveries() == before {
+            assert!(n < 20, "round {round}: the processor never met the fence");
+            let job = format!("r{round}-{n}");
+            s.submit(&request(&s, &job));
+            s.wait_job(&job, "SUCCEEDED", |j| j.state == JobState::Succeeded)
+                .await;
+            n += 1;
+        }
+        assert!(
+            s.status.stopped().is_none(),
+            "round {round}: the processor stopped: {:?}",
+            s.status.stopped()
+        );
+        let job = format!("after-{round}");
+        s.submit(&request(&s, &job));
+        s.wait_job(&job, "SUCCEEDED", |j| j.state == JobState::Succeeded)
+            .await;
+    }
+    w.stop().await;
+}
+
 #[test]
 fn requests_are_journaled_once() {
     // The request travels in the entry's input only (JobAccepted carries none): a job near

@@ -65,6 +65,13 @@ const FENCE_WINDOW: Duration = Duration::from_secs(120);
 /// fences the other back, so a processor fenced once recovers (its new producer fences any
 /// other instance in turn, which then recovers the same way), and one fenced again within
 /// [`FENCE_WINDOW`] stops: of two instances, the one fenced twice gives way and one stays.
+///
+/// Only fences on the shard's first transactional id count. A processor initialises its two
+/// ids one after the other, so two instances starting at once can each end up holding one
+/// of them; counting a fence on either would let both reach their second fence and both
+/// stop. The first id alone is held by exactly one of them (the last to initialise it), and
+/// the one that stops never initialises again, so the other keeps it. A fence on the second
+/// id alone is recovered from, and the recovery fences the other instance on the first.
 #[derive(Debug, Default)]
 struct Fences {
     last: Option<Instant>,
@@ -113,6 +120,7 @@ pub fn run_shard(
     let mut backoff = MIN_BACKOFF;
     let mut recovery = Recovery::default();
     let mut fences = Fences::default();
+    let shard_id = processor::transactional_id(&config.settings.processor.group_id, shard, 0);
     while !shutdown.is_cancelled() {
         // Without a lease the processor runs until shutdown; with one, while this instance
         // owns the shard, and the instance stands by for it otherwise.
@@ -161,6 +169,18 @@ pub fn run_shard(
             Err(e @ (Error::Fenced { .. } | Error::Replaced { .. })) if lease.is_some() => {
                 status.metrics.recoveries.inc();
                 warn!(error = %e, "the processor was fenced while this instance holds the lease; recovering");
+                sleep_unless(&shutdown, MIN_BACKOFF);
+            }
+            // Fenced on the second producer's id only: recovering takes the first id back
+            // (see [`Fences`]).
+            Err(Error::Fenced {
+                transactional_id, ..
+            }) if transactional_id != shard_id => {
+                status.metrics.recoveries.inc();
+                warn!(
+                    transactional_id,
+                    "the processor's second producer was fenced (a transaction the coordinator aborted, or another instance starting); recovering"
+                );
                 sleep_unless(&shutdown, MIN_BACKOFF);
             }
             Err(e @ Error::Fenced { .. }) if !fences.again(Instant::now()) => {

@@ -61,7 +61,15 @@ const INPUTS_REFRESH: Duration = Duration::from_secs(30);
 const EVICT_EVERY: Duration = Duration::from_secs(1);
 
 /// Transactional producers a shard's processor may use in turn (ids `<id>` and `<id>-b`).
-const MAX_TRANSACTIONAL_PRODUCERS: u8 = 2;
+const MAX_TRANSACTIONAL_PRODUCERS: usize = 2;
+
+/// The transactional id of a shard's producer `i`: `<group>-journal-<shard>` for the first,
+/// the shard's own (the processor's name, and the id whose fences say another instance holds
+/// the shard: see `run_shard`), the same with `-b` for the second.
+pub(crate) fn transactional_id(group_id: &str, shard: i32, i: usize) -> String {
+    let suffix = if i == 0 { "" } else { "-b" };
+    format!("{group_id}-journal-{shard}{suffix}")
+}
 
 /// What a failed run leaves for the next: input partitions to process one input per
 /// transaction (to find which input failed), and inputs to set aside.
@@ -198,8 +206,6 @@ pub struct Processor {
     /// (`processor.transactional_producers`). Shared with the transaction thread, which ends
     /// each transaction.
     producers: Vec<Arc<BaseProducer<Delivery>>>,
-    /// Their transactional ids, in the same order.
-    transactional_ids: Vec<String>,
     /// The producer the next (or the open) transaction is on.
     turn: usize,
     /// The producer with a transaction begun and not yet ended, to abort on failure. At most
@@ -404,17 +410,16 @@ impl Processor {
         let settings = &config.settings;
         let partition = settings.processor.journal_partition;
         let shard = Shard::new(partition, settings.topics.journal_partitions);
-        let transactional_id = format!("{}-journal-{partition}", settings.processor.group_id);
+        let transactional_id = transactional_id(&settings.processor.group_id, partition, 0);
         // Both ids are initialised before the journal is read, whatever
         // `transactional_producers` says: an older instance is fenced on each, a transaction
         // it left open on either is aborted (so the setting can change between runs), and
         // nothing it still commits can follow the catch-up.
         let last_journal_offset = Arc::new(AtomicI64::new(-1));
         let mut producers = Vec::new();
-        let mut transactional_ids = Vec::new();
         for i in 0..MAX_TRANSACTIONAL_PRODUCERS {
             let suffix = if i == 0 { "" } else { "-b" };
-            let id = format!("{transactional_id}{suffix}");
+            let id = self::transactional_id(&settings.processor.group_id, partition, i);
             let delivery = Delivery {
                 journal: topics.journal.clone(),
                 partition,
@@ -423,9 +428,8 @@ impl Processor {
             };
             let client_id = format!("{}-processor{suffix}", settings.kafka.client_id);
             let producer = transactional_producer(&config, &id, &client_id, delivery)?;
-            if i < settings.processor.transactional_producers {
+            if i < usize::from(settings.processor.transactional_producers) {
                 producers.push(Arc::new(producer));
-                transactional_ids.push(id);
             }
         }
         let fenced_ms = started.elapsed().as_millis() as u64;
@@ -438,7 +442,6 @@ impl Processor {
             engine,
             policy,
             producers,
-            transactional_ids,
             turn: 0,
             txn_on: Cell::new(None),
             caller,
@@ -1225,9 +1228,10 @@ impl Processor {
 
     /// The error for producer `i` fenced: another instance took the shard.
     fn fenced(&self, i: usize) -> Error {
+        let processor = &self.config.settings.processor;
         Error::Fenced {
-            partition: self.config.settings.processor.journal_partition,
-            transactional_id: self.transactional_ids[i].clone(),
+            partition: processor.journal_partition,
+            transactional_id: transactional_id(&processor.group_id, processor.journal_partition, i),
         }
     }
 
