@@ -361,6 +361,14 @@ fn tune(args: &BenchArgs, config: &mut Config) {
 }
 
 fn bench(args: BenchArgs) -> Result<()> {
+    // The in-process services and librdkafka log to stderr only when asked, e.g.
+    // `RUST_LOG=librdkafka=debug ksched bench -X debug=eos`; the figures stay on stdout.
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .init();
+    }
     if let Some(dir) = &args.memory_load {
         return memory::load(dir);
     }
