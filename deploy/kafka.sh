@@ -43,7 +43,9 @@
 #                            talk to the broker through the proxy; clients on the plain port
 #                            do not. [none]
 #   KAFKA_VERSION            Apache Kafka version from Maven Central [4.1.1]
-#   KAFKA_HEAP_OPTS          JVM heap per node [-Xms256m -Xmx1g]
+#   KAFKA_HEAP_OPTS          JVM heap per node [-Xms256m -Xmx1g]; every node logs its
+#                            garbage collections (pauses and their lengths) to
+#                            <logs>/gc.log, so that a latency spike can be matched to one
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -334,6 +336,7 @@ launch() {
   say "starting node ${node_id} (Apache Kafka ${version}) on 127.0.0.1:${port}"
   # shellcheck disable=SC2086
   nohup java ${KAFKA_HEAP_OPTS:--Xms256m -Xmx1g} -XX:+UseG1GC -XX:MaxGCPauseMillis=20 \
+    -Xlog:gc:file="$logs/gc.log":time,uptime:filecount=5,filesize=20M \
     -Djava.awt.headless=true \
     -Dlog4j2.configurationFile="$here/kafka/log4j2.properties" \
     -Dkafka.logs.dir="$logs" \
