@@ -32,7 +32,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
 use rdkafka::types::RDKafkaErrorCode;
-use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
@@ -44,7 +44,7 @@ use crate::inputs::{
 use crate::job_trace::{JobSpans, Traced};
 use crate::metrics::{RecordCounters, add_thread_cpu};
 use crate::replay::{Flow, Replayer, journal_watermarks, read_journal};
-use crate::settings::Config;
+use crate::settings::{Config, Settings};
 use crate::shard::{Shard, Takes};
 use crate::status::Status;
 use crate::topics::{InputKind, Topics, client_config, transactional_retry_backoff};
@@ -1452,6 +1452,35 @@ impl Processor {
     }
 }
 
+/// `linger.ms` of the processor's transactional producers, unless the client properties set
+/// it (or its alias `queue.buffering.max.ms`): records decided in the same few milliseconds
+/// go to the broker in one request.
+pub const PROCESSOR_LINGER_MS: &str = "2";
+
+/// The configuration of a processor's transactional producer: the client properties, then
+/// what the processor needs (the properties may change `linger.ms` and `retry.backoff.ms`,
+/// not the rest).
+fn transactional_producer_config(settings: &Settings, id: &str, client_id: &str) -> ClientConfig {
+    let mut cfg = client_config(settings);
+    if cfg.get("linger.ms").is_none() && cfg.get("queue.buffering.max.ms").is_none() {
+        cfg.set("linger.ms", PROCESSOR_LINGER_MS);
+    }
+    transactional_retry_backoff(&mut cfg)
+        .set("client.id", client_id)
+        .set("transactional.id", id)
+        .set("enable.idempotence", "true")
+        .set(
+            "transaction.timeout.ms",
+            settings.processor.transaction_timeout_ms.to_string(),
+        )
+        .set("queue.buffering.max.messages", "1000000")
+        .set("compression.type", "lz4")
+        // A record to a topic or partition that does not exist fails within seconds
+        // instead of waiting out the transaction.
+        .set("topic.metadata.propagation.max.ms", "5000");
+    cfg
+}
+
 /// A transactional producer for the processor, its id initialised: an older instance with
 /// the same id is fenced, and a transaction it left open is aborted.
 fn transactional_producer(
@@ -1461,23 +1490,9 @@ fn transactional_producer(
     delivery: Delivery,
 ) -> Result<BaseProducer<Delivery>> {
     let settings = &config.settings;
-    let producer: BaseProducer<Delivery> =
-        transactional_retry_backoff(&mut client_config(settings))
-            .set("client.id", client_id)
-            .set("transactional.id", id)
-            .set("enable.idempotence", "true")
-            .set(
-                "transaction.timeout.ms",
-                settings.processor.transaction_timeout_ms.to_string(),
-            )
-            .set("linger.ms", "2")
-            .set("queue.buffering.max.messages", "1000000")
-            .set("compression.type", "lz4")
-            // A record to a topic or partition that does not exist fails within seconds
-            // instead of waiting out the transaction.
-            .set("topic.metadata.propagation.max.ms", "5000")
-            .create_with_context(delivery)
-            .map_err(kafka("creating the transactional producer"))?;
+    let producer: BaseProducer<Delivery> = transactional_producer_config(settings, id, client_id)
+        .create_with_context(delivery)
+        .map_err(kafka("creating the transactional producer"))?;
     let timeout = Duration::from_millis(settings.processor.transaction_timeout_ms);
     producer.init_transactions(timeout).map_err(|e| {
         if is_fenced(&e) {
@@ -1633,6 +1648,42 @@ mod tests {
             .unwrap();
         assert!(hung.recv_timeout(Duration::from_millis(200)).is_err());
         assert!(started.elapsed() < Duration::from_secs(2));
+    }
+
+    /// The processor's producer lingers 2 ms unless the client properties say otherwise
+    /// (before, its `linger.ms` could not be changed: the processor set it after the
+    /// properties).
+    #[test]
+    fn the_transactional_producer_lingers_as_the_properties_say() {
+        let linger = |props: &[(&str, &str)]| {
+            let mut settings = Settings::default();
+            for (k, v) in props {
+                settings
+                    .kafka
+                    .properties
+                    .insert((*k).to_owned(), (*v).to_owned());
+            }
+            let cfg = transactional_producer_config(&settings, "ksched-journal-0", "c");
+            (
+                cfg.get("linger.ms").map(str::to_owned),
+                cfg.get("transactional.id").map(str::to_owned),
+            )
+        };
+        let id = Some("ksched-journal-0".to_owned());
+        assert_eq!(
+            linger(&[]),
+            (Some(PROCESSOR_LINGER_MS.to_owned()), id.clone())
+        );
+        assert_eq!(
+            linger(&[("linger.ms", "0.5")]),
+            (Some("0.5".to_owned()), id.clone())
+        );
+        assert_eq!(
+            linger(&[("queue.buffering.max.ms", "5")]),
+            (None, id.clone())
+        );
+        // What the processor needs is not the properties' to change.
+        assert_eq!(linger(&[("transactional.id", "other")]).1, id);
     }
 
     fn cpu_counter() -> Counter {
