@@ -366,6 +366,7 @@ fn hold(
     let mut last_warning: Option<Instant> = None;
     let mut described_at: Option<Instant> = None;
     let mut disagreeing: Option<Instant> = None;
+    let mut blind = Blind::new(stuck_after * 2);
     while !stop.is_cancelled() {
         let consumer = &membership.consumer;
         if let Some(Err(e)) = consumer.poll(POLL)
@@ -411,9 +412,18 @@ fn hold(
             continue;
         }
         described_at = Some(Instant::now());
-        // Unreachable coordinator: nothing to compare with, and nothing a new consumer
-        // would do better.
-        let Some((state, members)) = describe(consumer, group) else {
+        let described = describe(consumer, group);
+        let settled = described
+            .as_ref()
+            .is_some_and(|(state, _)| state == "Stable" || state == "Empty");
+        if let Some(why) = blind.judge(settled, owns.is_empty(), Instant::now()) {
+            membership.rejoin(&why);
+            paused.clear();
+            disagreeing = None;
+            continue;
+        }
+        // Unreachable coordinator: nothing to compare with (for a while, see `Blind`).
+        let Some((state, members)) = described else {
             disagreeing = None;
             continue;
         };
@@ -431,6 +441,40 @@ fn hold(
         }
     }
     membership.consumer
+}
+
+/// How long the lease has gone without a settled view of the owners' group while this
+/// instance owns no shard. The comparison with the coordinator ([`disagreement`]) needs the
+/// group described as Stable or Empty; after a broker restart a lone member was seen to own
+/// nothing for minutes while no such view came (the coordinator unreachable from the lease's
+/// describe, or the group never settling), so it never judged and never joined again. Past
+/// `limit` of that, the consumer is replaced too. An instance that owns a shard keeps it.
+struct Blind {
+    limit: Duration,
+    since: Option<Instant>,
+}
+
+impl Blind {
+    fn new(limit: Duration) -> Blind {
+        Blind { limit, since: None }
+    }
+
+    /// Why to join the group again, if the lease has been blind and idle for `limit`.
+    fn judge(&mut self, settled: bool, owns_nothing: bool, now: Instant) -> Option<String> {
+        if settled || !owns_nothing {
+            self.since = None;
+            return None;
+        }
+        let since = *self.since.get_or_insert(now);
+        if now.duration_since(since) < self.limit {
+            return None;
+        }
+        self.since = None;
+        Some(format!(
+            "this instance has owned no shard for {} s and the owners' group was not described as settled meanwhile",
+            self.limit.as_secs()
+        ))
+    }
 }
 
 /// How the coordinator's view of the owners' group (settled: Stable or Empty) contradicts
@@ -658,7 +702,8 @@ fn assigned(bytes: &[u8], topic: &str, partition: i32) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::{LeaseIds, Member, assigned, disagreement, standbys_of};
+    use super::{Blind, LeaseIds, Member, assigned, disagreement, standbys_of};
+    use std::time::{Duration, Instant};
 
     /// Version 0, one topic with partitions 0 and 3, no user data.
     fn assignment(topic: &str, partitions: &[i32]) -> Vec<u8> {
@@ -746,6 +791,31 @@ mod tests {
             partitions: &[],
             client_id,
         }
+    }
+
+    /// An instance that owns nothing and never sees the group settled joins again after
+    /// the limit, and not before; a settled view or an owned shard resets the count (before,
+    /// a lone member stayed without its shard for minutes after a broker restart).
+    #[test]
+    fn a_lease_blind_and_idle_for_too_long_joins_again() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs(1);
+        let mut b = Blind::new(Duration::from_secs(36));
+        assert!(b.judge(false, true, t0).is_none());
+        assert!(b.judge(false, true, t0 + 35 * s).is_none());
+        assert!(b.judge(false, true, t0 + 36 * s).is_some());
+        // The count starts again after a rejoin.
+        assert!(b.judge(false, true, t0 + 37 * s).is_none());
+        assert!(b.judge(false, true, t0 + 72 * s).is_none());
+        assert!(b.judge(false, true, t0 + 73 * s).is_some());
+        // A settled view, or a shard owned, resets it.
+        let mut b = Blind::new(Duration::from_secs(36));
+        assert!(b.judge(false, true, t0).is_none());
+        assert!(b.judge(true, true, t0 + 30 * s).is_none());
+        assert!(b.judge(false, true, t0 + 40 * s).is_none());
+        assert!(b.judge(false, false, t0 + 60 * s).is_none());
+        assert!(b.judge(false, true, t0 + 90 * s).is_none());
+        assert!(b.judge(false, true, t0 + 126 * s).is_some());
     }
 
     #[test]
