@@ -1455,7 +1455,7 @@ impl Processor {
 /// `linger.ms` of the processor's transactional producers, unless the client properties set
 /// it (or its alias `queue.buffering.max.ms`): records decided in the same few milliseconds
 /// go to the broker in one request.
-pub const PROCESSOR_LINGER_MS: &str = "2";
+const PROCESSOR_LINGER_MS: &str = "2";
 
 /// The configuration of a processor's transactional producer: the client properties, then
 /// what the processor needs (the properties may change `linger.ms` and `retry.backoff.ms`,
