@@ -170,17 +170,35 @@ fn the_java_worker_written_from_the_protocol_page_runs_retries_fails_and_drains(
         "{status}\n{}",
         read_log()
     );
-    wait_until("the scheduler to see the worker draining", 30, || {
-        json(&format!("{}/api/v1/workers", rc.api))["workers"]
+    let started = Instant::now();
+    loop {
+        let workers = json(&format!("{}/api/v1/workers", rc.api));
+        let draining = workers["workers"]
             .as_array()
             .into_iter()
             .flatten()
-            .any(|w| w["worker_id"] == "java-1" && w["draining"] == true)
-    });
+            .any(|w| w["worker_id"] == "java-1" && w["draining"] == true);
+        if draining {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the scheduler did not see the worker draining: {workers}\nthe worker:\n{}\nthe scheduler:\n{}",
+            read_log(),
+            tail(&rc.log(), 60)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
     // Five attempts ran: java-ok, java-retry twice, java-fatal, java-sealed.
     assert!(
         read_log().contains("java-1: stopped after 5 jobs"),
         "{}",
         read_log()
     );
+}
+
+/// The last `n` lines of `text`.
+fn tail(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
 }

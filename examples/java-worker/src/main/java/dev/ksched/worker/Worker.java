@@ -18,9 +18,12 @@ import java.util.Set;
 import java.util.TreeSet;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.ExecutionException;
 import java.util.concurrent.Executors;
+import java.util.concurrent.Future;
 import java.util.concurrent.ScheduledExecutorService;
 import java.util.concurrent.TimeUnit;
+import java.util.concurrent.TimeoutException;
 import java.util.concurrent.atomic.AtomicBoolean;
 
 import org.apache.avro.Schema;
@@ -33,6 +36,7 @@ import org.apache.kafka.clients.consumer.KafkaConsumer;
 import org.apache.kafka.clients.consumer.OffsetAndMetadata;
 import org.apache.kafka.clients.producer.KafkaProducer;
 import org.apache.kafka.clients.producer.ProducerRecord;
+import org.apache.kafka.clients.producer.RecordMetadata;
 import org.apache.kafka.common.TopicPartition;
 import org.apache.kafka.common.errors.WakeupException;
 import org.apache.kafka.common.serialization.ByteArrayDeserializer;
@@ -56,6 +60,8 @@ public final class Worker {
     private final KafkaProducer<byte[], byte[]> producer;
     private final KafkaConsumer<byte[], byte[]> consumer;
     private final String dispatchTopic;
+    /** Looked up once: a slow resolver must not hold up every heartbeat. */
+    private final String host;
     private final Set<Integer> owned = ConcurrentHashMap.newKeySet();
     private final Set<String> active = ConcurrentHashMap.newKeySet();
     private final Set<String> cancelled = new HashSet<>();
@@ -66,6 +72,7 @@ public final class Worker {
         this.args = args;
         this.schemas = new Schemas(args.schemas);
         this.dispatchTopic = args.prefix + "dispatch." + args.pool;
+        this.host = InetAddress.getLocalHost().getHostName();
         Properties p = new Properties();
         p.put("bootstrap.servers", args.bootstrap);
         p.put("client.id", "ksched-java-" + args.workerId);
@@ -118,12 +125,16 @@ public final class Worker {
         } catch (WakeupException e) {
             // SIGTERM: drain below.
         }
-        // Draining: nothing new, say so, leave the group (partitions go to the others).
-        heartbeat(true);
+        // Draining: nothing new. The periodic beat stops first and is waited for: a beat
+        // still being built would otherwise land after the draining one and undo it.
+        beats.shutdown();
+        if (!beats.awaitTermination(5, TimeUnit.SECONDS)) {
+            beats.shutdownNow();
+        }
+        // Say so, leave the group (partitions go to the others), say so again.
+        drainingHeartbeat();
         consumer.close();
-        beats.shutdownNow();
-        heartbeat(true);
-        producer.flush();
+        drainingHeartbeat();
         producer.close();
         System.out.println(args.workerId + ": stopped after " + done + " jobs");
     }
@@ -210,29 +221,35 @@ public final class Worker {
         System.out.println(args.workerId + ": " + jobId + " attempt " + attempt + " done");
     }
 
-    private void heartbeat(boolean draining) {
-        GenericRecord hb;
+    /** A draining heartbeat, waited for: a lost one would leave the scheduler placing here. */
+    private void drainingHeartbeat() {
         try {
-            hb = schemas.record("Heartbeat")
-                .set("worker_id", args.workerId)
-                .set("pool", args.pool)
-                .set("active_jobs", active.size())
-                .set("max_parallel_jobs", 1)
-                .set("capabilities", List.of("java"))
-                .set("labels", Map.of("lang", "java", "host", InetAddress.getLocalHost().getHostName()))
-                .set("owned_partitions", new ArrayList<>(new TreeSet<>(owned)))
-                .set("active_job_ids", new ArrayList<>(new TreeSet<>(active)))
-                .set("draining", draining)
-                .set("sent_at", System.currentTimeMillis())
-                .build();
-        } catch (IOException e) {
-            throw new IllegalStateException(e);
+            heartbeat(true).get(10, TimeUnit.SECONDS);
+        } catch (ExecutionException | TimeoutException e) {
+            System.err.println(args.workerId + ": the draining heartbeat was not acknowledged: " + e);
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
         }
-        send(args.prefix + "heartbeats", null, args.workerId, hb);
     }
 
-    private void send(String topic, Integer partition, String key, GenericRecord record) {
-        producer.send(new ProducerRecord<>(topic, partition, key.getBytes(StandardCharsets.UTF_8),
+    private Future<RecordMetadata> heartbeat(boolean draining) {
+        GenericRecord hb = schemas.record("Heartbeat")
+            .set("worker_id", args.workerId)
+            .set("pool", args.pool)
+            .set("active_jobs", active.size())
+            .set("max_parallel_jobs", 1)
+            .set("capabilities", List.of("java"))
+            .set("labels", Map.of("lang", "java", "host", host))
+            .set("owned_partitions", new ArrayList<>(new TreeSet<>(owned)))
+            .set("active_job_ids", new ArrayList<>(new TreeSet<>(active)))
+            .set("draining", draining)
+            .set("sent_at", System.currentTimeMillis())
+            .build();
+        return send(args.prefix + "heartbeats", null, args.workerId, hb);
+    }
+
+    private Future<RecordMetadata> send(String topic, Integer partition, String key, GenericRecord record) {
+        return producer.send(new ProducerRecord<>(topic, partition, key.getBytes(StandardCharsets.UTF_8),
             schemas.encode(record)));
     }
 
