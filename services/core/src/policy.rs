@@ -67,11 +67,14 @@ pub fn input_document(
     tenant_active_jobs: i64,
     pools: &[String],
 ) -> Value {
-    json!({
-        "job": job_document(job, payload_size),
-        "tenant": { "id": job.tenant_id, "active_jobs": tenant_active_jobs },
-        "pools": pools,
-    })
+    object([
+        ("job", job_document(job, payload_size)),
+        (
+            "tenant",
+            json!({ "id": job.tenant_id, "active_jobs": tenant_active_jobs }),
+        ),
+        ("pools", json!(pools)),
+    ])
 }
 
 /// The document the output policy sees as `input`.
@@ -83,17 +86,32 @@ pub fn output_document(
     meta: &crate::records::ResultMeta,
     execution_ms: i64,
 ) -> Value {
-    json!({
-        "job": job_document(job, payload_size),
-        "result": {
-            "worker_id": worker_id,
-            "result_ptr": result_ptr,
-            "size_bytes": meta.size_bytes,
-            "content_type": meta.content_type,
-            "labels": meta.labels,
-            "execution_ms": execution_ms,
-        },
-    })
+    object([
+        ("job", job_document(job, payload_size)),
+        (
+            "result",
+            json!({
+                "worker_id": worker_id,
+                "result_ptr": result_ptr,
+                "size_bytes": meta.size_bytes,
+                "content_type": meta.content_type,
+                "labels": meta.labels,
+                "execution_ms": execution_ms,
+            }),
+        ),
+    ])
+}
+
+/// An object of ready values. `json!` would pass each value through `to_value`, which copies
+/// a whole nested document by serializing it (a fifth of the core's time per job, measured
+/// with `examples/core_cycle.rs`).
+fn object<const N: usize>(members: [(&str, Value); N]) -> Value {
+    Value::Object(
+        members
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v))
+            .collect(),
+    )
 }
 
 fn job_document(job: &JobRequest, payload_size: u64) -> Value {
@@ -142,5 +160,61 @@ pub fn constraints_from_json(v: &Value) -> Constraints {
                     .collect()
             })
             .unwrap_or_default(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::records::ResultMeta;
+
+    fn request() -> JobRequest {
+        JobRequest {
+            job_id: "j1".into(),
+            topic: "jobs".into(),
+            tenant_id: "acme".into(),
+            labels: [("team".to_owned(), "a".to_owned())].into(),
+            env: [("$TOKEN".to_owned(), "s3cret".to_owned())].into(),
+            submitted_at: 7,
+            ..Default::default()
+        }
+    }
+
+    fn job_shape() -> Value {
+        json!({
+            "job_id": "j1", "topic": "jobs", "tenant_id": "acme", "principal_id": null,
+            "priority": "BATCH", "labels": { "team": "a" }, "env": { "$TOKEN": "*hidden*" },
+            "payload_size": 12,
+            "budget": { "deadline_ms": null, "max_runtime_ms": null },
+            "meta": { "idempotency_key": null, "capability": null, "risk_tags": [],
+                      "requires": [], "actor_id": null },
+            "workflow_id": null, "step_index": null, "submitted_at": 7,
+        })
+    }
+
+    #[test]
+    fn the_input_document_has_the_job_the_tenant_and_the_pools() {
+        let doc = input_document(&request(), 12, 3, &["default".into()]);
+        let want = json!({
+            "job": job_shape(),
+            "tenant": { "id": "acme", "active_jobs": 3 },
+            "pools": ["default"],
+        });
+        assert_eq!(doc, want);
+    }
+
+    #[test]
+    fn the_output_document_has_the_job_and_the_result() {
+        let meta = ResultMeta {
+            size_bytes: Some(5),
+            ..Default::default()
+        };
+        let doc = output_document(&request(), 12, "w1", Some("s3://r"), &meta, 40);
+        let want = json!({
+            "job": job_shape(),
+            "result": { "worker_id": "w1", "result_ptr": "s3://r", "size_bytes": 5,
+                        "content_type": null, "labels": {}, "execution_ms": 40 },
+        });
+        assert_eq!(doc, want);
     }
 }
