@@ -11,30 +11,278 @@ use super::{
     HISTORY_MAX, HistoryItem, HistoryLine, Job, QueueKey, State, Timer, TimerKind, Worker,
 };
 
+/// The timers one job can have at once: a deadline and at most two of its state's.
+const MAX_TIMERS: usize = 3;
+
+/// What one job contributes to the derived indexes at one moment, short of what cannot
+/// change while it lives (its pools, tenant and priority: [`State::update_job`] checks that
+/// in debug builds).
+#[derive(Debug, PartialEq)]
+struct Entries {
+    queued_at: Option<Millis>,
+    /// The worker whose in-flight set holds it (`Some(None)`: active on no worker).
+    active_on: Option<Option<String>>,
+    timers: [Option<(Millis, TimerKind)>; MAX_TIMERS],
+}
+
+impl Entries {
+    fn of(
+        id: &str,
+        job: &Job,
+        timing: Option<&Timing>,
+        floor: Millis,
+        workers: &BTreeMap<String, Worker>,
+    ) -> Entries {
+        let mut timers = [None; MAX_TIMERS];
+        if let Some(timing) = timing {
+            // Only a running job's timeout counts from its worker's evidence; the search
+            // through the worker's listed jobs is skipped for the others.
+            let evidence = (job.state == JobState::Running)
+                .then(|| evidence(workers, id, job))
+                .flatten();
+            let mut n = 0;
+            each_timer(job, timing, floor, evidence, |due, kind| {
+                timers[n] = Some((due, kind));
+                n += 1;
+            });
+        }
+        Entries {
+            queued_at: job.queued_at,
+            active_on: job.state.is_active().then(|| job.worker_id.clone()),
+            timers,
+        }
+    }
+
+    /// No entries: a job outside every index.
+    fn none() -> Entries {
+        Entries {
+            queued_at: None,
+            active_on: None,
+            timers: [None; MAX_TIMERS],
+        }
+    }
+
+    fn timers(&self) -> impl Iterator<Item = (Millis, TimerKind)> + '_ {
+        self.timers.iter().flatten().copied()
+    }
+}
+
+/// The derived indexes, borrowed apart from the job records so a job can be changed and
+/// re-indexed with one lookup.
+struct Indexes<'a> {
+    queues: &'a mut BTreeMap<String, std::collections::BTreeSet<QueueKey>>,
+    timers: &'a mut std::collections::BTreeSet<Timer>,
+    tenant_active: &'a mut BTreeMap<String, i64>,
+    tenant_pending: &'a mut BTreeMap<String, i64>,
+    workers: &'a mut BTreeMap<String, Worker>,
+    orphans: &'a mut BTreeMap<String, std::collections::BTreeSet<String>>,
+}
+
+impl Indexes<'_> {
+    /// Moves job `id` from the entries `before` to `after`, touching only what differs.
+    fn change(&mut self, id: &str, job: &Job, before: &Entries, after: &Entries) {
+        if before.queued_at != after.queued_at {
+            if let Some(q) = before.queued_at {
+                self.unqueue(id, job, q);
+            }
+            if let Some(q) = after.queued_at {
+                self.enqueue(id, job, q);
+            }
+        }
+        match (before.active_on.is_some(), after.active_on.is_some()) {
+            (false, true) => {
+                *self
+                    .tenant_active
+                    .entry(job.request.tenant_id.clone())
+                    .or_default() += 1;
+            }
+            (true, false) => decrement(self.tenant_active, &job.request.tenant_id),
+            _ => {}
+        }
+        let was = before.active_on.as_ref().and_then(Option::as_deref);
+        let is = after.active_on.as_ref().and_then(Option::as_deref);
+        if was != is {
+            if let Some(w) = was {
+                self.leave_worker(id, w);
+            }
+            if let Some(w) = is {
+                self.join_worker(id, w);
+            }
+        }
+        for (due, kind) in before.timers() {
+            if !after.timers().any(|t| t == (due, kind)) {
+                self.timers.remove(&Timer {
+                    due,
+                    kind,
+                    job_id: id.to_owned(),
+                });
+            }
+        }
+        for (due, kind) in after.timers() {
+            if !before.timers().any(|t| t == (due, kind)) {
+                self.timers.insert(Timer {
+                    due,
+                    kind,
+                    job_id: id.to_owned(),
+                });
+            }
+        }
+    }
+
+    fn enqueue(&mut self, id: &str, job: &Job, queued_at: Millis) {
+        for pool in &job.pools {
+            let key = QueueKey {
+                rank: job.request.priority.rank(),
+                queued_at,
+                job_id: id.to_owned(),
+            };
+            match self.queues.get_mut(pool) {
+                Some(q) => {
+                    q.insert(key);
+                }
+                None => {
+                    self.queues.insert(pool.clone(), [key].into());
+                }
+            }
+        }
+        match self.tenant_pending.get_mut(&job.request.tenant_id) {
+            Some(n) => *n += 1,
+            None => {
+                self.tenant_pending.insert(job.request.tenant_id.clone(), 1);
+            }
+        }
+    }
+
+    fn unqueue(&mut self, id: &str, job: &Job, queued_at: Millis) {
+        for pool in &job.pools {
+            if let Some(q) = self.queues.get_mut(pool) {
+                q.remove(&QueueKey {
+                    rank: job.request.priority.rank(),
+                    queued_at,
+                    job_id: id.to_owned(),
+                });
+                if q.is_empty() {
+                    self.queues.remove(pool);
+                }
+            }
+        }
+        decrement(self.tenant_pending, &job.request.tenant_id);
+    }
+
+    fn join_worker(&mut self, id: &str, worker_id: &str) {
+        match self.workers.get_mut(worker_id) {
+            Some(w) => {
+                w.inflight.insert(id.to_owned());
+            }
+            None => {
+                self.orphans
+                    .entry(worker_id.to_owned())
+                    .or_default()
+                    .insert(id.to_owned());
+            }
+        }
+    }
+
+    fn leave_worker(&mut self, id: &str, worker_id: &str) {
+        match self.workers.get_mut(worker_id) {
+            Some(w) => {
+                w.inflight.remove(id);
+            }
+            None => {
+                if let Some(set) = self.orphans.get_mut(worker_id) {
+                    set.remove(id);
+                    if set.is_empty() {
+                        self.orphans.remove(worker_id);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// What of a job may not change while it lives: the indexes file it by these.
+#[cfg(debug_assertions)]
+fn fixed_keys(job: &Job) -> (Vec<String>, String, u8) {
+    (
+        job.pools.clone(),
+        job.request.tenant_id.clone(),
+        job.request.priority.rank(),
+    )
+}
+
 impl State {
-    /// Changes a job and keeps every index that derives from it in step.
+    /// The derived indexes and the job records, borrowed apart.
+    fn split(
+        &mut self,
+    ) -> (
+        &mut BTreeMap<String, Box<Job>>,
+        Indexes<'_>,
+        Option<&Timing>,
+        Millis,
+    ) {
+        let State {
+            jobs,
+            queues,
+            timers,
+            tenant_active,
+            tenant_pending,
+            workers,
+            orphans,
+            config,
+            liveness_floor,
+            ..
+        } = self;
+        (
+            jobs,
+            Indexes {
+                queues,
+                timers,
+                tenant_active,
+                tenant_pending,
+                workers,
+                orphans,
+            },
+            config.as_deref().map(|c| &c.rules.timing),
+            *liveness_floor,
+        )
+    }
+
+    /// Changes a job and keeps every index that derives from it in step: the job is looked
+    /// up once, and only the index entries that differ are moved.
     pub(crate) fn update_job<R>(&mut self, id: &str, f: impl FnOnce(&mut Job) -> R) -> Option<R> {
-        let (before, pool) = self.jobs.get(id).map(|j| (j.state, j.pool.clone()))?;
-        self.unindex_job(id);
-        let r = self.jobs.get_mut(id).map(|j| f(j));
-        self.index_job(id);
+        let (jobs, mut ix, timing, floor) = self.split();
+        let job = jobs.get_mut(id)?;
+        let before_state = job.state;
+        let pool = job.pool.clone().filter(|_| before_state.is_active());
+        let before = Entries::of(id, job, timing, floor, ix.workers);
+        #[cfg(debug_assertions)]
+        let fixed = fixed_keys(job);
+        let r = f(job);
+        #[cfg(debug_assertions)]
+        debug_assert_eq!(
+            fixed,
+            fixed_keys(job),
+            "job {id}: pools, tenant and priority are fixed"
+        );
+        let after = Entries::of(id, job, timing, floor, ix.workers);
+        if before != after {
+            ix.change(id, job, &before, &after);
+        }
+        let after_state = job.state;
         self.mark_job(id);
-        if let Some(after) = self.jobs.get(id).map(|j| j.state)
-            && after != before
-        {
-            self.count_state(before, -1);
-            self.count_state(after, 1);
-            if after.is_terminal() {
+        if after_state != before_state {
+            self.count_state(before_state, -1);
+            self.count_state(after_state, 1);
+            if after_state.is_terminal() {
                 self.cold.insert(id.to_owned());
             }
-            if before.is_active()
-                && !after.is_active()
+            if !after_state.is_active()
                 && let Some(pool) = pool
             {
                 self.free_probe(&pool, id);
             }
         }
-        r
+        Some(r)
     }
 
     /// Appends a line to job `id`'s history (nothing for an unknown job). The line goes out
@@ -117,107 +365,23 @@ impl State {
         self.mark_job(&id);
     }
 
-    /// The timers of job `id` as the state stands (its record, its worker's evidence, the
-    /// liveness floor, the timing rules).
-    fn job_timers(&self, id: &str, job: &Job) -> Vec<Timer> {
-        let Some(timing) = self.config.as_deref().map(|c| &c.rules.timing) else {
-            return Vec::new();
-        };
-        let evidence = self.worker_evidence(id, job);
-        timers_of(id, job, timing, self.liveness_floor, evidence)
-    }
-
     /// When the job's worker last listed it as running, if its latest heartbeat does.
     pub fn worker_evidence(&self, id: &str, job: &Job) -> Option<Millis> {
-        let w = self.workers.get(job.worker_id.as_deref()?)?;
-        w.heartbeat
-            .active_job_ids
-            .iter()
-            .any(|j| j == id)
-            .then_some(w.last_seen)
+        evidence(&self.workers, id, job)
     }
 
     pub(crate) fn index_job(&mut self, id: &str) {
-        let Some(job) = self.jobs.get(id) else { return };
-        let timers = self.job_timers(id, job);
-        let job = &self.jobs[id];
-        if let Some(queued_at) = job.queued_at {
-            for pool in &job.pools {
-                self.queues
-                    .entry(pool.clone())
-                    .or_default()
-                    .insert(QueueKey {
-                        rank: job.request.priority.rank(),
-                        queued_at,
-                        job_id: id.to_owned(),
-                    });
-            }
-            *self
-                .tenant_pending
-                .entry(job.request.tenant_id.clone())
-                .or_default() += 1;
-        }
-        self.timers.extend(timers);
-        if job.state.is_active() {
-            *self
-                .tenant_active
-                .entry(job.request.tenant_id.clone())
-                .or_default() += 1;
-            if let Some(worker_id) = job.worker_id.as_ref() {
-                match self.workers.get_mut(worker_id) {
-                    Some(w) => {
-                        w.inflight.insert(id.to_owned());
-                    }
-                    None => {
-                        self.orphans
-                            .entry(worker_id.clone())
-                            .or_default()
-                            .insert(id.to_owned());
-                    }
-                }
-            }
-        }
+        let (jobs, mut ix, timing, floor) = self.split();
+        let Some(job) = jobs.get(id) else { return };
+        let entries = Entries::of(id, job, timing, floor, ix.workers);
+        ix.change(id, job, &Entries::none(), &entries);
     }
 
     pub(crate) fn unindex_job(&mut self, id: &str) {
-        let Some(job) = self.jobs.get(id) else { return };
-        for t in self.job_timers(id, job) {
-            self.timers.remove(&t);
-        }
-        let job = &self.jobs[id];
-        if let Some(queued_at) = job.queued_at {
-            for pool in &job.pools {
-                if let Some(q) = self.queues.get_mut(pool) {
-                    q.remove(&QueueKey {
-                        rank: job.request.priority.rank(),
-                        queued_at,
-                        job_id: id.to_owned(),
-                    });
-                    if q.is_empty() {
-                        self.queues.remove(pool);
-                    }
-                }
-            }
-            decrement(&mut self.tenant_pending, &job.request.tenant_id);
-        }
-        if job.state.is_active() {
-            decrement(&mut self.tenant_active, &job.request.tenant_id);
-            if let Some(worker_id) = job.worker_id.as_ref() {
-                match self.workers.get_mut(worker_id) {
-                    Some(w) => {
-                        w.inflight.remove(id);
-                    }
-                    None => {
-                        if let Some(set) = self.orphans.get_mut(worker_id) {
-                            set.remove(id);
-                            if set.is_empty() {
-                                self.orphans.remove(worker_id);
-                            }
-                        }
-                    }
-                }
-            }
-        }
+        let (jobs, mut ix, timing, floor) = self.split();
+        let Some(job) = jobs.get(id) else { return };
+        let entries = Entries::of(id, job, timing, floor, ix.workers);
+        ix.change(id, job, &entries, &Entries::none());
     }
 
     /// Rebuilds every derived index from the records (after new rules change the timers, and
@@ -316,6 +480,16 @@ fn decrement(counts: &mut BTreeMap<String, i64>, key: &str) {
     }
 }
 
+/// When the job's worker last listed it as running, if its latest heartbeat does.
+fn evidence(workers: &BTreeMap<String, Worker>, id: &str, job: &Job) -> Option<Millis> {
+    let w = workers.get(job.worker_id.as_deref()?)?;
+    w.heartbeat
+        .active_job_ids
+        .iter()
+        .any(|j| j == id)
+        .then_some(w.last_seen)
+}
+
 /// The timers a job has in its current state. Timeouts that wait for a sign of life count
 /// from `floor` at the earliest (after a [`crate::events::ClockGap`]); `evidence` is when
 /// the job's worker last listed it as running (heartbeats are evidence without rewriting the
@@ -328,15 +502,26 @@ pub fn timers_of(
     evidence: Option<Millis>,
 ) -> Vec<Timer> {
     let mut out = Vec::new();
-    let mut push = |due: Millis, kind: TimerKind| {
+    each_timer(job, timing, floor, evidence, |due, kind| {
         out.push(Timer {
             due,
             kind,
             job_id: id.to_owned(),
         })
-    };
+    });
+    out
+}
+
+/// [`timers_of`], as (due, kind) pairs: at most [`MAX_TIMERS`].
+fn each_timer(
+    job: &Job,
+    timing: &Timing,
+    floor: Millis,
+    evidence: Option<Millis>,
+    mut push: impl FnMut(Millis, TimerKind),
+) {
     if job.state.is_terminal() {
-        return out;
+        return;
     }
     if let Some(d) = job.deadline_at {
         push(d, TimerKind::Deadline);
@@ -375,5 +560,4 @@ pub fn timers_of(
         }
         _ => {}
     }
-    out
 }

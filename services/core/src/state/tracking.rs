@@ -29,7 +29,11 @@ impl State {
     }
 
     pub fn mark_job(&mut self, id: &str) {
-        if let Some(d) = self.dirty.as_mut() {
+        // Looked up first: a job is marked several times per entry, and the key is copied
+        // only the first time.
+        if let Some(d) = self.dirty.as_mut()
+            && !d.jobs.contains(id)
+        {
             d.jobs.insert(id.to_owned());
         }
     }
