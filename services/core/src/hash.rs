@@ -17,23 +17,88 @@ pub const APPROVAL_LABEL_PREFIX: &str = "approval_";
 /// resubmission under another trace is the same job), and hashes stay what they were
 /// before the field existed.
 pub fn job_hash(request: &JobRequest) -> String {
-    let mut r = request.clone();
-    r.labels
-        .retain(|k, _| !k.starts_with(APPROVAL_LABEL_PREFIX));
-    r.traceparent = None;
-    let canonical =
-        serde_json::to_vec(&r).unwrap_or_else(|e| unreachable!("request serializes: {e}"));
-    hex(&Sha256::digest(without_traceparent(&canonical)))
+    let mut sha = ShaWriter(Sha256::new());
+    serde_json::to_writer(&mut sha, &Hashed(request))
+        .unwrap_or_else(|e| unreachable!("request serializes: {e}"));
+    hex(&sha.0.finalize())
 }
 
-/// The request's JSON without its (null) `traceparent` member. The member occurs once:
-/// inside a JSON string a quote is escaped, so the bytes cannot appear in a value, and no
-/// nested record has such a field.
-fn without_traceparent(json: &[u8]) -> Vec<u8> {
-    const MEMBER: &[u8] = b",\"traceparent\":null";
-    match json.windows(MEMBER.len()).position(|w| w == MEMBER) {
-        Some(at) => [&json[..at], &json[at + MEMBER.len()..]].concat(),
-        None => json.to_vec(),
+/// What [`job_hash`] hashes: the request as its JSON has it, field by field, without the
+/// `approval_*` labels and without `traceparent`, written straight into the digest (no
+/// copy of the request, no JSON text kept: the payload of a large job is hashed once).
+struct Hashed<'a>(&'a JobRequest);
+
+impl serde::Serialize for Hashed<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        // Every field named, none elided: a field added to the request does not compile
+        // here until it is hashed (or left out on purpose, as the trace context is).
+        let JobRequest {
+            job_id,
+            topic,
+            tenant_id,
+            principal_id,
+            priority,
+            labels,
+            env,
+            payload,
+            budget,
+            meta,
+            workflow_id,
+            step_index,
+            compensation,
+            submitted_at,
+            traceparent: _,
+        } = self.0;
+        let mut st = s.serialize_struct("JobRequest", 14)?;
+        st.serialize_field("job_id", job_id)?;
+        st.serialize_field("topic", topic)?;
+        st.serialize_field("tenant_id", tenant_id)?;
+        st.serialize_field("principal_id", principal_id)?;
+        st.serialize_field("priority", priority)?;
+        st.serialize_field("labels", &HashedLabels(labels))?;
+        st.serialize_field("env", env)?;
+        st.serialize_field("payload", &Bytes(payload))?;
+        st.serialize_field("budget", budget)?;
+        st.serialize_field("meta", meta)?;
+        st.serialize_field("workflow_id", workflow_id)?;
+        st.serialize_field("step_index", step_index)?;
+        st.serialize_field("compensation", compensation)?;
+        st.serialize_field("submitted_at", submitted_at)?;
+        st.end()
+    }
+}
+
+struct HashedLabels<'a>(&'a std::collections::BTreeMap<String, String>);
+
+impl serde::Serialize for HashedLabels<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_map(
+            self.0
+                .iter()
+                .filter(|(k, _)| !k.starts_with(APPROVAL_LABEL_PREFIX)),
+        )
+    }
+}
+
+struct Bytes<'a>(&'a [u8]);
+
+impl serde::Serialize for Bytes<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bytes(self.0)
+    }
+}
+
+/// Feeds what is written into a SHA-256.
+struct ShaWriter(Sha256);
+
+impl std::io::Write for ShaWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.update(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
@@ -111,6 +176,72 @@ mod tests {
         assert_eq!(h0, PINNED);
         r.traceparent = Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into());
         assert_eq!(job_hash(&r), h0);
+    }
+
+    /// The hash as it was computed before it was streamed: a copy of the request without
+    /// approval labels, its whole JSON, the (null) traceparent member cut out.
+    fn copied_hash(request: &JobRequest) -> String {
+        let mut r = request.clone();
+        r.labels
+            .retain(|k, _| !k.starts_with(APPROVAL_LABEL_PREFIX));
+        r.traceparent = None;
+        let json = serde_json::to_vec(&r).unwrap();
+        const MEMBER: &[u8] = b",\"traceparent\":null";
+        let at = json
+            .windows(MEMBER.len())
+            .position(|w| w == MEMBER)
+            .unwrap();
+        sha256_hex(&[&json[..at], &json[at + MEMBER.len()..]].concat())
+    }
+
+    fn text() -> impl proptest::strategy::Strategy<Value = String> {
+        proptest::string::string_regex("(approval_)?[a-z\"\\\\,:é]{0,6}").unwrap()
+    }
+
+    proptest::proptest! {
+        /// Streaming the request into the digest gives the hash copying it gave, for any
+        /// request: the hashes journaled and approved before stay valid.
+        #[test]
+        fn the_streamed_hash_is_the_copied_hash(
+            job_id in text(),
+            tenant in text(),
+            principal in proptest::option::of(text()),
+            labels in proptest::collection::btree_map(text(), text(), 0..4),
+            env in proptest::collection::btree_map(text(), text(), 0..3),
+            payload in proptest::collection::vec(proptest::num::u8::ANY, 0..40),
+            deadline in proptest::option::of(1i64..1_000_000),
+            risk in proptest::collection::vec(text(), 0..3),
+            workflow in proptest::option::of((text(), 0i32..5)),
+            compensation in proptest::option::of(text()),
+            traceparent in proptest::option::of(text()),
+            submitted_at in proptest::num::i64::ANY,
+        ) {
+            let mut r = JobRequest {
+                job_id,
+                tenant_id: tenant,
+                principal_id: principal,
+                labels,
+                env,
+                payload,
+                submitted_at,
+                traceparent,
+                ..Default::default()
+            };
+            r.budget.deadline_ms = deadline;
+            r.meta.risk_tags = risk;
+            if let Some((w, i)) = workflow {
+                r.workflow_id = Some(w);
+                r.step_index = Some(i);
+            }
+            r.compensation = compensation.map(|topic| {
+                Box::new(crate::records::JobTemplate {
+                    topic,
+                    payload: b"undo".to_vec(),
+                    ..Default::default()
+                })
+            });
+            proptest::prop_assert_eq!(job_hash(&r), copied_hash(&r));
+        }
     }
 
     #[test]
