@@ -43,6 +43,26 @@ pub struct OutputDecision {
 pub trait PolicyEngine {
     fn evaluate_input(&self, bundle: &Reconfigure, input: &Value) -> PolicyDecision;
     fn evaluate_output(&self, bundle: &Reconfigure, input: &Value) -> OutputDecision;
+
+    /// [`PolicyEngine::evaluate_input`] with the document built only if the engine needs
+    /// it: a bundle with no input rules, or rules that read nothing of the input, decides
+    /// without it. The answer must be the same as with the built document.
+    fn evaluate_input_lazily(
+        &self,
+        bundle: &Reconfigure,
+        input: &dyn Fn() -> Value,
+    ) -> PolicyDecision {
+        self.evaluate_input(bundle, &input())
+    }
+
+    /// [`PolicyEngine::evaluate_output`] with the document built only if the engine needs it.
+    fn evaluate_output_lazily(
+        &self,
+        bundle: &Reconfigure,
+        input: &dyn Fn() -> Value,
+    ) -> OutputDecision {
+        self.evaluate_output(bundle, &input())
+    }
 }
 
 /// Allows everything and quarantines nothing. For tests and for bundles with no modules.
@@ -54,6 +74,12 @@ impl PolicyEngine for AllowAll {
         PolicyDecision::allow()
     }
     fn evaluate_output(&self, _: &Reconfigure, _: &Value) -> OutputDecision {
+        OutputDecision::default()
+    }
+    fn evaluate_input_lazily(&self, _: &Reconfigure, _: &dyn Fn() -> Value) -> PolicyDecision {
+        PolicyDecision::allow()
+    }
+    fn evaluate_output_lazily(&self, _: &Reconfigure, _: &dyn Fn() -> Value) -> OutputDecision {
         OutputDecision::default()
     }
 }

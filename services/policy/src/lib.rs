@@ -22,6 +22,7 @@
 //! the error as the reason. Non-deterministic builtins (`time.now_ns`, `rand.intn`,
 //! `uuid.rfc4122`, `opa.runtime`) are refused at load, because a replay must decide the same.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::Path;
 use std::sync::Mutex;
@@ -443,14 +444,47 @@ fn evaluate_output(engine: &mut Engine, doc: &Json) -> std::result::Result<Outpu
     })
 }
 
-impl PolicyEngine for RegoEngine {
-    fn evaluate_input(&self, bundle: &Reconfigure, doc: &Json) -> PolicyDecision {
+/// An input document, ready or built on demand.
+#[derive(Clone, Copy)]
+enum Doc<'a> {
+    Ready(&'a Json),
+    Build(&'a dyn Fn() -> Json),
+}
+
+impl<'a> Doc<'a> {
+    fn get(self) -> Cow<'a, Json> {
+        match self {
+            Doc::Ready(doc) => Cow::Borrowed(doc),
+            Doc::Build(build) => Cow::Owned(build()),
+        }
+    }
+}
+
+impl RegoEngine {
+    /// The memo key of an evaluation, and the document if it had to be built for it. A
+    /// bundle known to read nothing of its input has one key per snapshot and needs no
+    /// document until a miss.
+    fn memo_key<'a>(
+        bundle: &Reconfigure,
+        compiled: &Compiled,
+        doc: Doc<'a>,
+    ) -> (String, Option<Cow<'a, Json>>) {
+        let paths = compiled.input_paths.as_deref();
+        if paths.is_some_and(<[_]>::is_empty) {
+            return (format!("{}\u{0}", bundle.policy_snapshot), None);
+        }
+        let built = doc.get();
+        let key = format!(
+            "{}\u{0}{}",
+            bundle.policy_snapshot,
+            projection(&built, paths)
+        );
+        (key, Some(built))
+    }
+
+    fn input(&self, bundle: &Reconfigure, doc: Doc<'_>) -> PolicyDecision {
         self.with_engine(bundle, |compiled, inner| {
-            let key = format!(
-                "{}\u{0}{}",
-                bundle.policy_snapshot,
-                projection(doc, compiled.input_paths.as_deref())
-            );
+            let (key, built) = Self::memo_key(bundle, compiled, doc);
             if let Some(hit) = inner.input_memo.get(&key) {
                 inner.hits += 1;
                 return hit;
@@ -460,7 +494,8 @@ impl PolicyEngine for RegoEngine {
                 (_, Some(e)) => fail_closed(e),
                 (Some(_), None) if !compiled.has_input => PolicyDecision::allow(),
                 (Some(engine), None) => {
-                    evaluate_input(engine, doc).unwrap_or_else(|e| fail_closed(&e))
+                    let doc = built.unwrap_or_else(|| doc.get());
+                    evaluate_input(engine, &doc).unwrap_or_else(|e| fail_closed(&e))
                 }
                 (None, None) => fail_closed("no engine"),
             };
@@ -469,13 +504,9 @@ impl PolicyEngine for RegoEngine {
         })
     }
 
-    fn evaluate_output(&self, bundle: &Reconfigure, doc: &Json) -> OutputDecision {
+    fn output(&self, bundle: &Reconfigure, doc: Doc<'_>) -> OutputDecision {
         self.with_engine(bundle, |compiled, inner| {
-            let key = format!(
-                "{}\u{0}{}",
-                bundle.policy_snapshot,
-                projection(doc, compiled.input_paths.as_deref())
-            );
+            let (key, built) = Self::memo_key(bundle, compiled, doc);
             if let Some(hit) = inner.output_memo.get(&key) {
                 inner.hits += 1;
                 return hit;
@@ -485,13 +516,40 @@ impl PolicyEngine for RegoEngine {
                 (_, Some(e)) => quarantine_closed(e),
                 (Some(_), None) if !compiled.has_output => OutputDecision::default(),
                 (Some(engine), None) => {
-                    evaluate_output(engine, doc).unwrap_or_else(|e| quarantine_closed(&e))
+                    let doc = built.unwrap_or_else(|| doc.get());
+                    evaluate_output(engine, &doc).unwrap_or_else(|e| quarantine_closed(&e))
                 }
                 (None, None) => quarantine_closed("no engine"),
             };
             inner.output_memo.put(key, decision.clone());
             decision
         })
+    }
+}
+
+impl PolicyEngine for RegoEngine {
+    fn evaluate_input(&self, bundle: &Reconfigure, doc: &Json) -> PolicyDecision {
+        self.input(bundle, Doc::Ready(doc))
+    }
+
+    fn evaluate_output(&self, bundle: &Reconfigure, doc: &Json) -> OutputDecision {
+        self.output(bundle, Doc::Ready(doc))
+    }
+
+    fn evaluate_input_lazily(
+        &self,
+        bundle: &Reconfigure,
+        doc: &dyn Fn() -> Json,
+    ) -> PolicyDecision {
+        self.input(bundle, Doc::Build(doc))
+    }
+
+    fn evaluate_output_lazily(
+        &self,
+        bundle: &Reconfigure,
+        doc: &dyn Fn() -> Json,
+    ) -> OutputDecision {
+        self.output(bundle, Doc::Build(doc))
     }
 }
 

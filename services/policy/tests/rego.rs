@@ -163,6 +163,46 @@ fn the_commented_output_example_quarantines() {
     assert!(!clean.quarantine);
 }
 
+/// The processor asks with a document built on demand: a policy that reads nothing of its
+/// input has it built once, for its first evaluation (memoized after); one that reads it
+/// answers as it does with the ready document.
+#[test]
+fn a_document_is_built_only_for_rules_that_read_it() {
+    let built = std::cell::Cell::new(0);
+    let j = job("prod", &["pii"], Priority::Batch);
+    let doc = || {
+        built.set(built.get() + 1);
+        input_document(&j, 0, 0, &[])
+    };
+
+    let mut blind = PolicyBundle::default();
+    blind.modules.insert(
+        "input.rego".into(),
+        "package ksched.input\ndefault allow := true\n".into(),
+    );
+    blind.data_json = "{}".into();
+    let engine = RegoEngine::new();
+    for _ in 0..5 {
+        let d = engine.evaluate_input_lazily(&reconfigure(&blind), &doc);
+        assert_eq!(d.verdict, Verdict::Allow);
+        // No output package: nothing to quarantine, nothing to build.
+        let o = engine.evaluate_output_lazily(&reconfigure(&blind), &doc);
+        assert!(!o.quarantine);
+    }
+    assert_eq!(
+        built.get(),
+        1,
+        "a policy that reads no input needs one document"
+    );
+
+    let shipped = reconfigure(&PolicyBundle::from_dir(&config_dir()).unwrap());
+    let engine = RegoEngine::new();
+    let lazy = engine.evaluate_input_lazily(&shipped, &doc);
+    assert_eq!(built.get(), 2);
+    let ready = RegoEngine::new().evaluate_input(&shipped, &input_document(&j, 0, 0, &[]));
+    assert_eq!(lazy, ready);
+}
+
 #[test]
 fn decisions_are_memoized_per_snapshot_and_input() {
     let bundle = PolicyBundle::from_dir(&config_dir()).unwrap();

@@ -177,15 +177,17 @@ impl Decider<'_, '_> {
         self.count_for_breaker(counted, &r.job_id, false);
         let config = self.rules();
         let job = &self.state().jobs[&r.job_id];
-        let doc = output_document(
-            &job.request,
-            job.payload_len,
-            &r.worker_id,
-            r.result_ptr.as_deref(),
-            &r.result_meta,
-            r.execution_ms,
-        );
-        let verdict = self.ctx().policy.evaluate_output(&config.raw, &doc);
+        let doc = || {
+            output_document(
+                &job.request,
+                job.payload_len,
+                &r.worker_id,
+                r.result_ptr.as_deref(),
+                &r.result_meta,
+                r.execution_ms,
+            )
+        };
+        let verdict = self.ctx().policy.evaluate_output_lazily(&config.raw, &doc);
         if verdict.quarantine {
             let reason = if verdict.reasons.is_empty() {
                 "quarantined by output policy".to_owned()

@@ -208,8 +208,8 @@ impl Decider<'_, '_> {
         let config = self.rules();
         let job = &self.state().jobs[job_id];
         let tenant_active = self.state().tenant_active_jobs(&job.request.tenant_id);
-        let doc = input_document(&job.request, job.payload_len, tenant_active, &job.pools);
-        let decision: PolicyDecision = self.ctx().policy.evaluate_input(&config.raw, &doc);
+        let doc = || input_document(&job.request, job.payload_len, tenant_active, &job.pools);
+        let decision: PolicyDecision = self.ctx().policy.evaluate_input_lazily(&config.raw, &doc);
         PolicyEvaluated {
             job_id: job_id.to_owned(),
             snapshot_id: config.raw.policy_snapshot.clone(),
