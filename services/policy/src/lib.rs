@@ -484,6 +484,10 @@ impl RegoEngine {
 
     fn input(&self, bundle: &Reconfigure, doc: Doc<'_>) -> PolicyDecision {
         self.with_engine(bundle, |compiled, inner| {
+            if compiled.engine.is_some() && compiled.error.is_none() && !compiled.has_input {
+                // No input package: nothing to evaluate, no document to build.
+                return PolicyDecision::allow();
+            }
             let (key, built) = Self::memo_key(bundle, compiled, doc);
             if let Some(hit) = inner.input_memo.get(&key) {
                 inner.hits += 1;
@@ -492,7 +496,6 @@ impl RegoEngine {
             inner.misses += 1;
             let decision = match (&mut compiled.engine, &compiled.error) {
                 (_, Some(e)) => fail_closed(e),
-                (Some(_), None) if !compiled.has_input => PolicyDecision::allow(),
                 (Some(engine), None) => {
                     let doc = built.unwrap_or_else(|| doc.get());
                     evaluate_input(engine, &doc).unwrap_or_else(|e| fail_closed(&e))
@@ -506,6 +509,10 @@ impl RegoEngine {
 
     fn output(&self, bundle: &Reconfigure, doc: Doc<'_>) -> OutputDecision {
         self.with_engine(bundle, |compiled, inner| {
+            if compiled.engine.is_some() && compiled.error.is_none() && !compiled.has_output {
+                // No output package: nothing is quarantined, no document to build.
+                return OutputDecision::default();
+            }
             let (key, built) = Self::memo_key(bundle, compiled, doc);
             if let Some(hit) = inner.output_memo.get(&key) {
                 inner.hits += 1;
@@ -514,7 +521,6 @@ impl RegoEngine {
             inner.misses += 1;
             let decision = match (&mut compiled.engine, &compiled.error) {
                 (_, Some(e)) => quarantine_closed(e),
-                (Some(_), None) if !compiled.has_output => OutputDecision::default(),
                 (Some(engine), None) => {
                     let doc = built.unwrap_or_else(|| doc.get());
                     evaluate_output(engine, &doc).unwrap_or_else(|e| quarantine_closed(&e))

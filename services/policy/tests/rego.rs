@@ -195,6 +195,19 @@ fn a_document_is_built_only_for_rules_that_read_it() {
         "a policy that reads no input needs one document"
     );
 
+    // An input policy that reads the job, and no output package: the output document is
+    // never built.
+    let mut reading = PolicyBundle::default();
+    reading.modules.insert(
+        "input.rego".into(),
+        "package ksched.input\nallow if input.job.tenant_id == \"acme\"\n".into(),
+    );
+    reading.data_json = "{}".into();
+    let engine = RegoEngine::new();
+    let o = engine.evaluate_output_lazily(&reconfigure(&reading), &doc);
+    assert!(!o.quarantine);
+    assert_eq!(built.get(), 1, "no output package, no output document");
+
     let shipped = reconfigure(&PolicyBundle::from_dir(&config_dir()).unwrap());
     let engine = RegoEngine::new();
     let lazy = engine.evaluate_input_lazily(&shipped, &doc);
