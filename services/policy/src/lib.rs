@@ -482,64 +482,67 @@ impl RegoEngine {
         (key, Some(built))
     }
 
-    fn input(&self, bundle: &Reconfigure, doc: Doc<'_>) -> PolicyDecision {
+    /// Asks one of the two policies: its answer without a package, from the memo, or
+    /// evaluated (failing closed on an error).
+    fn decide<T: Clone>(&self, bundle: &Reconfigure, doc: Doc<'_>, side: &Side<T>) -> T {
         self.with_engine(bundle, |compiled, inner| {
-            if compiled.engine.is_some() && compiled.error.is_none() && !compiled.has_input {
-                // No input package: nothing to evaluate, no document to build.
-                return PolicyDecision::allow();
+            if compiled.engine.is_some() && compiled.error.is_none() && !(side.present)(compiled) {
+                // No package: nothing to evaluate, no document to build.
+                return (side.absent)();
             }
             let (key, built) = Self::memo_key(bundle, compiled, doc);
-            if let Some(hit) = inner.input_memo.get(&key) {
+            if let Some(hit) = (side.memo)(inner).get(&key) {
                 inner.hits += 1;
                 return hit;
             }
             inner.misses += 1;
             let decision = match (&mut compiled.engine, &compiled.error) {
-                (_, Some(e)) => fail_closed(e),
+                (_, Some(e)) => (side.closed)(e),
                 (Some(engine), None) => {
                     let doc = built.unwrap_or_else(|| doc.get());
-                    evaluate_input(engine, &doc).unwrap_or_else(|e| fail_closed(&e))
+                    (side.evaluate)(engine, &doc).unwrap_or_else(|e| (side.closed)(&e))
                 }
-                (None, None) => fail_closed("no engine"),
+                (None, None) => (side.closed)("no engine"),
             };
-            inner.input_memo.put(key, decision.clone());
-            decision
-        })
-    }
-
-    fn output(&self, bundle: &Reconfigure, doc: Doc<'_>) -> OutputDecision {
-        self.with_engine(bundle, |compiled, inner| {
-            if compiled.engine.is_some() && compiled.error.is_none() && !compiled.has_output {
-                // No output package: nothing is quarantined, no document to build.
-                return OutputDecision::default();
-            }
-            let (key, built) = Self::memo_key(bundle, compiled, doc);
-            if let Some(hit) = inner.output_memo.get(&key) {
-                inner.hits += 1;
-                return hit;
-            }
-            inner.misses += 1;
-            let decision = match (&mut compiled.engine, &compiled.error) {
-                (_, Some(e)) => quarantine_closed(e),
-                (Some(engine), None) => {
-                    let doc = built.unwrap_or_else(|| doc.get());
-                    evaluate_output(engine, &doc).unwrap_or_else(|e| quarantine_closed(&e))
-                }
-                (None, None) => quarantine_closed("no engine"),
-            };
-            inner.output_memo.put(key, decision.clone());
+            (side.memo)(inner).put(key, decision.clone());
             decision
         })
     }
 }
 
+/// One of the two policies: whether the bundle has its package, its memo, its answer
+/// without a package and on a failure, and its evaluation.
+struct Side<T> {
+    present: fn(&Compiled) -> bool,
+    memo: fn(&mut Inner) -> &mut Memo<T>,
+    absent: fn() -> T,
+    closed: fn(&str) -> T,
+    evaluate: fn(&mut Engine, &Json) -> std::result::Result<T, String>,
+}
+
+const INPUT: Side<PolicyDecision> = Side {
+    present: |c| c.has_input,
+    memo: |i| &mut i.input_memo,
+    absent: PolicyDecision::allow,
+    closed: fail_closed,
+    evaluate: evaluate_input,
+};
+
+const OUTPUT: Side<OutputDecision> = Side {
+    present: |c| c.has_output,
+    memo: |i| &mut i.output_memo,
+    absent: OutputDecision::default,
+    closed: quarantine_closed,
+    evaluate: evaluate_output,
+};
+
 impl PolicyEngine for RegoEngine {
     fn evaluate_input(&self, bundle: &Reconfigure, doc: &Json) -> PolicyDecision {
-        self.input(bundle, Doc::Ready(doc))
+        self.decide(bundle, Doc::Ready(doc), &INPUT)
     }
 
     fn evaluate_output(&self, bundle: &Reconfigure, doc: &Json) -> OutputDecision {
-        self.output(bundle, Doc::Ready(doc))
+        self.decide(bundle, Doc::Ready(doc), &OUTPUT)
     }
 
     fn evaluate_input_lazily(
@@ -547,7 +550,7 @@ impl PolicyEngine for RegoEngine {
         bundle: &Reconfigure,
         doc: &dyn Fn() -> Json,
     ) -> PolicyDecision {
-        self.input(bundle, Doc::Build(doc))
+        self.decide(bundle, Doc::Build(doc), &INPUT)
     }
 
     fn evaluate_output_lazily(
@@ -555,7 +558,7 @@ impl PolicyEngine for RegoEngine {
         bundle: &Reconfigure,
         doc: &dyn Fn() -> Json,
     ) -> OutputDecision {
-        self.output(bundle, Doc::Build(doc))
+        self.decide(bundle, Doc::Build(doc), &OUTPUT)
     }
 }
 
