@@ -365,11 +365,6 @@ impl State {
         self.mark_job(&id);
     }
 
-    /// When the job's worker last listed it as running, if its latest heartbeat does.
-    pub fn worker_evidence(&self, id: &str, job: &Job) -> Option<Millis> {
-        evidence(&self.workers, id, job)
-    }
-
     pub(crate) fn index_job(&mut self, id: &str) {
         let (jobs, mut ix, timing, floor) = self.split();
         let Some(job) = jobs.get(id) else { return };
@@ -490,29 +485,11 @@ fn evidence(workers: &BTreeMap<String, Worker>, id: &str, job: &Job) -> Option<M
         .then_some(w.last_seen)
 }
 
-/// The timers a job has in its current state. Timeouts that wait for a sign of life count
-/// from `floor` at the earliest (after a [`crate::events::ClockGap`]); `evidence` is when
-/// the job's worker last listed it as running (heartbeats are evidence without rewriting the
-/// job). Deadlines, retry backoffs and max runtimes are not evidence-based.
-pub fn timers_of(
-    id: &str,
-    job: &Job,
-    timing: &Timing,
-    floor: Millis,
-    evidence: Option<Millis>,
-) -> Vec<Timer> {
-    let mut out = Vec::new();
-    each_timer(job, timing, floor, evidence, |due, kind| {
-        out.push(Timer {
-            due,
-            kind,
-            job_id: id.to_owned(),
-        })
-    });
-    out
-}
-
-/// [`timers_of`], as (due, kind) pairs: at most [`MAX_TIMERS`].
+/// The timers a job has in its current state, as (due, kind) pairs: at most
+/// [`MAX_TIMERS`]. Timeouts that wait for a sign of life count from `floor` at the earliest
+/// (after a [`crate::events::ClockGap`]); `evidence` is when the job's worker last listed it
+/// as running (heartbeats are evidence without rewriting the job). Deadlines, retry
+/// backoffs and max runtimes are not evidence-based.
 fn each_timer(
     job: &Job,
     timing: &Timing,

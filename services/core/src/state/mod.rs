@@ -21,7 +21,6 @@ mod loading;
 mod records;
 mod tracking;
 
-pub use index::timers_of;
 pub use loading::{ColdStore, Prerequisites};
 pub use records::*;
 pub use tracking::Dirty;
