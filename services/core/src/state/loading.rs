@@ -1,6 +1,8 @@
 //! The partial state: what deciding on an input, or folding an entry, needs loaded from the
 //! store first, and what may leave memory after a checkpoint.
 
+use std::collections::BTreeSet;
+
 use crate::events::Input;
 
 use super::{IdempotencyEntry, Job, Saga, State};
@@ -133,5 +135,31 @@ impl State {
         self.idempotency.clear();
         // Sagas mid-rollback stay: a tick may end their running compensation.
         self.sagas.retain(|_, s| s.rolling_back());
+    }
+
+    /// [`State::evict_cold`] for an owner that writes its checkpoints behind: once the last
+    /// batch it prepared is written, the records changed since (still marked dirty, in no
+    /// written batch) must stay, since loading them back would read an older version. Every
+    /// other cold record goes, as `evict_cold` drops it. Without change tracking, the same
+    /// as `evict_cold`.
+    pub fn evict_written(&mut self) {
+        let Some(dirty) = self.dirty.take() else {
+            return self.evict_cold();
+        };
+        let (kept, written): (BTreeSet<String>, BTreeSet<String>) = std::mem::take(&mut self.cold)
+            .into_iter()
+            .partition(|id| dirty.jobs.contains(id));
+        self.cold = kept;
+        for id in written {
+            if self.jobs.get(&id).is_some_and(|j| j.state.is_terminal()) {
+                self.unindex_job(&id);
+                self.jobs.remove(&id);
+            }
+        }
+        self.idempotency
+            .retain(|k, _| dirty.idempotency.contains(k));
+        self.sagas
+            .retain(|id, s| s.rolling_back() || dirty.sagas.contains(id));
+        self.dirty = Some(dirty);
     }
 }

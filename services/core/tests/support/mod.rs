@@ -12,7 +12,9 @@ use ksched_core::outputs::Output;
 use ksched_core::policy::{OutputDecision, PolicyDecision, PolicyEngine};
 use ksched_core::records::*;
 use ksched_core::rules::{PoolRules, Rules, StrategyKind};
-use ksched_core::state::{ColdStore, Dirty, HistoryItem, IdempotencyEntry, Job, Saga, State};
+use ksched_core::state::{
+    ColdStore, Dirty, HistoryItem, HistoryLine, IdempotencyEntry, Job, Saga, State,
+};
 use serde_json::Value;
 
 type InputRule = Box<dyn Fn(&Value) -> Option<PolicyDecision>>;
@@ -66,31 +68,53 @@ impl ColdStore for ColdMap {
     }
 }
 
+/// A checkpoint as the store's prepare encodes it: the records the dirty keys name, as the
+/// state held them then.
+pub(crate) struct Batch {
+    jobs: Vec<(String, Job)>,
+    sagas: Vec<(String, Saga)>,
+    idempotency: Vec<((String, String), IdempotencyEntry)>,
+    pruned_before: Option<i64>,
+    history: Vec<HistoryLine>,
+    payloads: BTreeMap<String, Vec<u8>>,
+}
+
 impl ColdMap {
-    /// What the store's persist does with the dirty keys.
-    fn persist(&mut self, state: &State, dirty: Dirty) {
-        for id in dirty.jobs {
-            if let Some(j) = state.jobs.get(&id) {
-                self.jobs.insert(id, (**j).clone());
-            }
+    /// What the store's prepare takes from the state.
+    fn prepare(state: &State, dirty: Dirty) -> Batch {
+        Batch {
+            jobs: (dirty.jobs.into_iter())
+                .filter_map(|id| Some((id.clone(), (**state.jobs.get(&id)?).clone())))
+                .collect(),
+            sagas: (dirty.sagas.into_iter())
+                .filter_map(|id| Some((id.clone(), state.sagas.get(&id)?.clone())))
+                .collect(),
+            idempotency: (dirty.idempotency.into_iter())
+                .filter_map(|k| Some((k.clone(), state.idempotency.get(&k)?.clone())))
+                .collect(),
+            pruned_before: dirty.idempotency_pruned_before,
+            history: dirty.history,
+            payloads: dirty.payloads,
         }
-        for id in dirty.sagas {
-            if let Some(s) = state.sagas.get(&id) {
-                self.sagas.insert(id, s.clone());
-            }
-        }
-        for k in dirty.idempotency {
-            if let Some(e) = state.idempotency.get(&k) {
-                self.idempotency.insert(k, e.clone());
-            }
-        }
-        if let Some(before) = dirty.idempotency_pruned_before {
+    }
+
+    /// What the store's write does with a prepared batch.
+    fn write(&mut self, b: Batch) {
+        self.jobs.extend(b.jobs);
+        self.sagas.extend(b.sagas);
+        self.idempotency.extend(b.idempotency);
+        if let Some(before) = b.pruned_before {
             self.idempotency.retain(|_, e| e.seen_at >= before);
         }
-        for line in dirty.history {
+        for line in b.history {
             self.history.insert((line.job_id, line.seq), line.item);
         }
-        self.payloads.extend(dirty.payloads);
+        self.payloads.extend(b.payloads);
+    }
+
+    /// What the store's persist (prepare, then write at once) does with the dirty keys.
+    fn persist(&mut self, state: &State, dirty: Dirty) {
+        self.write(ColdMap::prepare(state, dirty));
     }
 }
 
@@ -155,6 +179,12 @@ pub(crate) struct Sim {
     /// loads them back on demand, as the processor does.
     pub partial: State,
     pub cold: ColdMap,
+    /// The same inputs once more on a partial state whose checkpoints are written one input
+    /// late, as a replay writes them behind its folding: it may evict only what a written
+    /// batch holds ([`State::evict_written`]).
+    pub behind: State,
+    pub behind_cold: ColdMap,
+    behind_pending: Option<Batch>,
     pub policy: ScriptPolicy,
     pub now: i64,
     pub offset: i64,
@@ -189,6 +219,9 @@ impl Sim {
             state: State::new(),
             partial: State::tracking_changes(),
             cold: ColdMap::default(),
+            behind: State::tracking_changes(),
+            behind_cold: ColdMap::default(),
+            behind_pending: None,
             policy,
             now: T0,
             offset: 0,
@@ -219,9 +252,40 @@ impl Sim {
             offset: self.offset,
         };
         self.offset += 1;
+        let p = self.decide(&cause, input);
+        self.journal.push(p.entry.clone());
+        self.last = self.journal.len() - 1;
+        self.check();
+        let mut events = p.entry.events;
+        // Work cut at the per-entry bound continues at once, as the processor does.
+        let mut more = p.more;
+        while more {
+            let next = ksched_core::decide::continuation(&self.state);
+            let p = self.decide(&cause, next);
+            self.journal.push(p.entry.clone());
+            self.continuations += 1;
+            self.check();
+            events.extend(p.entry.events);
+            more = p.more;
+        }
+        events
+    }
+
+    /// Decides on `input` with the full state and with both partial ones, checks that the
+    /// partial ones decide the same, and checkpoints them; returns the full state's decision.
+    fn decide(&mut self, cause: &Cause, input: Input) -> ksched_core::decide::Processed {
         let ctx = Ctx {
             policy: &self.policy,
         };
+        let p = process(
+            &mut self.state,
+            &ctx,
+            cause.clone(),
+            self.now,
+            input.clone(),
+        );
+
+        // Checkpointed after every input, then evicted.
         self.partial
             .load_for_input(&input, &self.cold)
             .unwrap_or_else(|e| match e {});
@@ -232,43 +296,26 @@ impl Sim {
             self.now,
             input.clone(),
         );
-        let p = process(&mut self.state, &ctx, cause.clone(), self.now, input);
         same_entry(&q.entry, &p.entry);
         let dirty = self.partial.take_dirty();
         self.cold.persist(&self.partial, dirty);
         self.partial.evict_cold();
-        self.outputs.extend(p.outputs);
-        self.journal.push(p.entry.clone());
-        self.last = self.journal.len() - 1;
-        self.check();
-        let mut events = p.entry.events;
-        // Work cut at the per-entry bound continues at once, as the processor does.
-        let mut more = p.more;
-        while more {
-            let next = ksched_core::decide::continuation(&self.state);
-            self.partial
-                .load_for_input(&next, &self.cold)
-                .unwrap_or_else(|e| match e {});
-            let q = process(
-                &mut self.partial,
-                &ctx,
-                cause.clone(),
-                self.now,
-                next.clone(),
-            );
-            let p = process(&mut self.state, &ctx, cause.clone(), self.now, next);
-            same_entry(&q.entry, &p.entry);
-            let dirty = self.partial.take_dirty();
-            self.cold.persist(&self.partial, dirty);
-            self.partial.evict_cold();
-            self.outputs.extend(p.outputs);
-            self.journal.push(p.entry.clone());
-            self.continuations += 1;
-            self.check();
-            events.extend(p.entry.events);
-            more = p.more;
+
+        // Checkpointed after every input, written after the next one.
+        self.behind
+            .load_for_input(&input, &self.behind_cold)
+            .unwrap_or_else(|e| match e {});
+        let r = process(&mut self.behind, &ctx, cause.clone(), self.now, input);
+        same_entry(&r.entry, &p.entry);
+        if let Some(batch) = self.behind_pending.take() {
+            self.behind_cold.write(batch);
         }
-        events
+        self.behind.evict_written();
+        let dirty = self.behind.take_dirty();
+        self.behind_pending = Some(ColdMap::prepare(&self.behind, dirty));
+
+        self.outputs.extend(p.outputs.iter().cloned());
+        p
     }
 
     /// Applies the journal event by event, calling `each` after every event with the state
@@ -316,6 +363,10 @@ impl Sim {
                 .map(|j| &**j)
                 .or_else(|| self.cold.jobs.get(id));
             assert_eq!(stored, Some(&**job), "job {id} of the partial state");
+            // What is not written yet is still in memory.
+            let behind =
+                (self.behind.jobs.get(id).map(|j| &**j)).or_else(|| self.behind_cold.jobs.get(id));
+            assert_eq!(behind, Some(&**job), "job {id} of the state written behind");
         }
         // Eviction finds every job that became terminal, whichever way it did.
         let lingering: Vec<&String> = self
