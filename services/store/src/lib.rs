@@ -123,7 +123,6 @@ impl Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// The projection store for one journal partition.
 /// A projection's changes, encoded, waiting to be written ([`Store::prepare`]).
 pub struct Prepared(WriteBatch);
 
@@ -135,6 +134,7 @@ impl std::fmt::Debug for Prepared {
     }
 }
 
+/// The projection store for one journal partition.
 #[derive(Clone)]
 pub struct Store {
     db: Arc<DB>,

@@ -149,5 +149,5 @@ pub fn replay_until(
         Ok(Flow::Continue)
     })?;
     r.persist()?;
-    Ok((engine.into_store(), last))
+    Ok((engine.into_store()?, last))
 }
