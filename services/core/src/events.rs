@@ -793,27 +793,29 @@ impl JournalEntry {
 
     /// Jobs and workflows whose records `apply` reads or changes for this entry: what a
     /// partial state must hold before the entry is applied.
-    pub fn touched(&self) -> (Vec<String>, Vec<String>) {
-        let mut jobs = Vec::new();
-        let mut workflows = Vec::new();
+    pub fn touched(&self) -> (Vec<&str>, Vec<&str>) {
+        let mut jobs: Vec<&str> = Vec::new();
+        let mut workflows: Vec<&str> = Vec::new();
         for e in &self.events {
             if let Some(id) = e.job_id() {
-                jobs.push(id.to_owned());
+                jobs.push(id);
             }
             match e {
-                Event::JobDuplicate(d) => jobs.push(d.existing_job_id.clone()),
-                Event::WorkerUpdated(u) => jobs.extend(u.heartbeat.active_job_ids.iter().cloned()),
-                Event::SagaStepRecorded(s) => workflows.push(s.workflow_id.clone()),
-                Event::SagaRollbackStarted(s) => workflows.push(s.workflow_id.clone()),
-                Event::SagaCompensationSubmitted(s) => workflows.push(s.workflow_id.clone()),
-                Event::SagaFinished(s) => workflows.push(s.workflow_id.clone()),
-                Event::JobRedriven(r) => jobs.push(r.new_job_id.clone()),
+                Event::JobDuplicate(d) => jobs.push(&d.existing_job_id),
+                Event::WorkerUpdated(u) => {
+                    jobs.extend(u.heartbeat.active_job_ids.iter().map(String::as_str))
+                }
+                Event::SagaStepRecorded(s) => workflows.push(&s.workflow_id),
+                Event::SagaRollbackStarted(s) => workflows.push(&s.workflow_id),
+                Event::SagaCompensationSubmitted(s) => workflows.push(&s.workflow_id),
+                Event::SagaFinished(s) => workflows.push(&s.workflow_id),
+                Event::JobRedriven(r) => jobs.push(&r.new_job_id),
                 _ => {}
             }
         }
-        jobs.sort();
+        jobs.sort_unstable();
         jobs.dedup();
-        workflows.sort();
+        workflows.sort_unstable();
         workflows.dedup();
         (jobs, workflows)
     }

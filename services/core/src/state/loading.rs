@@ -89,23 +89,31 @@ impl State {
         self.load_sagas(&workflows, store)
     }
 
-    fn load_jobs<S: ColdStore>(&mut self, ids: &[String], store: &S) -> Result<(), S::Error> {
-        for id in ids {
+    fn load_jobs<S: ColdStore>(
+        &mut self,
+        ids: &[impl AsRef<str>],
+        store: &S,
+    ) -> Result<(), S::Error> {
+        for id in ids.iter().map(AsRef::as_ref) {
             if !self.jobs.contains_key(id)
                 && let Some(job) = store.job(id)?
             {
-                self.hydrate_job(id.clone(), job);
+                self.hydrate_job(id.to_owned(), job);
             }
         }
         Ok(())
     }
 
-    fn load_sagas<S: ColdStore>(&mut self, ids: &[String], store: &S) -> Result<(), S::Error> {
-        for id in ids {
+    fn load_sagas<S: ColdStore>(
+        &mut self,
+        ids: &[impl AsRef<str>],
+        store: &S,
+    ) -> Result<(), S::Error> {
+        for id in ids.iter().map(AsRef::as_ref) {
             if !self.sagas.contains_key(id)
                 && let Some(s) = store.saga(id)?
             {
-                self.sagas.insert(id.clone(), s);
+                self.sagas.insert(id.to_owned(), s);
             }
         }
         Ok(())
