@@ -522,3 +522,59 @@ async fn a_job_placed_in_the_batch_after_its_acceptance_is_dispatched_with_its_p
     }
     assert_eq!(s.status.metrics.recoveries.get(), 0, "the processor failed");
 }
+
+/// Finished jobs leave memory after every batch, also under a load that never lets the
+/// processor idle. They used to leave only when no input came for 100 ms (or, pipelined,
+/// every second), so with the default settings a steady stream of jobs kept every job it
+/// had finished in memory for as long as the stream lasted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finished_jobs_leave_memory_under_a_load_that_never_pauses() {
+    let mut s = Scheduler::start(vec![]).await;
+    let w = s.worker("w1", |_| async { Outcome::succeeded() });
+    s.wait_worker("w1").await;
+    let producer: rdkafka::producer::BaseProducer = ksched_testkit::client_config(&s.bootstrap)
+        .set("linger.ms", "1")
+        .create()
+        .unwrap();
+    let succeeded = || {
+        s.status
+            .metrics
+            .jobs
+            .with_label_values(&[JobState::Succeeded.as_str()])
+            .get()
+    };
+    // A job every 20 ms (the processor's first poll waits 100 ms for input), until 150
+    // have finished.
+    let mut sent = 0;
+    let started = std::time::Instant::now();
+    while succeeded() < 150 {
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "150 jobs did not finish in 120 s ({} did)",
+            succeeded()
+        );
+        let req = request(&s, &format!("steady-{sent}"));
+        let bytes = ksched_codec::encode(&req).unwrap();
+        producer
+            .send(
+                rdkafka::producer::BaseRecord::to(&s.job_topic)
+                    .key(&req.job_id)
+                    .payload(&bytes),
+            )
+            .map_err(|(e, _)| e)
+            .unwrap();
+        producer.poll(Duration::ZERO);
+        sent += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Read while the stream still flows: the gauge is set after each batch is written.
+    let in_memory = s.status.metrics.jobs_in_memory.get();
+    let finished = succeeded();
+    assert!(
+        in_memory < 50,
+        "{in_memory} jobs in memory with {finished} finished and {} sent",
+        sent
+    );
+    w.stop().await;
+    s.stop();
+}

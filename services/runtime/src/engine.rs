@@ -167,6 +167,13 @@ impl Engine {
         self.store.write(pending.batch, watermark)
     }
 
+    /// Evicts cold records from memory but those changed since the last batch was prepared
+    /// ([`State::evict_written`]); only once everything prepared was written. The
+    /// processor's eviction under load, with a batch decided and not prepared yet.
+    pub fn evict_written(&mut self) {
+        self.state.evict_written();
+    }
+
     /// Evicts cold records from memory; only once everything prepared was written.
     pub fn evict(&mut self) {
         self.state.evict_cold();

@@ -21,6 +21,7 @@ pub const COMMIT_LATENCY: &str = "ksched_transaction_commit_seconds";
 pub const BATCH_SIZE: &str = "ksched_batch_size";
 pub const CONSUMER_LAG: &str = "ksched_consumer_lag";
 pub const ROCKSDB_SIZE: &str = "ksched_rocksdb_size_bytes";
+pub const JOBS_IN_MEMORY: &str = "ksched_jobs_in_memory";
 pub const WATERMARK: &str = "ksched_journal_watermark";
 pub const CAUGHT_UP: &str = "ksched_caught_up";
 pub const RECOVERIES: &str = "ksched_processor_recoveries_total";
@@ -75,6 +76,7 @@ pub struct Metrics {
     pub batch_size: Histogram,
     pub consumer_lag: IntGaugeVec,
     pub rocksdb_size: IntGauge,
+    pub jobs_in_memory: IntGauge,
     pub watermark: IntGauge,
     pub caught_up: Gauge,
     pub recoveries: IntCounter,
@@ -201,6 +203,14 @@ impl Metrics {
                     "Input records not yet processed, per topic.",
                     &["topic"],
                 ),
+            ),
+            jobs_in_memory: reg(
+                &r,
+                IntGauge::new(
+                    JOBS_IN_MEMORY,
+                    "Jobs the processor holds in memory: the active ones, and finished ones until they are evicted.",
+                )
+                .unwrap_or_else(|e| unreachable!("{e}")),
             ),
             rocksdb_size: reg(
                 &r,
@@ -381,6 +391,8 @@ impl Metrics {
                 .with_label_values(&[st.as_str()])
                 .set(i64::try_from(n).unwrap_or(i64::MAX));
         }
+        self.jobs_in_memory
+            .set(i64::try_from(state.jobs.len()).unwrap_or(i64::MAX));
         self.queue_depth.reset();
         for (pool, q) in &state.queues {
             self.queue_depth

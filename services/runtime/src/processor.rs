@@ -56,9 +56,6 @@ const MAX_CONTINUATIONS: usize = 1_000;
 const ASSIGNMENT_REFRESH: Duration = Duration::from_secs(5);
 /// How often the processor looks for partitions added to its input topics.
 const INPUTS_REFRESH: Duration = Duration::from_secs(30);
-/// Under a steady load the pipeline never empties by itself; this often it is let empty, so
-/// that cold records leave memory (`Processor::drain`).
-const EVICT_EVERY: Duration = Duration::from_secs(1);
 
 /// Transactional producers a shard's processor may use in turn (ids `<id>` and `<id>-b`).
 const MAX_TRANSACTIONAL_PRODUCERS: usize = 2;
@@ -240,8 +237,6 @@ pub struct Processor {
     open: bool,
     /// The batch whose transaction finishes on the caller thread.
     in_flight: Option<InFlight>,
-    /// When cold records were last evicted from memory.
-    last_evict: Instant,
     /// Spans of traced jobs (job_trace.rs).
     spans: JobSpans,
 }
@@ -463,7 +458,6 @@ impl Processor {
             outbox: Vec::new(),
             open: false,
             in_flight: None,
-            last_evict: Instant::now(),
             spans: JobSpans::default(),
         };
         p.catch_up()?;
@@ -677,11 +671,6 @@ impl Processor {
             self.check_membership()?;
             if self.inputs_checked.elapsed() > INPUTS_REFRESH {
                 self.assign_inputs()?;
-            }
-            // Cold records leave memory only with nothing in flight (see `drain`): at once
-            // when idle, at least every EVICT_EVERY under a steady load.
-            if self.in_flight.is_some() && self.last_evict.elapsed() > EVICT_EVERY {
-                self.drain(recovery)?;
             }
             let batch = self.collect(recovery)?;
             if batch.is_empty() {
@@ -1168,6 +1157,9 @@ impl Processor {
         self.engine
             .write(f.pending, watermark)
             .map_err(|e| self.store_error(e))?;
+        // No batch is prepared and unwritten now (the next one is prepared after this): what
+        // is cold may leave memory, but for what the batch decided since changed.
+        self.engine.evict_written();
         self.written(watermark);
         phase.end();
         for rec in &f.batch.inputs {
@@ -1195,7 +1187,6 @@ impl Processor {
         self.settle(recovery)?;
         if self.outbox.is_empty() {
             self.engine.evict();
-            self.last_evict = Instant::now();
         }
         Ok(())
     }
