@@ -13,6 +13,32 @@ use ksched_core::records::{ApproveJob, CancelJob};
 use ksched_worker::Outcome;
 use support::*;
 
+/// A producer that sends at once (1 ms linger), for tests that stream jobs.
+fn quick_producer(s: &Scheduler) -> rdkafka::producer::BaseProducer {
+    ksched_testkit::client_config(&s.bootstrap)
+        .set("linger.ms", "1")
+        .create()
+        .unwrap()
+}
+
+/// Sends `req` to the scheduler's job topic, keyed by its job id, without waiting for it.
+fn send_job(
+    producer: &rdkafka::producer::BaseProducer,
+    s: &Scheduler,
+    req: &ksched_core::records::JobRequest,
+) {
+    let bytes = ksched_codec::encode(req).unwrap();
+    producer
+        .send(
+            rdkafka::producer::BaseRecord::to(&s.job_topic)
+                .key(&req.job_id)
+                .payload(&bytes),
+        )
+        .map_err(|(e, _)| e)
+        .unwrap();
+    producer.poll(Duration::ZERO);
+}
+
 fn event_names(
     entries: &[(i64, ksched_core::events::JournalEntry)],
     job: &str,
@@ -351,22 +377,8 @@ async fn jobs_decided_while_the_batch_before_commits_see_its_effects() {
         |_| async { Outcome::succeeded() },
     );
     s.wait_worker("w1").await;
-    let producer: rdkafka::producer::BaseProducer = ksched_testkit::client_config(&s.bootstrap)
-        .set("linger.ms", "1")
-        .create()
-        .unwrap();
-    let send = |req: &ksched_core::records::JobRequest| {
-        let bytes = ksched_codec::encode(req).unwrap();
-        producer
-            .send(
-                rdkafka::producer::BaseRecord::to(&s.job_topic)
-                    .key(&req.job_id)
-                    .payload(&bytes),
-            )
-            .map_err(|(e, _)| e)
-            .unwrap();
-        producer.poll(Duration::ZERO);
-    };
+    let producer = quick_producer(&s);
+    let send = |req: &ksched_core::records::JobRequest| send_job(&producer, &s, req);
     let job = |id: String, i: usize| {
         let mut r = request(&s, &id);
         r.payload = format!("payload of {id}").into_bytes();
@@ -532,10 +544,7 @@ async fn finished_jobs_leave_memory_under_a_load_that_never_pauses() {
     let mut s = Scheduler::start(vec![]).await;
     let w = s.worker("w1", |_| async { Outcome::succeeded() });
     s.wait_worker("w1").await;
-    let producer: rdkafka::producer::BaseProducer = ksched_testkit::client_config(&s.bootstrap)
-        .set("linger.ms", "1")
-        .create()
-        .unwrap();
+    let producer = quick_producer(&s);
     let succeeded = || {
         s.status
             .metrics
@@ -553,17 +562,7 @@ async fn finished_jobs_leave_memory_under_a_load_that_never_pauses() {
             "150 jobs did not finish in 120 s ({} did)",
             succeeded()
         );
-        let req = request(&s, &format!("steady-{sent}"));
-        let bytes = ksched_codec::encode(&req).unwrap();
-        producer
-            .send(
-                rdkafka::producer::BaseRecord::to(&s.job_topic)
-                    .key(&req.job_id)
-                    .payload(&bytes),
-            )
-            .map_err(|(e, _)| e)
-            .unwrap();
-        producer.poll(Duration::ZERO);
+        send_job(&producer, &s, &request(&s, &format!("steady-{sent}")));
         sent += 1;
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
