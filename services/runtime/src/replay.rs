@@ -150,8 +150,8 @@ fn read_chunks(
         let full = chunk.len() >= CHUNK_RECORDS || bytes >= CHUNK_BYTES;
         if !chunk.is_empty() && (done || idle || full) {
             bytes = 0;
-            let full = std::mem::replace(&mut chunk, Vec::with_capacity(CHUNK_RECORDS));
-            if chunks.send(Ok(full)).is_err() {
+            let ready = std::mem::replace(&mut chunk, Vec::with_capacity(CHUNK_RECORDS));
+            if chunks.send(Ok(ready)).is_err() {
                 return Ok(());
             }
         }
