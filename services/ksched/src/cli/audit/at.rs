@@ -6,15 +6,16 @@ use serde_json::json;
 use crate::cli::output::{Format, table, time};
 use crate::cli::{CliResult, Failure, Target};
 
-use super::{failed, scratch};
+use super::{Answers, failed, scratch};
 
 pub(super) fn at(
     t: &Target,
     src: &Source,
     until: Until,
-    tenant: Option<String>,
-    pool: Option<String>,
+    tenant: Option<&str>,
+    pool: Option<&str>,
     all: bool,
+    out: &mut Answers,
 ) -> CliResult {
     let dir = scratch(None)?;
     let (store, last) = audit::replay_until(src, &dir.path, until).map_err(failed)?;
@@ -28,10 +29,9 @@ pub(super) fn at(
         .jobs()
         .map_err(failed)?
         .into_iter()
-        .filter(|(_, j)| tenant.as_ref().is_none_or(|t| &j.request.tenant_id == t))
+        .filter(|(_, j)| tenant.is_none_or(|t| j.request.tenant_id == t))
         .filter(|(_, j)| {
-            pool.as_ref()
-                .is_none_or(|p| j.pool.as_ref() == Some(p) || j.pools.contains(p))
+            pool.is_none_or(|p| j.pool.as_deref() == Some(p) || j.pools.iter().any(|q| q == p))
         })
         .collect();
     let mut counts = std::collections::BTreeMap::new();
@@ -44,13 +44,13 @@ pub(super) fn at(
         .collect();
     let workers = store.workers().map_err(failed)?;
     match t.output {
-        Format::Json => crate::cli::output::json(&json!({
+        Format::Json => out.json(src.partition, json!({
             "journal_offset": offset,
             "log_time": log_time,
             "counts_by_state": counts,
             "jobs": shown.iter().map(|(id, j)| ksched_runtime::api::job_view(id, j)).collect::<Vec<_>>(),
             "workers": workers.iter()
-                .filter(|(_, w)| pool.as_ref().is_none_or(|p| &w.heartbeat.pool == p))
+                .filter(|(_, w)| pool.is_none_or(|p| w.heartbeat.pool == p))
                 .map(|(id, w)| ksched_runtime::api::worker_view(id, w)).collect::<Vec<_>>(),
         })),
         Format::Table => {
@@ -91,7 +91,7 @@ pub(super) fn at(
             };
             let wrows: Vec<Vec<String>> = workers
                 .iter()
-                .filter(|(_, w)| pool.as_ref().is_none_or(|p| &w.heartbeat.pool == p))
+                .filter(|(_, w)| pool.is_none_or(|p| w.heartbeat.pool == p))
                 .map(|(id, w)| {
                     vec![
                         id.clone(),

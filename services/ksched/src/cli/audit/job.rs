@@ -7,7 +7,7 @@ use serde_json::json;
 use crate::cli::output::{Format, table, time};
 use crate::cli::{CliResult, Failure, Target};
 
-use super::failed;
+use super::{Answers, failed};
 
 /// One event, explained on one line: its text, and for placements every candidate with its
 /// score or why it was skipped (the audit's "why this worker").
@@ -36,7 +36,7 @@ fn explain(e: &Event, input: &Input) -> String {
     line
 }
 
-pub(super) fn job(t: &Target, src: &Source, job_id: &str) -> CliResult {
+pub(super) fn job(t: &Target, src: &Source, job_id: &str, out: &mut Answers) -> CliResult {
     let items = audit::timeline(src, job_id).map_err(failed)?;
     if items.is_empty() {
         return Err(Failure::new(
@@ -53,7 +53,7 @@ pub(super) fn job(t: &Target, src: &Source, job_id: &str) -> CliResult {
                 .iter()
                 .map(|i| entry_json(src.partition, i.offset, &i.entry))
                 .collect();
-            crate::cli::output::json(&json!({ "job_id": job_id, "timeline": list }));
+            out.json(src.partition, json!({ "job_id": job_id, "timeline": list }));
         }
         Format::Table => {
             let mut rows = Vec::new();

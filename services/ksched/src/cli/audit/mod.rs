@@ -7,8 +7,10 @@ use std::path::PathBuf;
 
 use clap::{Args, Subcommand, ValueEnum};
 use ksched_runtime::audit::{Progress, Source, Until};
+use serde_json::{Value, json};
 
-use super::{CliResult, EXIT_BAD_INPUT, EXIT_FAILED, Failure, Target};
+use super::output::{Format, clean};
+use super::{CliResult, EXIT_BAD_INPUT, EXIT_FAILED, EXIT_NOT_FOUND, Failure, Target};
 
 mod at;
 mod export;
@@ -28,9 +30,13 @@ pub(crate) struct AuditArgs {
     #[arg(long, global = true)]
     pub journal_topic: Option<String>,
     /// Journal partition: the shard to audit (`--shard` is the same flag). Each shard has its
-    /// own journal partition; audit them one by one.
+    /// own journal partition.
     #[arg(long, visible_alias = "shard", global = true, default_value_t = 0)]
     pub partition: i32,
+    /// Every shard in turn (every partition of the journal) instead of one: tables under a
+    /// heading per shard, JSON as one document with a `shards` list.
+    #[arg(long, global = true, conflicts_with = "partition")]
+    pub all_shards: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -183,23 +189,61 @@ pub(crate) fn parse_time(s: &str) -> Option<i64> {
 
 pub(crate) fn audit(t: &Target, args: AuditArgs) -> CliResult {
     t.check_credentials()?;
-    let client = t.client_config();
-    let src = Source {
-        client,
-        topic: args
-            .journal_topic
-            .clone()
-            .unwrap_or_else(|| format!("{}journal", t.prefix)),
-        partition: args.partition,
+    let topic = args
+        .journal_topic
+        .clone()
+        .unwrap_or_else(|| format!("{}journal", t.prefix));
+    let partitions = if args.all_shards {
+        let n = ksched_runtime::topics::partition_count(&t.settings, &topic).map_err(failed)?;
+        (0..n).collect()
+    } else {
+        vec![args.partition]
+    };
+    let sources: Vec<Source> = partitions
+        .into_iter()
+        .map(|partition| Source {
+            client: t.client_config(),
+            topic: topic.clone(),
+            partition,
+        })
+        .collect();
+    let shards = Shards {
+        t,
+        topic: &topic,
+        sources: &sources,
+        all: args.all_shards,
+    };
+    // An offset is a position in one partition: it means nothing on the others.
+    let one_partition = |what: &str| {
+        if args.all_shards {
+            Err(Failure::new(
+                EXIT_BAD_INPUT,
+                format!(
+                    "{what} is an offset in one journal partition: give --shard, not --all-shards"
+                ),
+            ))
+        } else {
+            Ok(())
+        }
     };
     match args.command {
         AuditCommand::Rebuild {
             into,
             compare_with,
             until_offset,
-        } => rebuild::rebuild(t, &src, into, compare_with, until_offset),
-        AuditCommand::Verify => verify::verify(t, &src),
-        AuditCommand::Job { job_id } => job::job(t, &src, &job_id),
+        } => {
+            if until_offset.is_some() {
+                one_partition("--until-offset")?;
+            }
+            // One directory takes every shard (its keys are prefixed by shard), as a live
+            // data directory does.
+            let dir = scratch(into)?;
+            shards.each(|src, out| {
+                rebuild::rebuild(t, src, &dir.path, &compare_with, until_offset, out)
+            })
+        }
+        AuditCommand::Verify => shards.each(|src, out| verify::verify(t, src, out)),
+        AuditCommand::Job { job_id } => shards.each(|src, out| job::job(t, src, &job_id, out)),
         AuditCommand::At {
             time: at_time,
             offset,
@@ -208,7 +252,10 @@ pub(crate) fn audit(t: &Target, args: AuditArgs) -> CliResult {
             all,
         } => {
             let until = match (offset, at_time) {
-                (Some(o), _) => Until::Offset(o),
+                (Some(o), _) => {
+                    one_partition("--offset")?;
+                    Until::Offset(o)
+                }
                 (None, Some(s)) => Until::Time(parse_time(&s).ok_or_else(|| {
                     Failure::new(
                         EXIT_BAD_INPUT,
@@ -221,16 +268,186 @@ pub(crate) fn audit(t: &Target, args: AuditArgs) -> CliResult {
                     return Err(Failure::new(EXIT_BAD_INPUT, "give a TIME or --offset"));
                 }
             };
-            at::at(t, &src, until, tenant, pool, all)
+            shards.each(|src, out| {
+                at::at(t, src, until, tenant.as_deref(), pool.as_deref(), all, out)
+            })
         }
-        AuditCommand::WhatIf { pools, policy } => what_if::what_if(t, &src, pools, policy),
-        AuditCommand::Export { format, out } => export::export(&src, format, out),
+        AuditCommand::WhatIf { pools, policy } => {
+            let alternative = what_if::alternative(pools, policy)?;
+            shards.each(|src, out| what_if::what_if(t, src, &alternative, out))
+        }
+        AuditCommand::Export { format, out } => {
+            if format == ExportFormat::Avro && args.all_shards {
+                return Err(Failure::new(
+                    EXIT_BAD_INPUT,
+                    "an Avro container file holds one shard's journal: export each with --shard (JSON Lines take --all-shards; each line names its partition)",
+                ));
+            }
+            export::export(&sources, format, out)
+        }
     }
+}
+
+/// The shards an audit command answers for: one (`--shard`), or every partition of the
+/// journal (`--all-shards`).
+struct Shards<'a> {
+    t: &'a Target,
+    topic: &'a str,
+    sources: &'a [Source],
+    all: bool,
+}
+
+impl Shards<'_> {
+    /// Runs `command` for each shard. With one shard its answer and failure are the command's.
+    /// With all, each table comes under its shard's heading and the JSON answers are printed
+    /// together at the end; a shard that has nothing to say ("not found": a job on another
+    /// shard, a time before its first entry) is noted and the others go on. The command
+    /// fails with the first other failure, or "not found" when no shard had anything.
+    fn each(&self, mut command: impl FnMut(&Source, &mut Answers) -> CliResult) -> CliResult {
+        let mut answers = Answers {
+            gathered: self.all.then(Vec::new),
+        };
+        if !self.all {
+            return self
+                .sources
+                .iter()
+                .try_for_each(|src| command(src, &mut answers));
+        }
+        let table = self.t.output == Format::Table;
+        let mut failures = Vec::new();
+        for (i, src) in self.sources.iter().enumerate() {
+            if table {
+                let gap = if i == 0 { "" } else { "\n" };
+                println!(
+                    "{gap}== shard {} (journal {}/{}) ==",
+                    src.partition, self.topic, src.partition
+                );
+            }
+            let Err(f) = command(src, &mut answers) else {
+                continue;
+            };
+            if f.code == EXIT_NOT_FOUND {
+                if table {
+                    println!("{}", clean(&f.message));
+                }
+            } else {
+                eprintln!("ksched: shard {}: {}", src.partition, clean(&f.message));
+            }
+            answers.failed(src.partition, &f);
+            failures.push((src.partition, f));
+        }
+        if let Some(gathered) = answers.gathered.take()
+            && !table
+        {
+            super::output::json(&json!({ "journal_topic": self.topic, "shards": gathered }));
+        }
+        all_shards_outcome(failures, self.sources.len())
+    }
+}
+
+/// What several shards' failures make of the whole: the first failure that is not "not
+/// found" (naming every failed shard), else "not found" if no shard answered.
+fn all_shards_outcome(failures: Vec<(i32, Failure)>, shards: usize) -> CliResult {
+    let failed: Vec<String> = failures
+        .iter()
+        .filter(|(_, f)| f.code != EXIT_NOT_FOUND)
+        .map(|(s, _)| s.to_string())
+        .collect();
+    if let Some((shard, first)) = failures.iter().find(|(_, f)| f.code != EXIT_NOT_FOUND) {
+        return Err(Failure::new(
+            first.code,
+            format!(
+                "{} of {shards} shards failed (shards {}); shard {shard}: {}",
+                failed.len(),
+                failed.join(", "),
+                first.message
+            ),
+        ));
+    }
+    if failures.len() == shards && shards > 0 {
+        return Err(Failure::new(
+            EXIT_NOT_FOUND,
+            format!("no shard had an answer; shard 0: {}", failures[0].1.message),
+        ));
+    }
+    Ok(())
+}
+
+/// Where an audit command's JSON answer goes: printed at once when one shard is audited;
+/// with `--all-shards`, tagged with its shard and kept for one document.
+pub(super) struct Answers {
+    gathered: Option<Vec<Value>>,
+}
+
+impl Answers {
+    pub(super) fn json(&mut self, shard: i32, answer: Value) {
+        match &mut self.gathered {
+            None => super::output::json(&answer),
+            Some(all) => all.push(with_shard(shard, answer)),
+        }
+    }
+
+    fn failed(&mut self, shard: i32, f: &Failure) {
+        if let Some(all) = &mut self.gathered {
+            let key = if f.code == EXIT_NOT_FOUND {
+                "not_found"
+            } else {
+                "error"
+            };
+            all.push(json!({ "shard": shard, key: f.message, "exit_code": f.code }));
+        }
+    }
+}
+
+/// `answer` with `"shard": shard` added.
+fn with_shard(shard: i32, answer: Value) -> Value {
+    let mut tagged = serde_json::Map::new();
+    tagged.insert("shard".into(), shard.into());
+    match answer {
+        Value::Object(fields) => tagged.extend(fields),
+        other => {
+            tagged.insert("answer".into(), other);
+        }
+    }
+    Value::Object(tagged)
 }
 
 #[cfg(test)]
 mod tests {
-    use super::parse_time;
+    use super::{EXIT_MISMATCH, EXIT_NOT_FOUND, Failure, all_shards_outcome, parse_time};
+    use crate::cli::EXIT_FAILED;
+
+    /// Across shards, "not found" on some is the normal case (a job lives on one); any other
+    /// failure fails the whole, naming every shard that failed; "not found" everywhere is
+    /// not found.
+    #[test]
+    fn one_shards_failure_fails_all_and_not_found_only_everywhere() {
+        let nf = |s: i32| (s, Failure::new(EXIT_NOT_FOUND, format!("nothing on {s}")));
+        assert!(all_shards_outcome(vec![], 3).is_ok());
+        assert!(all_shards_outcome(vec![nf(0), nf(2)], 3).is_ok());
+        let none = all_shards_outcome(vec![nf(0), nf(1), nf(2)], 3).unwrap_err();
+        assert_eq!(none.code, EXIT_NOT_FOUND);
+        let mixed = vec![
+            nf(0),
+            (
+                1,
+                Failure::new(EXIT_MISMATCH, "2 recorded entries were not reproduced"),
+            ),
+            (2, Failure::new(EXIT_FAILED, "broker gone")),
+        ];
+        let f = all_shards_outcome(mixed, 3).unwrap_err();
+        assert_eq!(f.code, EXIT_MISMATCH);
+        assert!(
+            f.message.contains("2 of 3 shards failed (shards 1, 2)"),
+            "{}",
+            f.message
+        );
+        assert!(
+            f.message.contains("shard 1: 2 recorded entries"),
+            "{}",
+            f.message
+        );
+    }
     use crate::cli::output::time;
 
     #[test]

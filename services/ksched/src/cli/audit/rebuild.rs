@@ -1,6 +1,6 @@
 //! `ksched audit rebuild`: the projection from the journal, compared with a live one.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use ksched_runtime::audit::{self, Source};
 use ksched_store::Store;
@@ -9,18 +9,20 @@ use serde_json::json;
 use crate::cli::output::{Format, table};
 use crate::cli::{CliResult, EXIT_BAD_INPUT, Failure, Target};
 
-use super::{EXIT_MISMATCH, failed, progress_printer, scratch};
+use super::{Answers, EXIT_MISMATCH, failed, progress_printer};
 
+/// Rebuilds `src`'s shard into `into` (which may hold other shards' rebuilds, not this one's).
 pub(super) fn rebuild(
     t: &Target,
     src: &Source,
-    into: Option<PathBuf>,
-    compare_with: Option<PathBuf>,
+    into: &Path,
+    compare_with: &Option<PathBuf>,
     until_offset: Option<i64>,
+    out: &mut Answers,
 ) -> CliResult {
     let partition = u16::try_from(src.partition).map_err(failed)?;
     let live =
-        match &compare_with {
+        match compare_with {
             Some(p) => Some(Store::open_read_only(p, partition).map_err(|e| {
                 Failure::new(EXIT_BAD_INPUT, format!("opening {}: {e}", p.display()))
             })?),
@@ -35,29 +37,30 @@ pub(super) fn rebuild(
         })?),
         None => until_offset,
     };
-    let dir = scratch(into)?;
-    let report =
-        audit::rebuild(src, &dir.path, until, progress_printer("rebuild")).map_err(failed)?;
+    let report = audit::rebuild(src, into, until, progress_printer("rebuild")).map_err(failed)?;
     eprintln!();
-    let rebuilt = Store::open_read_only(&dir.path, partition).map_err(failed)?;
+    let rebuilt = Store::open_read_only(into, partition).map_err(failed)?;
     let differences = match &live {
         Some(l) => Some(audit::compare(&rebuilt, l).map_err(failed)?),
         None => None,
     };
     let equal = differences.as_ref().is_none_or(Vec::is_empty);
     match t.output {
-        Format::Json => crate::cli::output::json(&json!({
-            "entries": report.entries,
-            "events": report.events,
-            "last_offset": report.last_offset,
-            "elapsed_ms": report.elapsed.as_millis() as u64,
-            "events_per_sec": report.events_per_sec(),
-            "compared": live.is_some(),
-            "equal": equal,
-            "differences": differences.iter().flatten().map(|d| json!({
-                "column_family": d.column_family, "key": d.key, "kind": d.kind,
-            })).collect::<Vec<_>>(),
-        })),
+        Format::Json => out.json(
+            src.partition,
+            json!({
+                "entries": report.entries,
+                "events": report.events,
+                "last_offset": report.last_offset,
+                "elapsed_ms": report.elapsed.as_millis() as u64,
+                "events_per_sec": report.events_per_sec(),
+                "compared": live.is_some(),
+                "equal": equal,
+                "differences": differences.iter().flatten().map(|d| json!({
+                    "column_family": d.column_family, "key": d.key, "kind": d.kind,
+                })).collect::<Vec<_>>(),
+            }),
+        ),
         Format::Table => {
             println!(
                 "rebuilt {} entries ({} events) up to offset {} in {:.1}s: {:.0} events/s",

@@ -7,24 +7,27 @@ use serde_json::json;
 use crate::cli::output::{Format, clean};
 use crate::cli::{CliResult, Failure, Target};
 
-use super::{EXIT_MISMATCH, failed, progress_printer, scratch};
+use super::{Answers, EXIT_MISMATCH, failed, progress_printer, scratch};
 
-pub(super) fn verify(t: &Target, src: &Source) -> CliResult {
+pub(super) fn verify(t: &Target, src: &Source, out: &mut Answers) -> CliResult {
     let dir = scratch(None)?;
     let policy = RegoEngine::new();
     let report =
         audit::verify(src, &dir.path, &policy, progress_printer("verify")).map_err(failed)?;
     eprintln!();
     match t.output {
-        Format::Json => crate::cli::output::json(&json!({
-            "entries": report.entries,
-            "events": report.events,
-            "elapsed_ms": report.elapsed.as_millis() as u64,
-            "divergences": report.divergences.iter().map(|d| json!({
-                "offset": d.offset, "input": d.input, "recorded": d.recorded,
-                "recomputed": d.recomputed, "detail": d.detail,
-            })).collect::<Vec<_>>(),
-        })),
+        Format::Json => out.json(
+            src.partition,
+            json!({
+                "entries": report.entries,
+                "events": report.events,
+                "elapsed_ms": report.elapsed.as_millis() as u64,
+                "divergences": report.divergences.iter().map(|d| json!({
+                    "offset": d.offset, "input": d.input, "recorded": d.recorded,
+                    "recomputed": d.recomputed, "detail": d.detail,
+                })).collect::<Vec<_>>(),
+            }),
+        ),
         Format::Table => {
             println!(
                 "verified {} entries ({} events) in {:.1}s: {} divergences",

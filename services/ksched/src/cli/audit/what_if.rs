@@ -10,14 +10,13 @@ use serde_json::json;
 use crate::cli::output::{Format, table};
 use crate::cli::{CliResult, EXIT_BAD_INPUT, Failure, Target};
 
-use super::failed;
+use super::{Answers, failed};
 
-pub(super) fn what_if(
-    t: &Target,
-    src: &Source,
+/// The configuration to decide with instead, from `--pools` and `--policy`.
+pub(super) fn alternative(
     pools: Option<PathBuf>,
     policy: Option<PathBuf>,
-) -> CliResult {
+) -> Result<Alternative, Failure> {
     if pools.is_none() && policy.is_none() {
         return Err(Failure::new(
             EXIT_BAD_INPUT,
@@ -42,27 +41,39 @@ pub(super) fn what_if(
         ),
         None => None,
     };
+    Ok(Alternative { pools, policy })
+}
+
+pub(super) fn what_if(
+    t: &Target,
+    src: &Source,
+    alternative: &Alternative,
+    out: &mut Answers,
+) -> CliResult {
     let engine = RegoEngine::new();
     let report = audit::what_if(
         src,
-        &Alternative { pools, policy },
+        alternative,
         &engine,
         super::progress_printer("what-if"),
     )
     .map_err(failed)?;
     match t.output {
-        Format::Json => crate::cli::output::json(&json!({
-            "jobs": report.jobs,
-            "differing": report.rows.len(),
-            "totals": report.totals,
-            "rows": report.rows.iter().map(|r| json!({
-                "job_id": r.job_id,
-                "topic": r.topic,
-                "differs_in": r.differs_in,
-                "actual": r.actual.to_json(),
-                "alternative": r.alternative.to_json(),
-            })).collect::<Vec<_>>(),
-        })),
+        Format::Json => out.json(
+            src.partition,
+            json!({
+                "jobs": report.jobs,
+                "differing": report.rows.len(),
+                "totals": report.totals,
+                "rows": report.rows.iter().map(|r| json!({
+                    "job_id": r.job_id,
+                    "topic": r.topic,
+                    "differs_in": r.differs_in,
+                    "actual": r.actual.to_json(),
+                    "alternative": r.alternative.to_json(),
+                })).collect::<Vec<_>>(),
+            }),
+        ),
         Format::Table => {
             let show = |o: &audit::Outcome| {
                 format!(
