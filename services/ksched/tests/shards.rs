@@ -8,6 +8,10 @@
 //! dispatched twice; the capped tenant never had more than 2 jobs placed at once on a shard
 //! (tenant limits are per shard); and `audit verify` reproduces every shard's journal.
 //!
+//! A second test sends misdirected and hostile records straight to Kafka with two shards
+//! (a result on the wrong shard's partition, another tenant's cancel, a cancel for a job no
+//! shard holds) and checks that each shard decides only about what it holds.
+//!
 //! CI runs the short version; `KSCHED_SHARDS_FULL=1 cargo test -p ksched --test shards --
 //! --nocapture` runs the full one (a heavier load held longer in every phase).
 
@@ -339,4 +343,199 @@ fn shards_spread_over_instances_and_move_when_one_is_killed() {
             "{id} succeeded once, on shard {shard}"
         );
     }
+}
+
+/// Sends `payload` to `topic`'s partition `partition`, keyed by `key`, and waits for it.
+fn send_to(producer: &BaseProducer, topic: &str, partition: i32, key: &str, payload: &[u8]) {
+    use rdkafka::producer::BaseRecord;
+    producer
+        .send(
+            BaseRecord::to(topic)
+                .partition(partition)
+                .key(key)
+                .payload(payload),
+        )
+        .unwrap();
+    producer.flush(Duration::from_secs(10)).unwrap();
+}
+
+/// Every event of every shard's journal, as (shard, input type, event).
+fn journal_events(c: &RunningScheduler) -> Vec<(i64, String, Value)> {
+    let (code, out, err) = c.cli(&["audit", "--all-shards", "export"]);
+    assert_eq!(code, 0, "{err}");
+    let mut events = Vec::new();
+    for line in out.lines() {
+        let entry: Value = serde_json::from_str(line).unwrap();
+        let shard = entry["partition"].as_i64().unwrap();
+        let input = entry["input"]["type"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        for e in entry["events"].as_array().into_iter().flatten() {
+            events.push((shard, input.clone(), e.clone()));
+        }
+    }
+    events
+}
+
+/// Misdirected and hostile inputs with two shards, against the real broker: a result for a
+/// running job of shard 0 written to shard 1's results partition, a cancel that claims
+/// another tenant, and a cancel for a job no shard holds, each produced straight to Kafka.
+/// A shard decides only about what it holds: the misdirected result is refused on shard 1
+/// (`unknown_job`) and leaves the job running on shard 0; the other tenant's cancel is
+/// refused (`tenant_mismatch`) by the job's shard alone and ignored by the other; the cancel
+/// of a job no shard holds is journaled by neither (the documented limit with more than one
+/// shard; the API answers 404 for it). The job then succeeds once, on its own shard.
+#[test]
+fn misdirected_and_hostile_inputs_change_nothing_on_other_shards() {
+    use ksched_core::records::{CancelJob, JobResult, ResultMeta, ResultStatus};
+    let a = RunningScheduler::start_sharded(2, "", "");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let stop = CancellationToken::new();
+    let release = Arc::new(AtomicBool::new(false));
+    {
+        let _guard = rt.enter();
+        let mut cfg = a.worker_config("w-0");
+        cfg.pool = "pool-0".into();
+        let worker = Worker::new(cfg).unwrap();
+        let (stop, release) = (stop.clone(), release.clone());
+        rt.spawn(async move {
+            worker
+                .run(
+                    move |_| {
+                        let release = release.clone();
+                        async move {
+                            while !release.load(Ordering::Relaxed) {
+                                tokio::time::sleep(Duration::from_millis(20)).await;
+                            }
+                            Outcome::succeeded()
+                        }
+                    },
+                    stop,
+                )
+                .await
+        });
+    }
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", &a.bootstrap)
+        .create()
+        .unwrap();
+    let (held, queued, ghost) = ("acme:held-0", "acme:queued-1", "acme:ghost");
+    submit(&producer, &format!("{}jobs-0", a.prefix), held);
+    // Pool 1 has no worker: this job waits on shard 1.
+    submit(&producer, &format!("{}jobs-1", a.prefix), queued);
+    producer.flush(Duration::from_secs(10)).unwrap();
+    wait_state(&a.api, held, "RUNNING");
+    wait_until(&format!("{queued} to be known"), 60, || {
+        job_state(&a.api, queued).is_some()
+    });
+
+    // The worker's result, but on shard 1's results partition (1 % 2 == 1).
+    let result = JobResult {
+        job_id: held.into(),
+        attempt: 1,
+        worker_id: "w-0".into(),
+        status: ResultStatus::Succeeded,
+        error_code: None,
+        error_message: None,
+        result_ptr: None,
+        result_meta: ResultMeta::default(),
+        execution_ms: 1,
+        finished_at: 1,
+    };
+    let results = format!("{}results", a.prefix);
+    send_to(
+        &producer,
+        &results,
+        1,
+        held,
+        &ksched_codec::encode(&result).unwrap(),
+    );
+    // On one control partition, in this order: a cancel for a job no shard holds, another
+    // tenant's cancel of the running job, and a cancel shard 1 takes (its waiting job).
+    // Once both shards decided on the last two, both read past the first.
+    let control = format!("{}control", a.prefix);
+    let cancel = |job_id: &str, tenant: Option<&str>| CancelJob {
+        job_id: job_id.into(),
+        tenant_id: tenant.map(Into::into),
+        principal_id: "mallory".into(),
+        reason: None,
+        requested_at: 1,
+    };
+    for c in [
+        cancel(ghost, None),
+        cancel(held, Some("globex")),
+        cancel(queued, None),
+    ] {
+        send_to(
+            &producer,
+            &control,
+            0,
+            &c.job_id,
+            &ksched_codec::encode(&c).unwrap(),
+        );
+    }
+    wait_state(&a.api, queued, "CANCELLED");
+    let refused = |events: &[(i64, String, Value)], code: &str, input: &str| -> Vec<i64> {
+        events
+            .iter()
+            .filter(|(_, i, e)| {
+                i == input
+                    && e["type"] == "CommandRejected"
+                    && e["reason_code"] == code
+                    && (e["job_id"] == held
+                        || e["reason"].as_str().is_some_and(|r| r.contains(held)))
+            })
+            .map(|(s, _, _)| *s)
+            .collect()
+    };
+    let mut events = Vec::new();
+    wait_until(
+        "the other tenant's cancel and the misdirected result to be refused",
+        60,
+        || {
+            events = journal_events(&a);
+            !refused(&events, "tenant_mismatch", "CancelJob").is_empty()
+                && !refused(&events, "unknown_job", "JobResult").is_empty()
+        },
+    );
+    assert_eq!(
+        refused(&events, "tenant_mismatch", "CancelJob"),
+        vec![0],
+        "{events:#?}"
+    );
+    assert_eq!(
+        refused(&events, "unknown_job", "JobResult"),
+        vec![1],
+        "{events:#?}"
+    );
+    let ghostly: Vec<_> = events
+        .iter()
+        .filter(|(_, _, e)| e.to_string().contains(ghost))
+        .collect();
+    assert!(ghostly.is_empty(), "no shard holds {ghost}: {ghostly:#?}");
+    let (code, _) = http(
+        &format!("{}/api/v1/jobs/{ghost}/cancel", a.api),
+        "POST",
+        Some(r#"{"principal": "ops"}"#),
+    )
+    .unwrap();
+    assert_eq!(
+        code, 404,
+        "the API refuses a command for a job no shard holds"
+    );
+    assert_eq!(job_state(&a.api, held).as_deref(), Some("RUNNING"));
+
+    release.store(true, Ordering::Relaxed);
+    wait_state(&a.api, held, "SUCCEEDED");
+    stop.cancel();
+    let events = journal_events(&a);
+    let succeeded: Vec<i64> = events
+        .iter()
+        .filter(|(_, _, e)| e["type"] == "JobSucceeded" && e["job_id"] == held)
+        .map(|(s, _, _)| *s)
+        .collect();
+    assert_eq!(succeeded, vec![0], "{held} succeeded once, on its shard");
+    let (code, out, err) = a.cli(&["audit", "--all-shards", "verify"]);
+    assert_eq!(code, 0, "{out}{err}");
 }
