@@ -17,9 +17,7 @@ use ksched_core::decide::{Ctx, process};
 use ksched_core::events::{Cause, Input, Reconfigure};
 use ksched_core::outputs::Output;
 use ksched_core::policy::AllowAll;
-use ksched_core::records::{
-    Heartbeat, JobRequest, JobResult, JobStarted, Millis, ResultMeta, ResultStatus, Tick,
-};
+use ksched_core::records::{Heartbeat, JobRequest, JobResult, JobStarted, Millis, Tick};
 use ksched_core::rules::{PoolRules, Rules};
 use ksched_core::state::{ColdStore, IdempotencyEntry, Job, Saga, State};
 
@@ -162,18 +160,9 @@ impl Driver {
             if let Some(s) = self.by_worker.get_mut(&worker_id) {
                 s.remove(&job_id);
             }
-            self.input(Input::Result(JobResult {
-                job_id,
-                attempt,
-                worker_id,
-                status: ResultStatus::Succeeded,
-                error_code: None,
-                error_message: None,
-                result_ptr: None,
-                result_meta: ResultMeta::default(),
-                execution_ms: 1,
-                finished_at: now,
-            }));
+            self.input(Input::Result(JobResult::succeeded(
+                job_id, attempt, worker_id, 1, now,
+            )));
         }
         if now - self.last_tick >= TICK_MS {
             self.last_tick = now;

@@ -253,6 +253,31 @@ pub struct JobResult {
     pub finished_at: Millis,
 }
 
+impl JobResult {
+    /// Attempt `attempt` of `job_id` succeeded on `worker_id` at `finished_at`, after
+    /// `execution_ms`, with no output described.
+    pub fn succeeded(
+        job_id: impl Into<String>,
+        attempt: i32,
+        worker_id: impl Into<String>,
+        execution_ms: i64,
+        finished_at: Millis,
+    ) -> JobResult {
+        JobResult {
+            job_id: job_id.into(),
+            attempt,
+            worker_id: worker_id.into(),
+            status: ResultStatus::Succeeded,
+            error_code: None,
+            error_message: None,
+            result_ptr: None,
+            result_meta: ResultMeta::default(),
+            execution_ms,
+            finished_at,
+        }
+    }
+}
+
 /// A worker's periodic report (topic `ksched.heartbeats`, key worker_id).
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct Heartbeat {

@@ -388,7 +388,7 @@ fn journal_events(c: &RunningScheduler) -> Vec<(i64, String, Value)> {
 /// shard; the API answers 404 for it). The job then succeeds once, on its own shard.
 #[test]
 fn misdirected_and_hostile_inputs_change_nothing_on_other_shards() {
-    use ksched_core::records::{CancelJob, JobResult, ResultMeta, ResultStatus};
+    use ksched_core::records::{CancelJob, JobResult};
     let a = RunningScheduler::start_sharded(2, "", "");
     let rt = tokio::runtime::Runtime::new().unwrap();
     let stop = CancellationToken::new();
@@ -431,18 +431,7 @@ fn misdirected_and_hostile_inputs_change_nothing_on_other_shards() {
     });
 
     // The worker's result, but on shard 1's results partition (1 % 2 == 1).
-    let result = JobResult {
-        job_id: held.into(),
-        attempt: 1,
-        worker_id: "w-0".into(),
-        status: ResultStatus::Succeeded,
-        error_code: None,
-        error_message: None,
-        result_ptr: None,
-        result_meta: ResultMeta::default(),
-        execution_ms: 1,
-        finished_at: 1,
-    };
+    let result = JobResult::succeeded(held, 1, "w-0", 1, 1);
     let results = format!("{}results", a.prefix);
     send_to(
         &producer,

@@ -226,7 +226,7 @@ mod tests {
     use std::path::PathBuf;
 
     use ksched_core::policy::AllowAll;
-    use ksched_core::records::{Heartbeat, JobRequest, JobResult, ResultMeta, ResultStatus};
+    use ksched_core::records::{Heartbeat, JobRequest, JobResult};
     use ksched_core::rules::{PoolRules, Rules};
 
     use super::*;
@@ -321,18 +321,7 @@ mod tests {
                 clock,
             );
             clock += 1;
-            let result = JobResult {
-                job_id: id,
-                attempt: 1,
-                worker_id: "w".into(),
-                status: ResultStatus::Succeeded,
-                error_code: None,
-                error_message: None,
-                result_ptr: None,
-                result_meta: ResultMeta::default(),
-                execution_ms: 1,
-                finished_at: clock,
-            };
+            let result = JobResult::succeeded(id, 1, "w", 1, clock);
             decide(&mut live, Input::Result(result), clock);
             if j >= 2 {
                 clock += 1;

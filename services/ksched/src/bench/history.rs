@@ -10,7 +10,7 @@ use anyhow::Result;
 use ksched_core::decide::Ctx;
 use ksched_core::events::{Cause, Input};
 use ksched_core::policy::AllowAll;
-use ksched_core::records::{Heartbeat, JobRequest, JobResult, ResultMeta, ResultStatus, Tick};
+use ksched_core::records::{Heartbeat, JobRequest, JobResult, Tick};
 use ksched_runtime::audit::{self, Source};
 use ksched_runtime::{Config, Engine};
 use rdkafka::ClientConfig;
@@ -125,18 +125,7 @@ pub(super) fn build(
             );
         };
         clock += 1;
-        let result = JobResult {
-            job_id: id,
-            attempt: 1,
-            worker_id,
-            status: ResultStatus::Succeeded,
-            error_code: None,
-            error_message: None,
-            result_ptr: None,
-            result_meta: ResultMeta::default(),
-            execution_ms: 1,
-            finished_at: clock,
-        };
+        let result = JobResult::succeeded(id, 1, worker_id, 1, clock);
         emit(&mut engine, &topics.results, Input::Result(result), clock)?;
     }
     // The history's workers are gone by the time the bench runs: a tick past their TTL
