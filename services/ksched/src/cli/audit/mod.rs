@@ -239,7 +239,14 @@ pub(crate) fn audit(t: &Target, args: AuditArgs) -> CliResult {
             // data directory does.
             let dir = scratch(into)?;
             shards.each(|src, out| {
-                rebuild::rebuild(t, src, &dir.path, &compare_with, until_offset, out)
+                rebuild::rebuild(
+                    t,
+                    src,
+                    &dir.path,
+                    compare_with.as_deref(),
+                    until_offset,
+                    out,
+                )
             })
         }
         AuditCommand::Verify => shards.each(|src, out| verify::verify(t, src, out)),

@@ -1,6 +1,6 @@
 //! `ksched audit rebuild`: the projection from the journal, compared with a live one.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use ksched_runtime::audit::{self, Source};
 use ksched_store::Store;
@@ -16,7 +16,7 @@ pub(super) fn rebuild(
     t: &Target,
     src: &Source,
     into: &Path,
-    compare_with: &Option<PathBuf>,
+    compare_with: Option<&Path>,
     until_offset: Option<i64>,
     out: &mut Answers,
 ) -> CliResult {
