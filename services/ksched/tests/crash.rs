@@ -12,13 +12,15 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use ksched_codec::AnyRecord;
-use ksched_core::events::{Event, JournalEntry};
+use ksched_core::events::{Event, Input, JournalEntry};
 use ksched_core::records::JobRequest;
 use ksched_core::state::State;
 use ksched_store::Store;
 use ksched_testkit::{bootstrap_servers, client_config, read_to_end, unique};
 use ksched_worker::{Outcome, Worker, WorkerConfig};
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::{Offset, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
 
 const JOBS: usize = 3_000;
@@ -37,7 +39,14 @@ impl Rng {
     }
 }
 
-fn write_config(dir: &Path, bootstrap: &str, prefix: &str, job_topic: &str) -> PathBuf {
+/// `processor` is added to the processor's settings (YAML lines indented by two spaces).
+fn write_config(
+    dir: &Path,
+    bootstrap: &str,
+    prefix: &str,
+    job_topic: &str,
+    processor: &str,
+) -> PathBuf {
     let policy = dir.join("policy");
     std::fs::create_dir_all(&policy).unwrap();
     std::fs::write(
@@ -56,7 +65,7 @@ fn write_config(dir: &Path, bootstrap: &str, prefix: &str, job_topic: &str) -> P
         format!(
             "kafka:\n  bootstrap_servers: {bootstrap}\n\
              topics:\n  prefix: {prefix}\n  dispatch_partitions: 4\n  job_partitions: 3\n  results_partitions: 3\n\
-             processor:\n  group_id: {prefix}processor\n  tick_interval_ms: 200\n  commit_interval_ms: 10\n  transaction_timeout_ms: 10000\n\
+             processor:\n  group_id: {prefix}processor\n  commit_interval_ms: 10\n  transaction_timeout_ms: 10000\n{processor}\
              scheduler:\n  overload:\n    cpu_load: 1000\n  retry:\n    initial_backoff_ms: 100\n    max_backoff_ms: 500\n  timing:\n    worker_ttl_ms: 5000\n    clock_gap_ms: 2000\n\
              storage:\n  data_dir: {}\n\
              http:\n  enabled: false\n",
@@ -116,7 +125,13 @@ async fn killed_repeatedly_the_scheduler_loses_nothing_and_duplicates_nothing() 
     let prefix = format!("{}.", unique("crash"));
     let job_topic = format!("{prefix}jobs");
     let dir = tempfile::tempdir().unwrap();
-    let config = write_config(dir.path(), &bootstrap, &prefix, &job_topic);
+    let config = write_config(
+        dir.path(),
+        &bootstrap,
+        &prefix,
+        &job_topic,
+        "  tick_interval_ms: 200\n",
+    );
     let log = dir.path().join("ksched.log");
 
     // Topics exist once the first scheduler started; workers join after that.
@@ -305,4 +320,159 @@ async fn killed_repeatedly_the_scheduler_loses_nothing_and_duplicates_nothing() 
         store.dead_letter_counts().unwrap().get("boom").copied(),
         Some(fatal as u64)
     );
+}
+
+/// Submits jobs `range` to `topic`, keyed by job id.
+fn submit(bootstrap: &str, topic: &str, range: std::ops::Range<usize>) {
+    let producer: BaseProducer = client_config(bootstrap)
+        .set("enable.idempotence", "true")
+        .create()
+        .unwrap();
+    for n in range {
+        let req = JobRequest {
+            job_id: format!("job-{n}"),
+            topic: topic.to_owned(),
+            tenant_id: "acme".into(),
+            submitted_at: 0,
+            ..Default::default()
+        };
+        let bytes = ksched_codec::encode(&req).unwrap();
+        producer
+            .send(BaseRecord::to(topic).key(&req.job_id).payload(&bytes))
+            .map_err(|(e, _)| e)
+            .unwrap();
+    }
+    producer.flush(Duration::from_secs(30)).unwrap();
+}
+
+/// Waits until the journal holds `n` accepted jobs.
+async fn await_accepted(bootstrap: &str, journal_topic: &str, n: usize, log: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let accepted = journal(bootstrap, journal_topic)
+            .iter()
+            .flat_map(|e| e.events.iter())
+            .filter(|e| matches!(e, Event::JobAccepted(_)))
+            .count();
+        if accepted >= n {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{accepted} of {n} jobs accepted; scheduler log:\n{}",
+            std::fs::read_to_string(log).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The input positions travel in the journal (positions.rs). A scheduler killed with
+/// SIGKILL, whose group's committed offsets of the job topic are then set back to 0, reads
+/// on from the positions its journal carries: no submit is read and decided twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_it_reads_on_from_the_journals_positions_not_the_groups_offsets() {
+    let bootstrap = bootstrap_servers().unwrap_or_else(|e| panic!("{e}"));
+    let prefix = format!("{}.", unique("positions"));
+    let job_topic = format!("{prefix}jobs");
+    let journal_topic = format!("{prefix}journal");
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        &bootstrap,
+        &prefix,
+        &job_topic,
+        "  tick_interval_ms: 200\n  group_offsets_interval_ms: 3600000\n",
+    );
+    let log = dir.path().join("ksched.log");
+    let mut child = spawn_scheduler(&config, &log);
+    // No workers: the jobs are accepted and wait in the queue.
+    await_until_journal(&bootstrap, &journal_topic, &log).await;
+    submit(&bootstrap, &job_topic, 0..60);
+    await_accepted(&bootstrap, &journal_topic, 60, &log).await;
+
+    // The journal's last positions header has every submit read; the group is behind.
+    let journaled: i64 = read_to_end(&bootstrap, &journal_topic)
+        .unwrap()
+        .iter()
+        .rev()
+        .find_map(|r| {
+            r.headers
+                .iter()
+                .find(|(k, _)| k == ksched_runtime::positions::HEADER)
+                .map(|(_, v)| ksched_runtime::positions::decode(v).unwrap())
+        })
+        .expect("a positions header in the journal")
+        .iter()
+        .filter(|((t, _), _)| *t == job_topic)
+        .map(|(_, o)| *o)
+        .sum();
+    assert_eq!(journaled, 60);
+
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    // The group's offsets of the job topic back to 0, as a group left behind: a batch of
+    // Ticks that journals nothing sends the positions to the group too, so it may have
+    // caught up by now.
+    let group: BaseConsumer = client_config(&bootstrap)
+        .set("group.id", format!("{prefix}processor"))
+        .create()
+        .unwrap();
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..3 {
+        tpl.add_partition_offset(&job_topic, p, Offset::Offset(0))
+            .unwrap();
+    }
+    group.commit(&tpl, CommitMode::Sync).unwrap();
+    let committed = group
+        .committed_offsets(tpl, Duration::from_secs(10))
+        .unwrap();
+    assert!(
+        committed
+            .elements()
+            .iter()
+            .all(|e| e.offset() == Offset::Offset(0)),
+        "{committed:?}"
+    );
+    let mut child = spawn_scheduler(&config, &log);
+    submit(&bootstrap, &job_topic, 60..120);
+    await_accepted(&bootstrap, &journal_topic, 120, &log).await;
+    Command::new("kill")
+        .arg("-TERM")
+        .arg(child.id().to_string())
+        .status()
+        .unwrap();
+    assert!(child.wait().unwrap().success());
+
+    let entries = journal(&bootstrap, &journal_topic);
+    let mut causes: BTreeMap<(i32, i64), usize> = BTreeMap::new();
+    for e in entries
+        .iter()
+        .filter(|e| e.cause.topic == job_topic && matches!(e.input, Input::Submit(_)))
+    {
+        *causes
+            .entry((e.cause.partition, e.cause.offset))
+            .or_default() += 1;
+    }
+    assert_eq!(causes.len(), 120);
+    let twice: Vec<_> = causes.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "submits decided twice: {twice:?}");
+    let duplicates = entries
+        .iter()
+        .flat_map(|e| e.events.iter())
+        .filter(|e| matches!(e, Event::JobDuplicate(_)))
+        .count();
+    assert_eq!(duplicates, 0, "a submit was read again after the restart");
+}
+
+/// Waits until the scheduler journaled something (its topics exist then).
+async fn await_until_journal(bootstrap: &str, journal_topic: &str, log: &Path) {
+    let started = Instant::now();
+    while read_to_end(bootstrap, journal_topic).map_or(true, |j| j.is_empty()) {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "scheduler did not start: {}",
+            std::fs::read_to_string(log).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }

@@ -10,6 +10,7 @@ pub mod inputs;
 pub mod job_trace;
 pub mod lease;
 pub mod metrics;
+pub mod positions;
 pub mod processor;
 pub mod replay;
 pub mod schemas;

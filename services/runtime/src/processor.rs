@@ -43,6 +43,7 @@ use crate::inputs::{
 };
 use crate::job_trace::{JobSpans, Traced};
 use crate::metrics::{RecordCounters, add_thread_cpu};
+use crate::positions::{self, Positions};
 use crate::replay::{Flow, Replayer, journal_watermarks, read_journal};
 use crate::settings::{Config, Settings};
 use crate::shard::{Shard, Takes};
@@ -168,7 +169,12 @@ impl ClientContext for InputContext {
                 .partitions
                 .values()
                 .filter(|p| p.partition >= 0)
-                .map(|p| p.consumer_lag.max(0))
+                // What the processor has not read yet: the end it may read up to (the last
+                // stable offset, read_committed) past its position. librdkafka's own
+                // `consumer_lag` counts from the group's committed offset, which the
+                // processor moves only now and then (positions.rs).
+                .filter(|p| p.app_offset >= 0 && p.ls_offset >= 0)
+                .map(|p| (p.ls_offset - p.app_offset).max(0))
                 .sum();
             self.status.metrics.set_consumer_lag(topic, lag);
         }
@@ -239,6 +245,15 @@ pub struct Processor {
     in_flight: Option<InFlight>,
     /// Spans of traced jobs (job_trace.rs).
     spans: JobSpans,
+    /// The next offset of each assigned input partition, after every batch decided so far
+    /// (committed or not): what each batch's first journal record carries
+    /// ([`positions::HEADER`]), and where inputs are assigned from again.
+    positions: Positions,
+    /// The positions header of the batch being decided, until its first journal record
+    /// takes it.
+    positions_header: Option<String>,
+    /// When the positions last went to the consumer group.
+    group_offsets_sent: Instant,
 }
 
 /// A record decided on, encoded, waiting for its transaction to begin.
@@ -249,6 +264,9 @@ struct Outgoing {
     payload: Vec<u8>,
     /// The record's `traceparent` header, for a traced job's records.
     trace: Option<String>,
+    /// The shard's input positions ([`positions::HEADER`]), on a batch's first journal
+    /// record.
+    positions: Option<String>,
 }
 
 /// The inputs of a transaction, for what follows its end.
@@ -459,6 +477,9 @@ impl Processor {
             open: false,
             in_flight: None,
             spans: JobSpans::default(),
+            positions: Positions::new(),
+            positions_header: None,
+            group_offsets_sent: Instant::now(),
         };
         p.catch_up()?;
         let caught_up_ms = started.elapsed().as_millis() as u64;
@@ -591,6 +612,7 @@ impl Processor {
             .map_err(kafka("creating the input consumer"))?;
         self.consumer = Some(consumer);
         self.inputs.clear();
+        self.positions = self.journal_positions()?;
         self.assign_inputs()?;
         info!(
             shard = self.shard.id,
@@ -603,10 +625,29 @@ impl Processor {
         Ok(())
     }
 
+    /// The input positions in the journal's last positions header (positions.rs), read
+    /// after the catch-up: empty when no record carries one.
+    fn journal_positions(&self) -> Result<Positions> {
+        let settings = &self.config.settings;
+        let partition = settings.processor.journal_partition;
+        let mut client = client_config(settings);
+        client
+            .set(
+                "client.id",
+                format!("{}-positions", settings.kafka.client_id),
+            )
+            .set("isolation.level", "read_committed");
+        let (low, high) = journal_watermarks(&client, &self.topics.journal, partition)?;
+        let found =
+            positions::last_in_journal(&client, &self.topics.journal, partition, low, high)?;
+        Ok(found.unwrap_or_default())
+    }
+
     /// Assigns the consumer this shard's input partitions as the topics' metadata has them
-    /// now; a partition added since the last time is read from its committed offset (or the
-    /// start). Between batches only: everything delivered before is committed, so assigning
-    /// again from the committed offsets loses and repeats nothing.
+    /// now. A partition assigned before goes on from the processor's own position (batches
+    /// in flight included); one new to this processor from the further of the group's
+    /// committed offset and the journal's positions header (positions.rs), or from the
+    /// start when neither has it.
     fn assign_inputs(&mut self) -> Result<()> {
         self.inputs_checked = Instant::now();
         let consumer = self.consumer()?;
@@ -641,9 +682,33 @@ impl Processor {
         if wanted == self.inputs {
             return Ok(());
         }
+        let mut fresh = TopicPartitionList::new();
+        for (topic, partition) in wanted.iter().filter(|tp| !self.inputs.contains(tp)) {
+            fresh.add_partition(topic, *partition);
+        }
+        if fresh.count() > 0 {
+            let committed = self
+                .consumer()?
+                .committed_offsets(fresh, Duration::from_secs(30))
+                .map_err(kafka("reading the input group's committed offsets"))?;
+            for e in committed.elements() {
+                if let Offset::Offset(o) = e.offset() {
+                    let at = self
+                        .positions
+                        .entry((e.topic().to_owned(), e.partition()))
+                        .or_insert(o);
+                    *at = (*at).max(o);
+                }
+            }
+        }
+        self.positions.retain(|tp, _| wanted.contains(tp));
         let mut tpl = TopicPartitionList::new();
         for (topic, partition) in &wanted {
-            tpl.add_partition_offset(topic, *partition, Offset::Stored)
+            let from = match self.positions.get(&(topic.clone(), *partition)) {
+                Some(o) => Offset::Offset(*o),
+                None => Offset::Stored,
+            };
+            tpl.add_partition_offset(topic, *partition, from)
                 .map_err(kafka("building the input assignment"))?;
         }
         self.consumer()?
@@ -802,6 +867,10 @@ impl Processor {
                 .or_default();
             *last = (*last).max(rec.offset);
         }
+        for ((topic, partition), last) in &ranges {
+            self.positions.insert((topic.clone(), *partition), last + 1);
+        }
+        self.positions_header = Some(positions::encode(&self.positions));
         let batch = Batch {
             inputs: batch,
             ranges,
@@ -824,12 +893,23 @@ impl Processor {
         }
         phase.end();
         self.settle(recovery)?;
-        let mut tpl = TopicPartitionList::new();
-        for ((topic, partition), last) in &batch.ranges {
-            tpl.add_partition_offset(topic, *partition, Offset::Offset(*last + 1))
-                .map_err(kafka("building the offset list"))?;
-        }
-        self.end(Some(tpl), batch)?;
+        // A batch that journaled nothing has no record to carry its positions: they go to
+        // the group. So they do now and then anyway, for consumer-lag tools.
+        let journaled = self.positions_header.take().is_none();
+        let interval =
+            Duration::from_millis(self.config.settings.processor.group_offsets_interval_ms);
+        let offsets = if !journaled || self.group_offsets_sent.elapsed() >= interval {
+            self.group_offsets_sent = Instant::now();
+            let mut tpl = TopicPartitionList::new();
+            for ((topic, partition), next) in &self.positions {
+                tpl.add_partition_offset(topic, *partition, Offset::Offset(*next))
+                    .map_err(kafka("building the offset list"))?;
+            }
+            Some(tpl)
+        } else {
+            None
+        };
+        self.end(offsets, batch)?;
         if !self.config.settings.processor.pipelined {
             self.settle(recovery)?;
         }
@@ -1286,6 +1366,7 @@ impl Processor {
         key: Vec<u8>,
         payload: Vec<u8>,
         trace: Option<String>,
+        positions: Option<String>,
     ) -> Result<()> {
         let counters = if topic == self.topics.journal {
             &self.counters.journal
@@ -1301,6 +1382,7 @@ impl Processor {
             key,
             payload,
             trace,
+            positions,
         };
         if self.open {
             self.produce(o)
@@ -1317,11 +1399,21 @@ impl Processor {
         if let Some(p) = o.partition.filter(|p| *p >= 0) {
             record = record.partition(p);
         }
-        if let Some(t) = &o.trace {
-            record = record.headers(OwnedHeaders::new().insert(Header {
-                key: trace_context::HEADER,
-                value: Some(t),
-            }));
+        if o.trace.is_some() || o.positions.is_some() {
+            let mut headers = OwnedHeaders::new();
+            if let Some(t) = &o.trace {
+                headers = headers.insert(Header {
+                    key: trace_context::HEADER,
+                    value: Some(t),
+                });
+            }
+            if let Some(p) = &o.positions {
+                headers = headers.insert(Header {
+                    key: positions::HEADER,
+                    value: Some(p),
+                });
+            }
+            record = record.headers(headers);
         }
         let deadline = Instant::now()
             + Duration::from_millis(self.config.settings.processor.transaction_timeout_ms);
@@ -1348,12 +1440,14 @@ impl Processor {
         let bytes = encode_or_fail(&self.config.framing, &self.topics.journal, entry)?;
         let journal = self.topics.journal.clone();
         let partition = self.config.settings.processor.journal_partition;
+        let positions = self.positions_header.take();
         self.queue(
             journal,
             Some(partition),
             entry.key().into_bytes(),
             bytes,
             trace,
+            positions,
         )
     }
 
@@ -1383,6 +1477,7 @@ impl Processor {
                     record.worker_id.as_bytes().to_vec(),
                     bytes,
                     trace,
+                    None,
                 )
             }
             Output::CancelDispatch {
@@ -1398,6 +1493,7 @@ impl Processor {
                     record.worker_id.into_bytes(),
                     bytes,
                     None,
+                    None,
                 )
             }
             Output::DeadLetter(dl) => {
@@ -1411,7 +1507,7 @@ impl Processor {
                     dl.job_id.clone()
                 };
                 let bytes = encode_or_fail(&self.config.framing, &topic, &dl)?;
-                self.queue(topic, None, key.into_bytes(), bytes, None)
+                self.queue(topic, None, key.into_bytes(), bytes, None, None)
             }
         }
     }

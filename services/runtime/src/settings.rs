@@ -183,6 +183,13 @@ pub struct ProcessorSettings {
     /// TTL old (`ksched_core::decide::redundant_heartbeat`): an idle fleet no longer grows
     /// the journal with every heartbeat. Replay stays exact. Default true.
     pub coalesce_heartbeats: bool,
+    /// The input positions a batch consumed up to travel in its first journal record (a
+    /// `ksched-positions` header, docs/architecture.md), not to the consumer group: a
+    /// transaction then needs no AddOffsetsToTxn and TxnOffsetCommit round trips. The
+    /// positions still go to the group, in the transaction, when a batch journals nothing
+    /// and at least this often, in ms, so that consumer-lag tools see the group move. 0:
+    /// every transaction sends them to the group too (as before 2026-12). Default 1000.
+    pub group_offsets_interval_ms: u64,
     /// Kafka `transaction.timeout.ms`. Default 60000.
     pub transaction_timeout_ms: u64,
     /// Interval between Tick records, in ms. Default 1000.
@@ -227,6 +234,7 @@ impl Default for ProcessorSettings {
             pipelined: false,
             transactional_producers: 2,
             coalesce_heartbeats: true,
+            group_offsets_interval_ms: 1_000,
             transaction_timeout_ms: 60_000,
             tick_interval_ms: 1_000,
             shutdown_grace_ms: 10_000,

@@ -68,6 +68,11 @@ pub(crate) struct BenchArgs {
     /// 1 or 2), to compare. Default: the setting's default.
     #[arg(long, value_name = "N")]
     pub transactional_producers: Option<u8>,
+    /// How often the input offsets also go to the consumer group
+    /// (`processor.group_offsets_interval_ms`; 0: with every transaction, as before the
+    /// journal carried them), to compare. Default: the setting's default.
+    #[arg(long, value_name = "MS")]
+    pub group_offsets_interval_ms: Option<u64>,
     /// Only measure saturation throughput and CPU per job with each of these shard counts
     /// (one in-process instance holding them all, a processor thread per shard).
     #[arg(long, value_delimiter = ',', value_name = "N,N,...")]
@@ -146,6 +151,7 @@ struct Report {
     pipelined: bool,
     coalesce_heartbeats: bool,
     transactional_producers: u8,
+    group_offsets_interval_ms: u64,
     total_seconds: f64,
 }
 
@@ -358,6 +364,9 @@ fn tune(args: &BenchArgs, config: &mut Config) {
     if let Some(n) = args.transactional_producers {
         p.transactional_producers = n;
     }
+    if let Some(ms) = args.group_offsets_interval_ms {
+        p.group_offsets_interval_ms = ms;
+    }
 }
 
 fn bench(args: BenchArgs) -> Result<()> {
@@ -405,6 +414,7 @@ fn bench(args: BenchArgs) -> Result<()> {
     let mut small_cfg = bench_config(&kafka, &small_prefix, &small_dir, None);
     tune(&args, &mut small_cfg);
     let transactional_producers = small_cfg.settings.processor.transactional_producers;
+    let group_offsets_interval_ms = small_cfg.settings.processor.group_offsets_interval_ms;
     rt.block_on(ksched_runtime::topics::ensure_topics(
         &small_cfg.settings,
         &ksched_runtime::topics_of(&small_cfg),
@@ -547,6 +557,7 @@ fn bench(args: BenchArgs) -> Result<()> {
         pipelined: args.pipelined,
         coalesce_heartbeats: !args.keep_heartbeats,
         transactional_producers,
+        group_offsets_interval_ms,
         total_seconds: total.elapsed().as_secs_f64(),
     };
     print_table(&report);
@@ -683,7 +694,7 @@ fn print_table(r: &Report) {
     let l = |i: usize| &r.levels[i];
     println!();
     println!(
-        "ksched bench ({} build{}{}{}{}) on {}",
+        "ksched bench ({} build{}{}{}{}{}) on {}",
         r.build,
         if r.smoke { ", smoke sizes" } else { "" },
         if r.pipelined {
@@ -698,6 +709,11 @@ fn print_table(r: &Report) {
         },
         if r.transactional_producers == 1 {
             ", one transactional producer per shard"
+        } else {
+            ""
+        },
+        if r.group_offsets_interval_ms == 0 {
+            ", input offsets sent to the group with every transaction"
         } else {
             ""
         },

@@ -1,0 +1,229 @@
+//! Input positions carried by the journal.
+//!
+//! A shard's processor reads its inputs from positions that must move exactly with its
+//! transactions: what a committed transaction decided is never read again, and nothing is
+//! skipped. Kafka's way is `send_offsets_to_transaction`: two more requests to the group
+//! coordinator per transaction (AddOffsetsToTxn, TxnOffsetCommit) and one more partition
+//! (`__consumer_offsets`) for its markers. The journal partition is in every transaction
+//! that decides something anyway, so the processor writes the positions there instead: the
+//! first journal record of each batch carries a [`HEADER`] with the position of every input
+//! partition the shard has read, after the batch. The header commits or aborts with the
+//! batch's decisions.
+//!
+//! Offsets still go to the consumer group, in the transaction, for a batch that journals
+//! nothing (it has no journal record to carry them) and at least every
+//! `processor.group_offsets_interval_ms` (so that consumer-lag tools see the group move).
+//!
+//! At start, each input partition is read from the larger of the group's committed offset
+//! and the position in the last header in the journal ([`last_in_journal`]). Both are
+//! written only by committed transactions of the shard, and both only move forward, so the
+//! larger is the position after the last committed transaction that read the partition.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use rdkafka::ClientConfig;
+use rdkafka::message::{Headers, Message};
+use tracing::{debug, warn};
+
+use crate::error::Result;
+use crate::tail::PartitionTail;
+
+/// The header of a journal record that carries the shard's input positions.
+pub const HEADER: &str = "ksched-positions";
+
+/// Journal records a start reads back from the end at most, looking for a [`HEADER`]. Every
+/// batch that journals something writes one, so the last is normally among the last few
+/// records; a longer run without one only comes from a build that committed every batch's
+/// offsets to the group, whose offsets then stand.
+pub const MAX_SCAN: i64 = 65_536;
+
+/// The next offset to read of each input partition: `(topic, partition) -> offset`.
+pub type Positions = BTreeMap<(String, i32), i64>;
+
+/// The header's value: `topic:partition=offset`, comma-separated. Kafka topic names hold
+/// only `[a-zA-Z0-9._-]`, so neither separator can occur in one.
+pub fn encode(positions: &Positions) -> String {
+    let mut out = String::with_capacity(positions.len() * 32);
+    for ((topic, partition), offset) in positions {
+        if !out.is_empty() {
+            out.push(',');
+        }
+        out.push_str(topic);
+        out.push(':');
+        out.push_str(&partition.to_string());
+        out.push('=');
+        out.push_str(&offset.to_string());
+    }
+    out
+}
+
+/// Reads a header's value back; `Err` says what is wrong with it.
+pub fn decode(value: &[u8]) -> std::result::Result<Positions, String> {
+    let text = std::str::from_utf8(value).map_err(|_| "not UTF-8".to_owned())?;
+    let mut positions = Positions::new();
+    if text.is_empty() {
+        return Ok(positions);
+    }
+    for item in text.split(',') {
+        let (tp, offset) = item
+            .rsplit_once('=')
+            .ok_or_else(|| format!("`{item}` has no `=`"))?;
+        let (topic, partition) = tp
+            .rsplit_once(':')
+            .ok_or_else(|| format!("`{item}` has no `:`"))?;
+        if topic.is_empty() {
+            return Err(format!("`{item}` names no topic"));
+        }
+        let partition: i32 = partition
+            .parse()
+            .map_err(|_| format!("`{item}`: the partition is not a number"))?;
+        let offset: i64 = offset
+            .parse()
+            .map_err(|_| format!("`{item}`: the offset is not a number"))?;
+        if partition < 0 || offset < 0 {
+            return Err(format!("`{item}` is negative"));
+        }
+        positions.insert((topic.to_owned(), partition), offset);
+    }
+    Ok(positions)
+}
+
+/// Each partition at the larger of its positions in `a` and `b`.
+pub fn furthest(mut a: Positions, b: &Positions) -> Positions {
+    for (tp, offset) in b {
+        let e = a.entry(tp.clone()).or_insert(*offset);
+        *e = (*e).max(*offset);
+    }
+    a
+}
+
+/// The positions in the last [`HEADER`] of journal partition `partition` of `topic` below
+/// `high` (its last stable offset), read back from the end, at most [`MAX_SCAN`] records;
+/// `None` when there is none that far back.
+pub fn last_in_journal(
+    client: &ClientConfig,
+    topic: &str,
+    partition: i32,
+    low: i64,
+    high: i64,
+) -> Result<Option<Positions>> {
+    let mut reader = client.clone();
+    reader.set("group.id", "ksched-journal-reader");
+    let mut end = high;
+    let mut step = 64;
+    while end > low && high - end < MAX_SCAN {
+        let start = (end - step).max(low).max(high - MAX_SCAN);
+        if let Some(found) = last_between(&reader, topic, partition, start, end)? {
+            return Ok(Some(found));
+        }
+        end = start;
+        step *= 4;
+    }
+    if high > low {
+        debug!(
+            topic,
+            partition,
+            scanned = high - end,
+            "no input positions in the journal's last records; the group's offsets stand"
+        );
+    }
+    Ok(None)
+}
+
+/// The positions in the last header of records `[start, end)`.
+fn last_between(
+    client: &ClientConfig,
+    topic: &str,
+    partition: i32,
+    start: i64,
+    end: i64,
+) -> Result<Option<Positions>> {
+    let mut tail = PartitionTail::new(client, topic, partition, start)?;
+    let mut found = None;
+    while tail.next_offset() < end - 1 {
+        let Some(m) = tail.poll(Duration::from_millis(50))? else {
+            continue;
+        };
+        if m.offset() >= end {
+            break;
+        }
+        let value = m
+            .headers()
+            .and_then(|h| h.iter().find(|h| h.key == HEADER).and_then(|h| h.value));
+        if let Some(value) = value {
+            match decode(value) {
+                Ok(p) => found = Some(p),
+                Err(detail) => {
+                    warn!(
+                        topic,
+                        partition,
+                        offset = m.offset(),
+                        detail,
+                        "a journal record's input positions cannot be read; looking further back"
+                    );
+                }
+            }
+        }
+    }
+    Ok(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn positions(items: &[(&str, i32, i64)]) -> Positions {
+        items
+            .iter()
+            .map(|(t, p, o)| (((*t).to_owned(), *p), *o))
+            .collect()
+    }
+
+    #[test]
+    fn positions_read_back_as_written() {
+        let p = positions(&[
+            ("ksched.jobs.default", 0, 17),
+            ("ksched.jobs.default", 11, 0),
+            ("ksched.results", 3, 9_223_372_036_854_775_000),
+            ("a-b_c.d", 2, 5),
+        ]);
+        assert_eq!(decode(encode(&p).as_bytes()), Ok(p));
+        assert_eq!(
+            decode(encode(&Positions::new()).as_bytes()),
+            Ok(Positions::new())
+        );
+    }
+
+    #[test]
+    fn a_damaged_header_is_refused_not_half_read() {
+        for bad in [
+            &b"jobs:0"[..],
+            b"jobs=4",
+            b":0=4",
+            b"jobs:x=4",
+            b"jobs:0=y",
+            b"jobs:-1=4",
+            b"jobs:0=-4",
+            b"jobs:0=4,",
+            b"\xff\xfe",
+        ] {
+            assert!(decode(bad).is_err(), "{}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    #[test]
+    fn the_furthest_position_of_each_partition_wins() {
+        let group = positions(&[("jobs", 0, 10), ("jobs", 1, 40), ("results", 0, 7)]);
+        let journal = positions(&[("jobs", 0, 25), ("jobs", 1, 30), ("ticks", 0, 3)]);
+        assert_eq!(
+            furthest(group, &journal),
+            positions(&[
+                ("jobs", 0, 25),
+                ("jobs", 1, 40),
+                ("results", 0, 7),
+                ("ticks", 0, 3)
+            ])
+        );
+    }
+}
