@@ -99,8 +99,12 @@ pub fn furthest(mut a: Positions, b: &Positions) -> Positions {
 }
 
 /// The positions in the last [`HEADER`] of journal partition `partition` of `topic` below
-/// `high` (its last stable offset), read back from the end, at most [`MAX_SCAN`] records;
-/// `None` when there is none that far back.
+/// `high` (its last stable offset), read back from the end in windows of growing size, at
+/// most [`MAX_SCAN`] records; `None` when there is none that far back.
+///
+/// For a processor's start only: its producers fenced every older one and it has no
+/// transaction open, so every transaction in the journal is complete and the record at
+/// `high - 1` is a transaction marker, which a reader is never given.
 pub fn last_in_journal(
     client: &ClientConfig,
     topic: &str,
@@ -114,7 +118,10 @@ pub fn last_in_journal(
     let mut step = 64;
     while end > low && high - end < MAX_SCAN {
         let start = (end - step).max(low).max(high - MAX_SCAN);
-        if let Some(found) = last_between(&reader, topic, partition, start, end)? {
+        // The last window ends at `high`, whose record before it is a marker; an earlier
+        // one at a record of the window after it, and must read the record before that.
+        let through = if end == high { end - 1 } else { end };
+        if let Some(found) = last_between(&reader, topic, partition, start, end, through)? {
             return Ok(Some(found));
         }
         end = start;
@@ -131,17 +138,19 @@ pub fn last_in_journal(
     Ok(None)
 }
 
-/// The positions in the last header of records `[start, end)`.
+/// The positions in the last header of records `[start, end)`, read until the next offset
+/// is `through` (`end`, or `end - 1` when that is a marker never delivered).
 fn last_between(
     client: &ClientConfig,
     topic: &str,
     partition: i32,
     start: i64,
     end: i64,
+    through: i64,
 ) -> Result<Option<Positions>> {
     let mut tail = PartitionTail::new(client, topic, partition, start)?;
     let mut found = None;
-    while tail.next_offset() < end - 1 {
+    while tail.next_offset() < through {
         let Some(m) = tail.poll(Duration::from_millis(50))? else {
             continue;
         };
