@@ -10,7 +10,8 @@ equivalent `kafka-acls.sh` commands (--print) for clusters managed another way:
 
 Roles (principals are User:<name>):
   processor  its own topics (the prefix): read, write, create, describe, describe configs;
-             the job topics: read, create, describe, describe configs; its consumer group and the owners' group (<group>-owners);
+             the job topics: read, create, describe, describe configs; its consumer group, the shards'
+             input groups (<group>-shard-<N>) and the owners' group (<group>-owners);
              its transactional ids (<group>-journal-<partition>)
   worker     read its pool's dispatch topic in the pool's group; write results and heartbeats
   producer   write one job topic
@@ -31,6 +32,8 @@ def bindings(args):
         for t in args.job_topic:
             out.append((u, "TOPIC", "LITERAL", t, ["READ", "CREATE", "DESCRIBE", "DESCRIBE_CONFIGS"]))
         out.append((u, "GROUP", "LITERAL", group, ["READ"]))
+        # Shards other than 0 keep their input offsets in <group>-shard-<N>.
+        out.append((u, "GROUP", "PREFIXED", f"{group}-shard-", ["READ"]))
         # processor.lease: instances elect the journal's owner in this group.
         out.append((u, "GROUP", "LITERAL", f"{group}-owners", ["READ"]))
         out.append((u, "TRANSACTIONAL_ID", "PREFIXED", f"{group}-journal-", ["WRITE", "DESCRIBE"]))

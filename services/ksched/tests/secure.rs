@@ -3,7 +3,8 @@
 //! user and exactly the ACLs `deploy/ksched-acls.py` grants. The whole path runs on it
 //! (submit -> `ksched run` -> the SDK worker and the Python worker -> results -> `ksched
 //! audit verify`), and what must be refused is: a wrong password, a CA the client does not
-//! trust, a worker writing to the control topic, a job producer reading the journal.
+//! trust, a worker writing to the control topic, a job producer reading the journal. Two
+//! shards, so that each shard's input group is held to its ACLs too.
 
 mod common;
 
@@ -151,7 +152,7 @@ fn the_whole_path_runs_on_tls_sasl_and_acls_and_each_role_is_held_to_its_acls() 
         &config,
         format!(
             "kafka:\n  bootstrap_servers: {}\n\
-             topics:\n  prefix: {prefix}\n  dispatch_partitions: 2\n  job_partitions: 2\n  results_partitions: 2\n\
+             topics:\n  prefix: {prefix}\n  journal_partitions: 2\n  dispatch_partitions: 2\n  job_partitions: 2\n  results_partitions: 2\n\
              processor:\n  group_id: {group}\n  tick_interval_ms: 200\n  commit_interval_ms: 10\n\
              scheduler:\n  overload:\n    cpu_load: 1000\n  timing:\n    worker_ttl_ms: 5000\n    clock_gap_ms: 1000\n\
              storage:\n  data_dir: {}\n\
@@ -286,6 +287,7 @@ fn the_whole_path_runs_on_tls_sasl_and_acls_and_each_role_is_held_to_its_acls() 
     let (code, out, err) = ksched(&[
         "audit",
         "verify",
+        "--all-shards",
         "--bootstrap-servers",
         &secure.bootstrap,
         "--command-config",
