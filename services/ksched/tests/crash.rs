@@ -136,15 +136,7 @@ async fn killed_repeatedly_the_scheduler_loses_nothing_and_duplicates_nothing() 
 
     // Topics exist once the first scheduler started; workers join after that.
     let mut child = spawn_scheduler(&config, &log);
-    let started = Instant::now();
-    while read_to_end(&bootstrap, &format!("{prefix}journal")).map_or(true, |j| j.is_empty()) {
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "scheduler did not start: {}",
-            std::fs::read_to_string(&log).unwrap_or_default()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    await_until_journal(&bootstrap, &format!("{prefix}journal"), &log).await;
 
     let shutdown = CancellationToken::new();
     let mut workers = Vec::new();
@@ -176,10 +168,6 @@ async fn killed_repeatedly_the_scheduler_loses_nothing_and_duplicates_nothing() 
     }
 
     // Submit the jobs in bursts while killing and restarting the scheduler.
-    let producer: BaseProducer = client_config(&bootstrap)
-        .set("enable.idempotence", "true")
-        .create()
-        .unwrap();
     let per_burst = JOBS / (KILLS + 1);
     let mut submitted = 0;
     for round in 0..=KILLS {
@@ -188,22 +176,8 @@ async fn killed_repeatedly_the_scheduler_loses_nothing_and_duplicates_nothing() 
         } else {
             submitted + per_burst
         };
-        while submitted < end {
-            let req = JobRequest {
-                job_id: format!("job-{submitted}"),
-                topic: job_topic.clone(),
-                tenant_id: "acme".into(),
-                submitted_at: 0,
-                ..Default::default()
-            };
-            let bytes = ksched_codec::encode(&req).unwrap();
-            producer
-                .send(BaseRecord::to(&job_topic).key(&req.job_id).payload(&bytes))
-                .map_err(|(e, _)| e)
-                .unwrap();
-            submitted += 1;
-        }
-        producer.flush(Duration::from_secs(30)).unwrap();
+        submit(&bootstrap, &job_topic, submitted..end);
+        submitted = end;
         if round < KILLS {
             let wait = 300 + rng.below(2_500);
             tokio::time::sleep(Duration::from_millis(wait)).await;
