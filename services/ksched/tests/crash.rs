@@ -355,7 +355,8 @@ async fn killed_it_reads_on_from_the_journals_positions_not_the_groups_offsets()
         &bootstrap,
         &prefix,
         &job_topic,
-        "  tick_interval_ms: 200\n  group_offsets_interval_ms: 3600000\n",
+        // Every batch carries its positions in the journal, none sends them to the group.
+        "  tick_interval_ms: 200\n  group_offsets_interval_ms: 3600000\n  journal_positions_min_batch: 1\n",
     );
     let log = dir.path().join("ksched.log");
     let mut child = spawn_scheduler(&config, &log);

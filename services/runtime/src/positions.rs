@@ -10,9 +10,13 @@
 //! partition the shard has read, after the batch. The header commits or aborts with the
 //! batch's decisions.
 //!
-//! Offsets still go to the consumer group, in the transaction, for a batch that journals
-//! nothing (it has no journal record to carry them) and at least every
+//! Offsets go to the consumer group instead, in the transaction, for a batch that journals
+//! nothing (it has no journal record to carry them), for a small batch (fewer inputs than
+//! `processor.journal_positions_min_batch`, 8 by default: at low load the header would cost more journal bytes than the
+//! offsets cost time; an idle fleet's heartbeats are such batches), and at least every
 //! `processor.group_offsets_interval_ms` (so that consumer-lag tools see the group move).
+//! Any batch may take either way: what a start needs is only that each committed batch's
+//! positions are in the group or in the journal.
 //!
 //! At start, each input partition is read from the larger of the group's committed offset
 //! and the position in the last header in the journal ([`last_in_journal`]). Both are
@@ -41,16 +45,23 @@ pub const MAX_SCAN: i64 = 65_536;
 /// The next offset to read of each input partition: `(topic, partition) -> offset`.
 pub type Positions = BTreeMap<(String, i32), i64>;
 
-/// The header's value: `topic:partition=offset`, comma-separated. Kafka topic names hold
-/// only `[a-zA-Z0-9._-]`, so neither separator can occur in one.
+/// The header's value: each topic once, with its partitions' positions,
+/// `topic:partition=offset;partition=offset,topic:...`. Kafka topic names hold only
+/// `[a-zA-Z0-9._-]`, so no separator can occur in one.
 pub fn encode(positions: &Positions) -> String {
-    let mut out = String::with_capacity(positions.len() * 32);
+    let mut out = String::with_capacity(positions.len() * 16);
+    let mut last: Option<&str> = None;
     for ((topic, partition), offset) in positions {
-        if !out.is_empty() {
-            out.push(',');
+        if last == Some(topic.as_str()) {
+            out.push(';');
+        } else {
+            if last.is_some() {
+                out.push(',');
+            }
+            out.push_str(topic);
+            out.push(':');
+            last = Some(topic);
         }
-        out.push_str(topic);
-        out.push(':');
         out.push_str(&partition.to_string());
         out.push('=');
         out.push_str(&offset.to_string());
@@ -66,25 +77,27 @@ pub fn decode(value: &[u8]) -> std::result::Result<Positions, String> {
         return Ok(positions);
     }
     for item in text.split(',') {
-        let (tp, offset) = item
-            .rsplit_once('=')
-            .ok_or_else(|| format!("`{item}` has no `=`"))?;
-        let (topic, partition) = tp
-            .rsplit_once(':')
+        let (topic, partitions) = item
+            .split_once(':')
             .ok_or_else(|| format!("`{item}` has no `:`"))?;
         if topic.is_empty() {
             return Err(format!("`{item}` names no topic"));
         }
-        let partition: i32 = partition
-            .parse()
-            .map_err(|_| format!("`{item}`: the partition is not a number"))?;
-        let offset: i64 = offset
-            .parse()
-            .map_err(|_| format!("`{item}`: the offset is not a number"))?;
-        if partition < 0 || offset < 0 {
-            return Err(format!("`{item}` is negative"));
+        for one in partitions.split(';') {
+            let (partition, offset) = one
+                .split_once('=')
+                .ok_or_else(|| format!("`{item}`: `{one}` has no `=`"))?;
+            let partition: i32 = partition
+                .parse()
+                .map_err(|_| format!("`{item}`: the partition is not a number"))?;
+            let offset: i64 = offset
+                .parse()
+                .map_err(|_| format!("`{item}`: the offset is not a number"))?;
+            if partition < 0 || offset < 0 {
+                return Err(format!("`{item}` is negative"));
+            }
+            positions.insert((topic.to_owned(), partition), offset);
         }
-        positions.insert((topic.to_owned(), partition), offset);
     }
     Ok(positions)
 }
@@ -197,6 +210,10 @@ mod tests {
             ("ksched.results", 3, 9_223_372_036_854_775_000),
             ("a-b_c.d", 2, 5),
         ]);
+        assert_eq!(
+            encode(&p),
+            "a-b_c.d:2=5,ksched.jobs.default:0=17;11=0,ksched.results:3=9223372036854775000"
+        );
         assert_eq!(decode(encode(&p).as_bytes()), Ok(p));
         assert_eq!(
             decode(encode(&Positions::new()).as_bytes()),
@@ -215,6 +232,9 @@ mod tests {
             b"jobs:-1=4",
             b"jobs:0=-4",
             b"jobs:0=4,",
+            b"jobs:0=4;",
+            b"jobs:0=4;1",
+            b"jobs:0=4;x=1",
             b"\xff\xfe",
         ] {
             assert!(decode(bad).is_err(), "{}", String::from_utf8_lossy(bad));

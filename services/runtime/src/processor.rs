@@ -870,7 +870,14 @@ impl Processor {
         for ((topic, partition), last) in &ranges {
             self.positions.insert((topic.clone(), *partition), last + 1);
         }
-        self.positions_header = Some(positions::encode(&self.positions));
+        // Where this batch's positions go (positions.rs): to the group when the batch is
+        // small or the group is due; in its first journal record otherwise (and to the
+        // group after all if it journals nothing).
+        let settings = &self.config.settings.processor;
+        let interval = Duration::from_millis(settings.group_offsets_interval_ms);
+        let to_group = batch.len() < settings.journal_positions_min_batch
+            || self.group_offsets_sent.elapsed() >= interval;
+        self.positions_header = (!to_group).then(|| positions::encode(&self.positions));
         let batch = Batch {
             inputs: batch,
             ranges,
@@ -893,12 +900,10 @@ impl Processor {
         }
         phase.end();
         self.settle(recovery)?;
-        // A batch that journaled nothing has no record to carry its positions: they go to
-        // the group. So they do now and then anyway, for consumer-lag tools.
-        let journaled = self.positions_header.take().is_none();
-        let interval =
-            Duration::from_millis(self.config.settings.processor.group_offsets_interval_ms);
-        let offsets = if !journaled || self.group_offsets_sent.elapsed() >= interval {
+        // A batch that journaled nothing left its header untaken: its positions go to the
+        // group, as do those of a batch that was to send them there.
+        let untaken = self.positions_header.take().is_some();
+        let offsets = if to_group || untaken {
             self.group_offsets_sent = Instant::now();
             let mut tpl = TopicPartitionList::new();
             for ((topic, partition), next) in &self.positions {
@@ -1375,7 +1380,11 @@ impl Processor {
         } else {
             &self.counters.dispatch
         };
-        counters.count(key.len() + payload.len());
+        // The positions header is journal bytes too (a batch's first record carries it).
+        let header = positions
+            .as_ref()
+            .map_or(0, |p| positions::HEADER.len() + p.len());
+        counters.count(key.len() + payload.len() + header);
         let o = Outgoing {
             topic,
             partition,

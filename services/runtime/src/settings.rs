@@ -186,10 +186,15 @@ pub struct ProcessorSettings {
     /// The input positions a batch consumed up to travel in its first journal record (a
     /// `ksched-positions` header, docs/architecture.md), not to the consumer group: a
     /// transaction then needs no AddOffsetsToTxn and TxnOffsetCommit round trips. The
-    /// positions still go to the group, in the transaction, when a batch journals nothing
-    /// and at least this often, in ms, so that consumer-lag tools see the group move. 0:
-    /// every transaction sends them to the group too (as before 2026-12). Default 1000.
+    /// positions still go to the group, in the transaction, when a batch journals nothing,
+    /// when it is small (`journal_positions_min_batch`), and at least this often, in ms, so
+    /// that consumer-lag tools see the group move. 0: every transaction sends them to the
+    /// group (as before 2026-12). Default 1000.
     pub group_offsets_interval_ms: u64,
+    /// Batches of fewer input records than this send their positions to the consumer group,
+    /// not in a journal header: at low load the header would cost more journal bytes (an
+    /// idle fleet's heartbeats are such batches) than the offsets cost time. Default 8.
+    pub journal_positions_min_batch: usize,
     /// Kafka `transaction.timeout.ms`. Default 60000.
     pub transaction_timeout_ms: u64,
     /// Interval between Tick records, in ms. Default 1000.
@@ -235,6 +240,7 @@ impl Default for ProcessorSettings {
             transactional_producers: 2,
             coalesce_heartbeats: true,
             group_offsets_interval_ms: 1_000,
+            journal_positions_min_batch: 8,
             transaction_timeout_ms: 60_000,
             tick_interval_ms: 1_000,
             shutdown_grace_ms: 10_000,
