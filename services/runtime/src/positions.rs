@@ -12,9 +12,10 @@
 //!
 //! Offsets go to the consumer group instead, in the transaction, for a batch that journals
 //! nothing (it has no journal record to carry them), for a small batch (fewer inputs than
-//! `processor.journal_positions_min_batch`, 8 by default: at low load the header would cost more journal bytes than the
-//! offsets cost time; an idle fleet's heartbeats are such batches), and at least every
-//! `processor.group_offsets_interval_ms` (so that consumer-lag tools see the group move).
+//! `processor.journal_positions_min_batch`, 8 by default: at low load the header would
+//! cost more journal bytes than the offsets cost time; an idle fleet's heartbeats are such
+//! batches), and at least every `processor.group_offsets_interval_ms` (so that
+//! consumer-lag tools see the group move).
 //! Any batch may take either way: what a start needs is only that each committed batch's
 //! positions are in the group or in the journal.
 //!

@@ -691,15 +691,15 @@ impl Processor {
                 .consumer()?
                 .committed_offsets(fresh, Duration::from_secs(30))
                 .map_err(kafka("reading the input group's committed offsets"))?;
-            for e in committed.elements() {
-                if let Offset::Offset(o) = e.offset() {
-                    let at = self
-                        .positions
-                        .entry((e.topic().to_owned(), e.partition()))
-                        .or_insert(o);
-                    *at = (*at).max(o);
-                }
-            }
+            let committed: Positions = committed
+                .elements()
+                .iter()
+                .filter_map(|e| match e.offset() {
+                    Offset::Offset(o) => Some(((e.topic().to_owned(), e.partition()), o)),
+                    _ => None,
+                })
+                .collect();
+            self.positions = positions::furthest(std::mem::take(&mut self.positions), &committed);
         }
         self.positions.retain(|tp, _| wanted.contains(tp));
         let mut tpl = TopicPartitionList::new();
