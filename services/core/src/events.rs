@@ -793,12 +793,23 @@ impl JournalEntry {
 
     /// Jobs and workflows whose records `apply` reads or changes for this entry: what a
     /// partial state must hold before the entry is applied.
+    ///
+    /// A job the entry accepts, before any other event of the entry names it, is not among
+    /// them: `JobAccepted` writes the whole record, and it is only ever decided for an id the
+    /// shard does not hold (the decision loaded the id and found nothing, or it would have
+    /// been a `JobDuplicate`), so there is nothing to read. A replay folds a submit without a
+    /// store lookup that could only miss.
     pub fn touched(&self) -> (Vec<&str>, Vec<&str>) {
         let mut jobs: Vec<&str> = Vec::new();
         let mut workflows: Vec<&str> = Vec::new();
+        let mut accepted: Vec<&str> = Vec::new();
         for e in &self.events {
             if let Some(id) = e.job_id() {
-                jobs.push(id);
+                if matches!(e, Event::JobAccepted(_)) && !jobs.contains(&id) {
+                    accepted.push(id);
+                } else if !accepted.contains(&id) {
+                    jobs.push(id);
+                }
             }
             match e {
                 Event::JobDuplicate(d) => jobs.push(&d.existing_job_id),

@@ -185,6 +185,11 @@ pub(crate) struct Sim {
     pub behind: State,
     pub behind_cold: ColdMap,
     behind_pending: Option<Batch>,
+    /// The journal folded entry by entry on a partial state that loads what each entry
+    /// touches ([`State::load_for_entry`]) and checkpoints and evicts after every entry, as a
+    /// replay, a standby and a recovery do.
+    pub folded: State,
+    pub folded_cold: ColdMap,
     pub policy: ScriptPolicy,
     pub now: i64,
     pub offset: i64,
@@ -222,6 +227,8 @@ impl Sim {
             behind: State::tracking_changes(),
             behind_cold: ColdMap::default(),
             behind_pending: None,
+            folded: State::tracking_changes(),
+            folded_cold: ColdMap::default(),
             policy,
             now: T0,
             offset: 0,
@@ -254,6 +261,7 @@ impl Sim {
         self.offset += 1;
         let p = self.decide(&cause, input);
         self.journal.push(p.entry.clone());
+        self.fold_last();
         self.last = self.journal.len() - 1;
         self.check();
         let mut events = p.entry.events;
@@ -263,6 +271,7 @@ impl Sim {
             let next = ksched_core::decide::continuation(&self.state);
             let p = self.decide(&cause, next);
             self.journal.push(p.entry.clone());
+            self.fold_last();
             self.continuations += 1;
             self.check();
             events.extend(p.entry.events);
@@ -318,6 +327,19 @@ impl Sim {
         p
     }
 
+    /// Folds the journal's last entry into the folded partial state, then checkpoints and
+    /// evicts it.
+    fn fold_last(&mut self) {
+        let entry = self.journal.last().expect("an entry was just journaled");
+        self.folded
+            .load_for_entry(entry, &self.folded_cold)
+            .unwrap_or_else(|e| match e {});
+        ksched_core::apply_entry(&mut self.folded, entry);
+        let dirty = self.folded.take_dirty();
+        self.folded_cold.persist(&self.folded, dirty);
+        self.folded.evict_cold();
+    }
+
     /// Applies the journal event by event, calling `each` after every event with the state
     /// and the event (for checks of every intermediate state).
     pub(crate) fn replay_each(&self, mut each: impl FnMut(&State, &Event)) {
@@ -367,6 +389,9 @@ impl Sim {
             let behind =
                 (self.behind.jobs.get(id).map(|j| &**j)).or_else(|| self.behind_cold.jobs.get(id));
             assert_eq!(behind, Some(&**job), "job {id} of the state written behind");
+            let folded =
+                (self.folded.jobs.get(id).map(|j| &**j)).or_else(|| self.folded_cold.jobs.get(id));
+            assert_eq!(folded, Some(&**job), "job {id} of the folded partial state");
         }
         // Eviction finds every job that became terminal, whichever way it did.
         let lingering: Vec<&String> = self
@@ -384,6 +409,11 @@ impl Sim {
         assert_eq!(self.partial.queues, self.state.queues);
         assert_eq!(self.partial.timers, self.state.timers);
         assert_eq!(self.partial.breakers, self.state.breakers);
+        assert_eq!(self.folded.workers, self.state.workers);
+        assert_eq!(self.folded.queues, self.state.queues);
+        assert_eq!(self.folded.timers, self.state.timers);
+        assert_eq!(self.folded.jobs_by_state, self.state.jobs_by_state);
+        assert_eq!(self.cold.history, self.folded_cold.history);
     }
 
     pub(crate) fn submit(&mut self, req: JobRequest) -> Vec<Event> {
