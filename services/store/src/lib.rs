@@ -183,6 +183,14 @@ fn encode<T: Serialize>(v: &T) -> Vec<u8> {
     postcard::to_stdvec(v).unwrap_or_else(|e| unreachable!("postcard encodes plain data: {e}"))
 }
 
+/// [`encode`], written over `out` (whose allocation is kept).
+fn encode_into<T: Serialize>(out: &mut Vec<u8>, v: &T) {
+    out.clear();
+    let buf = std::mem::take(out);
+    *out = postcard::to_extend(v, buf)
+        .unwrap_or_else(|e| unreachable!("postcard encodes plain data: {e}"));
+}
+
 fn decode<T: DeserializeOwned>(what: &str, bytes: &[u8]) -> Result<T> {
     postcard::from_bytes(bytes).map_err(|e| Error::Decode {
         what: what.to_owned(),
@@ -331,6 +339,15 @@ impl Store {
         out
     }
 
+    /// [`Store::key`] of the concatenated `parts`, written over `out`.
+    fn key_into(&self, out: &mut Vec<u8>, parts: &[&[u8]]) {
+        out.clear();
+        out.extend_from_slice(&self.partition.to_be_bytes());
+        for p in parts {
+            out.extend_from_slice(p);
+        }
+    }
+
     fn get<T: DeserializeOwned>(&self, cf: &str, k: &[u8]) -> Result<Option<T>> {
         match self.db.get_pinned_cf(self.cf(cf), self.key(k))? {
             Some(v) => decode(cf, &v).map(Some),
@@ -427,18 +444,23 @@ impl Store {
     /// the store, so a batch must be written before the next one is prepared.
     pub fn prepare(&self, state: &State, dirty: &Dirty) -> Result<Prepared> {
         let mut b = WriteBatch::default();
+        // The batch copies what it is given, so one key and one value buffer serve every
+        // record of the two busiest kinds (a replay's checkpoint holds tens of thousands).
+        let mut key = Vec::new();
+        let mut value = Vec::new();
         for id in &dirty.jobs {
-            let k = self.key(id.as_bytes());
+            self.key_into(&mut key, &[id.as_bytes()]);
             match state.jobs.get(id) {
                 Some(job) => {
-                    b.put_cf(self.cf(CF_JOBS), &k, encode(job));
+                    encode_into(&mut value, job);
+                    b.put_cf(self.cf(CF_JOBS), &key, &value);
                     if job.state.is_terminal() {
-                        b.delete_cf(self.cf(CF_ACTIVE), &k);
+                        b.delete_cf(self.cf(CF_ACTIVE), &key);
                     } else {
-                        b.put_cf(self.cf(CF_ACTIVE), &k, encode(&()));
+                        b.put_cf(self.cf(CF_ACTIVE), &key, encode(&()));
                     }
                 }
-                None => b.delete_cf(self.cf(CF_ACTIVE), &k),
+                None => b.delete_cf(self.cf(CF_ACTIVE), &key),
             }
         }
         for id in &dirty.workers {
@@ -482,11 +504,10 @@ impl Store {
             }
         }
         for line in &dirty.history {
-            b.put_cf(
-                self.cf(CF_HISTORY),
-                self.key(&history_key(&line.job_id, line.seq)),
-                encode(&line.item),
-            );
+            let seq = line.seq.to_be_bytes();
+            self.key_into(&mut key, &[line.job_id.as_bytes(), &[0], &seq]);
+            encode_into(&mut value, &line.item);
+            b.put_cf(self.cf(CF_HISTORY), &key, &value);
         }
         for (id, payload) in &dirty.payloads {
             b.put_cf(self.cf(CF_PAYLOADS), self.key(id.as_bytes()), payload);
