@@ -42,21 +42,21 @@ impl Event {
                     let _ = write!(s, ": {}", p.reasons.join("; "));
                 }
                 let c = &p.constraints;
-                let mut limits = Vec::new();
-                if let Some(v) = c.max_retries {
-                    limits.push(format!("max_retries {v}"));
+                let limits = [
+                    ("max_retries", c.max_retries.map(i64::from)),
+                    ("max_concurrent_jobs", c.max_concurrent_jobs.map(i64::from)),
+                    ("max_runtime_ms", c.max_runtime_ms),
+                    ("deadline_ms", c.deadline_ms),
+                ];
+                let mut first = true;
+                for (name, v) in limits {
+                    if let Some(v) = v {
+                        let _ = write!(s, "{}{name} {v}", if first { " (" } else { ", " });
+                        first = false;
+                    }
                 }
-                if let Some(v) = c.max_concurrent_jobs {
-                    limits.push(format!("max_concurrent_jobs {v}"));
-                }
-                if let Some(v) = c.max_runtime_ms {
-                    limits.push(format!("max_runtime_ms {v}"));
-                }
-                if let Some(v) = c.deadline_ms {
-                    limits.push(format!("deadline_ms {v}"));
-                }
-                if !limits.is_empty() {
-                    let _ = write!(s, " ({})", limits.join(", "));
+                if !first {
+                    s.push(')');
                 }
                 s
             }
@@ -67,20 +67,18 @@ impl Event {
             ),
             Event::JobWaiting(w) => format!("waiting: {} ({})", w.reason_code, w.detail),
             Event::JobScheduled(s) => {
-                let named: Vec<String> = s
-                    .candidates
-                    .iter()
-                    .filter(|c| c.score.is_some())
-                    .take(NAMED_CANDIDATES)
-                    .map(|c| format!("{} {:.2}", c.worker_id, c.score.unwrap_or_default()))
-                    .collect();
                 let total = s.candidates.len() + usize::try_from(s.candidates_omitted).unwrap_or(0);
                 let mut line = format!(
                     "attempt {} -> {} in {} by {}; {total} candidates",
                     s.attempt, s.worker_id, s.pool, s.strategy
                 );
-                if !named.is_empty() {
-                    let _ = write!(line, " (scores: {})", named.join(", "));
+                let scored = s.candidates.iter().filter_map(|c| Some((c, c.score?)));
+                for (i, (c, score)) in scored.take(NAMED_CANDIDATES).enumerate() {
+                    let sep = if i == 0 { " (scores: " } else { ", " };
+                    let _ = write!(line, "{sep}{} {score:.2}", c.worker_id);
+                }
+                if s.candidates.iter().any(|c| c.score.is_some()) {
+                    line.push(')');
                 }
                 if !s.notes.is_empty() {
                     let _ = write!(line, "; {}", s.notes.join("; "));
@@ -242,5 +240,89 @@ impl Event {
                 s
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::records::{Constraints, Tick};
+
+    fn candidate(worker: &str, score: Option<f64>) -> Candidate {
+        Candidate {
+            worker_id: worker.into(),
+            pool: "p".into(),
+            score,
+            skipped: score.is_none().then(|| "busy".to_owned()),
+        }
+    }
+
+    fn scheduled(candidates: Vec<Candidate>, notes: Vec<String>) -> Event {
+        Event::JobScheduled(JobScheduled {
+            job_id: "j".into(),
+            attempt: 2,
+            pool: "p".into(),
+            worker_id: "w2".into(),
+            strategy: "least_loaded".into(),
+            candidates,
+            notes,
+            candidates_omitted: 3,
+        })
+    }
+
+    fn policy(constraints: Constraints, reasons: Vec<String>) -> Event {
+        Event::PolicyEvaluated(PolicyEvaluated {
+            job_id: "j".into(),
+            snapshot_id: "snap-1".into(),
+            verdict: Verdict::Allow,
+            reasons,
+            constraints,
+        })
+    }
+
+    /// The lines histories have always held: the text is what `ksched audit job` and the API
+    /// show, so its wording stays put however it is built.
+    #[test]
+    fn placements_and_policy_verdicts_read_as_before() {
+        let tick = Input::Tick(Tick::default());
+        let five = vec![
+            candidate("w1", Some(0.5)),
+            candidate("w0", None),
+            candidate("w2", Some(0.25)),
+            candidate("w3", Some(1.0)),
+            candidate("w4", Some(0.125)),
+        ];
+        assert_eq!(
+            scheduled(five, vec!["hint a".into(), "hint b".into()]).describe(&tick),
+            "attempt 2 -> w2 in p by least_loaded; 8 candidates \
+             (scores: w1 0.50, w2 0.25, w3 1.00); hint a; hint b"
+        );
+        assert_eq!(
+            scheduled(vec![candidate("w0", None)], vec![]).describe(&tick),
+            "attempt 2 -> w2 in p by least_loaded; 4 candidates"
+        );
+        assert_eq!(
+            policy(Constraints::default(), vec![]).describe(&tick),
+            "Allow under policy snapshot snap-1"
+        );
+        let limits = Constraints {
+            max_retries: Some(2),
+            max_runtime_ms: Some(5_000),
+            deadline_ms: Some(60_000),
+            ..Constraints::default()
+        };
+        assert_eq!(
+            policy(limits, vec!["r1".into(), "r2".into()]).describe(&tick),
+            "Allow under policy snapshot snap-1: r1; r2 \
+             (max_retries 2, max_runtime_ms 5000, deadline_ms 60000)"
+        );
+        let one = Constraints {
+            max_concurrent_jobs: Some(4),
+            ..Constraints::default()
+        };
+        assert_eq!(
+            policy(one, vec![]).describe(&tick),
+            "Allow under policy snapshot snap-1 (max_concurrent_jobs 4)"
+        );
     }
 }
