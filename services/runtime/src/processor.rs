@@ -13,8 +13,8 @@
 use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use ksched_codec::{Record, trace_context};
@@ -124,15 +124,70 @@ struct Delivery {
     partition: i32,
     last_journal_offset: Arc<AtomicI64>,
     failures: Mutex<Vec<(String, RDKafkaErrorCode, String)>>,
+    acks: Acks,
+}
+
+/// Records sent and records reported on, so that a transaction's end waits for its last
+/// acknowledgement in one sleep: the producer's reporting thread
+/// ([`serve_deliveries_behind`]) wakes it when the reports catch up with the sends.
+#[derive(Default)]
+struct Acks {
+    sent: AtomicU64,
+    reported: Mutex<u64>,
+    caught_up: Condvar,
+}
+
+impl Acks {
+    fn sent(&self) {
+        self.sent.fetch_add(1, Ordering::SeqCst);
+    }
+
+    fn reported(&self) {
+        let mut reported = self.reported.lock().unwrap_or_else(|p| p.into_inner());
+        *reported += 1;
+        // Only the report that catches up wakes anyone: not a system call per record.
+        if *reported >= self.sent.load(Ordering::SeqCst) {
+            self.caught_up.notify_all();
+        }
+    }
+
+    /// Waits until every record sent so far is reported on, or `deadline` passes; whether
+    /// they are.
+    fn wait(&self, deadline: Instant) -> bool {
+        let mut reported = self.reported.lock().unwrap_or_else(|p| p.into_inner());
+        while *reported < self.sent.load(Ordering::SeqCst) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            reported = self
+                .caught_up
+                .wait_timeout(reported, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        true
+    }
 }
 
 impl ClientContext for Delivery {}
+
+/// Counts a report when dropped, at the end of the delivery callback.
+struct Reported<'a>(&'a Acks);
+
+impl Drop for Reported<'_> {
+    fn drop(&mut self) {
+        self.0.reported();
+    }
+}
 
 impl ProducerContext for Delivery {
     type DeliveryOpaque = ();
 
     fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
         use rdkafka::message::Message;
+        // Counted once the failure below is in the list, so the waiter sees it.
+        let _reported = Reported(&self.acks);
         match result {
             Ok(m) => {
                 if m.partition() == self.partition && m.topic() == self.journal {
@@ -220,7 +275,6 @@ pub struct Processor {
     transactional_id: String,
     status: Arc<Status>,
     shutdown: CancellationToken,
-    sent: u64,
     last_size_check: Instant,
     read_through: ReadThrough,
     last_assignment: Option<Instant>,
@@ -438,11 +492,14 @@ impl Processor {
                 partition,
                 last_journal_offset: last_journal_offset.clone(),
                 failures: Mutex::new(Vec::new()),
+                acks: Acks::default(),
             };
             let client_id = format!("{}-processor{suffix}", settings.kafka.client_id);
             let producer = transactional_producer(&config, &id, &client_id, delivery)?;
             if i < usize::from(settings.processor.transactional_producers) {
-                producers.push(Arc::new(producer));
+                let producer = Arc::new(producer);
+                serve_deliveries_behind(&producer, status.metrics.processor_cpu.clone())?;
+                producers.push(producer);
             }
         }
         let fenced_ms = started.elapsed().as_millis() as u64;
@@ -463,7 +520,6 @@ impl Processor {
             counters: Counters::new(&status.metrics),
             status,
             shutdown,
-            sent: 0,
             last_size_check: Instant::now(),
             read_through: ReadThrough::default(),
             last_assignment: None,
@@ -1428,7 +1484,10 @@ impl Processor {
             + Duration::from_millis(self.config.settings.processor.transaction_timeout_ms);
         loop {
             match self.producer().send(record) {
-                Ok(()) => break,
+                Ok(()) => {
+                    self.producer().context().acks.sent();
+                    break;
+                }
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r))
                     if Instant::now() < deadline =>
                 {
@@ -1437,10 +1496,6 @@ impl Processor {
                 }
                 Err((e, _)) => return Err(kafka(format!("producing to {}", o.topic))(e)),
             }
-        }
-        self.sent += 1;
-        if self.sent.is_multiple_of(1024) {
-            self.producer().poll(Duration::ZERO);
         }
         Ok(())
     }
@@ -1626,22 +1681,61 @@ fn refusals(producer: &BaseProducer<Delivery>) -> Result<()> {
     ))(KafkaError::MessageProduction(code)))
 }
 
-/// Serves delivery reports until every record of the transaction is acknowledged.
+/// Waits until every record of the transaction is acknowledged (and reported on).
 ///
 /// `commit_transaction` would flush too, but rust-rdkafka's flush polls in 100 ms steps
-/// (`BaseProducer::poll` blocks for its whole timeout), which put ~100 ms on every commit.
-/// Waiting here in 1 ms steps leaves the commit nothing to flush.
+/// (`BaseProducer::poll` blocks for its whole timeout), which put ~100 ms on every commit:
+/// waiting here leaves the commit nothing to flush. The reports are served by the producer's
+/// own thread ([`serve_deliveries_behind`]), which wakes this one when the last comes in:
+/// one sleep per transaction, where serving them here took a nap of
+/// [`DELIVERY_NAP`](crate::topics::DELIVERY_NAP) per check (20-35 per transaction, each a
+/// context switch that cost this virtual machine more than the check).
 fn await_deliveries(producer: &BaseProducer<Delivery>, timeout: Duration) -> Result<()> {
     let deadline = Instant::now() + timeout;
-    while producer.in_flight_count() > 0 {
-        crate::topics::serve_deliveries(producer);
-        if Instant::now() > deadline {
-            return Err(Error::Unacknowledged {
-                records: producer.in_flight_count(),
-                timeout,
-            });
-        }
+    let unacknowledged = || Error::Unacknowledged {
+        records: producer.in_flight_count(),
+        timeout,
+    };
+    if !producer.context().acks.wait(deadline) {
+        return Err(unacknowledged());
     }
+    // The last report is served; librdkafka releases its event (and stops counting the
+    // records in flight) as the callback returns, microseconds later.
+    while producer.in_flight_count() > 0 {
+        if Instant::now() > deadline {
+            return Err(unacknowledged());
+        }
+        std::thread::sleep(DELIVERY_SETTLE);
+    }
+    Ok(())
+}
+
+/// How long [`await_deliveries`] naps while librdkafka lets go of the last report.
+const DELIVERY_SETTLE: Duration = Duration::from_micros(20);
+
+/// How long each poll of a producer's reporting thread lasts: it notices the producer is
+/// gone at most this late. rust-rdkafka rounds a poll's time left down to whole
+/// milliseconds, so each poll's last millisecond is a busy loop: 0.2 % of a core here.
+const DELIVERY_POLL: Duration = Duration::from_millis(500);
+
+/// Starts the thread that serves `producer`'s delivery reports as they come (see
+/// [`await_deliveries`]), its CPU time counted in `cpu` with the processor's. It ends
+/// within [`DELIVERY_POLL`] once the processor lets go of the producer (and destroys it
+/// then, if it held the last reference).
+fn serve_deliveries_behind(producer: &Arc<BaseProducer<Delivery>>, cpu: Counter) -> Result<()> {
+    let producer: Weak<BaseProducer<Delivery>> = Arc::downgrade(producer);
+    std::thread::Builder::new()
+        .name("ksched-acks".into())
+        .spawn(move || {
+            let mut last = None;
+            add_thread_cpu(&cpu, &mut last);
+            while let Some(p) = producer.upgrade() {
+                p.poll(DELIVERY_POLL);
+                drop(p);
+                add_thread_cpu(&cpu, &mut last);
+            }
+        })
+        .map_err(crate::error::io("starting a delivery report thread"))?;
     Ok(())
 }
 
@@ -1729,6 +1823,42 @@ impl<'a> Phase<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The transaction's end waits until the reports catch up with the sends: not before
+    /// (a record sent and not reported keeps it waiting until its deadline), and it is woken
+    /// by the report that catches up, from the thread that serves them.
+    #[test]
+    fn waiting_for_acknowledgements_ends_with_the_last_report() {
+        let acks = Arc::new(Acks::default());
+        assert!(
+            acks.wait(Instant::now()),
+            "nothing sent: nothing to wait for"
+        );
+        acks.sent();
+        acks.sent();
+        acks.reported();
+        assert!(
+            !acks.wait(Instant::now() + Duration::from_millis(50)),
+            "one of two records is not reported on"
+        );
+        let reporter = {
+            let acks = acks.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(20));
+                acks.reported();
+            })
+        };
+        assert!(
+            acks.wait(Instant::now() + Duration::from_secs(30)),
+            "the last report ends the wait"
+        );
+        reporter.join().unwrap();
+        // Reports of records sent later (the next transaction) are waited for in turn.
+        acks.sent();
+        assert!(!acks.wait(Instant::now() + Duration::from_millis(20)));
+        acks.reported();
+        assert!(acks.wait(Instant::now()));
+    }
 
     /// A call that librdkafka does not return from is given up on after its limit, and the
     /// processor thread is free again (before, it waited forever in
