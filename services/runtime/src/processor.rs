@@ -397,18 +397,13 @@ impl Caller {
     /// they serve, are the processor's work as much as deciding is.
     fn start(cpu: Counter) -> Result<Caller> {
         let (calls, rx) = std::sync::mpsc::channel::<Call>();
-        std::thread::Builder::new()
-            .name("ksched-txn-calls".into())
-            .spawn(move || {
-                let mut last = None;
-                add_thread_cpu(&cpu, &mut last);
-                // Ends when the processor (the sender) is gone.
-                while let Ok(call) = rx.recv() {
-                    call();
-                    add_thread_cpu(&cpu, &mut last);
-                }
-            })
-            .map_err(crate::error::io("starting the transaction thread"))?;
+        // Ends when the processor (the sender) is gone.
+        spawn_counted(
+            "ksched-txn-calls",
+            "the transaction thread",
+            cpu,
+            move || rx.recv().map(|call| call()).is_ok(),
+        )?;
         Ok(Caller { calls })
     }
 
@@ -1724,18 +1719,29 @@ const DELIVERY_POLL: Duration = Duration::from_millis(500);
 /// then, if it held the last reference).
 fn serve_deliveries_behind(producer: &Arc<BaseProducer<Delivery>>, cpu: Counter) -> Result<()> {
     let producer: Weak<BaseProducer<Delivery>> = Arc::downgrade(producer);
+    spawn_counted("ksched-acks", "a delivery report thread", cpu, move || {
+        producer.upgrade().map(|p| p.poll(DELIVERY_POLL)).is_some()
+    })
+}
+
+/// Starts a thread of the processor named `name` that runs `step` until it returns false,
+/// its CPU time counted in `cpu` after every step.
+fn spawn_counted(
+    name: &str,
+    what: &str,
+    cpu: Counter,
+    mut step: impl FnMut() -> bool + Send + 'static,
+) -> Result<()> {
     std::thread::Builder::new()
-        .name("ksched-acks".into())
+        .name(name.into())
         .spawn(move || {
             let mut last = None;
             add_thread_cpu(&cpu, &mut last);
-            while let Some(p) = producer.upgrade() {
-                p.poll(DELIVERY_POLL);
-                drop(p);
+            while step() {
                 add_thread_cpu(&cpu, &mut last);
             }
         })
-        .map_err(crate::error::io("starting a delivery report thread"))?;
+        .map_err(crate::error::io(format!("starting {what}")))?;
     Ok(())
 }
 

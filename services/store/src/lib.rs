@@ -334,8 +334,7 @@ impl Store {
 
     fn key(&self, k: &[u8]) -> Vec<u8> {
         let mut out = Vec::with_capacity(k.len() + 2);
-        out.extend_from_slice(&self.partition.to_be_bytes());
-        out.extend_from_slice(k);
+        self.key_into(&mut out, &[k]);
         out
     }
 
