@@ -176,18 +176,34 @@ fn the_whole_path_runs_on_tls_sasl_and_acls_and_each_role_is_held_to_its_acls() 
             .unwrap(),
     );
     let read_log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    let ready_by = std::time::Instant::now() + Duration::from_secs(90);
     wait_until("ksched run to get ready on the secure listener", 90, || {
         assert!(
             run.0.try_wait().unwrap().is_none(),
             "ksched run exited:\n{}",
             read_log()
         );
-        matches!(
+        let ready = matches!(
             http(&format!("{api}/health/ready"), "GET", None),
             Ok((200, _))
-        )
+        );
+        assert!(
+            ready || std::time::Instant::now() < ready_by,
+            "ksched run not ready after 90 s; its readiness: {:?}\nits log:\n{}",
+            http(&format!("{api}/health/ready"), "GET", None),
+            read_log()
+        );
+        ready
     });
 
+    // Its own readers (the catch-up, the positions read-back, a standby's tail) are held to
+    // the processor's grants too: a group it may not describe fails their fetches, and a
+    // lucky shard can still get ready after retries, so the log is what tells.
+    let log = read_log();
+    assert!(
+        !log.contains("AuthorizationFailed"),
+        "ksched run was refused something its grants should allow:\n{log}"
+    );
     // An SDK worker and the Python worker as User:worker-default.
     let rt = tokio::runtime::Runtime::new().unwrap();
     let token = CancellationToken::new();
@@ -388,5 +404,10 @@ fn the_whole_path_runs_on_tls_sasl_and_acls_and_each_role_is_held_to_its_acls() 
         .find(|(k, _)| k == "sasl.password")
         .map(|(_, v)| v)
         .unwrap();
-    assert!(!read_log().contains(&password));
+    let log = read_log();
+    assert!(!log.contains(&password));
+    assert!(
+        !log.contains("AuthorizationFailed"),
+        "ksched run was refused something its grants should allow:\n{log}"
+    );
 }

@@ -126,8 +126,7 @@ pub fn last_in_journal(
     low: i64,
     high: i64,
 ) -> Result<Option<Positions>> {
-    let mut reader = client.clone();
-    reader.set("group.id", "ksched-journal-reader");
+    let reader = crate::replay::with_reader_group(client);
     let mut end = high;
     let mut step = 64;
     while end > low && high - end < MAX_SCAN {

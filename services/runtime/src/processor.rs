@@ -556,11 +556,7 @@ impl Processor {
         let settings = &self.config.settings;
         let partition = settings.processor.journal_partition;
         let from = self.engine.store().watermark()?.map_or(0, |w| w + 1);
-        let mut client = client_config(settings);
-        client.set(
-            "client.id",
-            format!("{}-recovery", settings.kafka.client_id),
-        );
+        let client = crate::replay::reader_client(settings, "recovery");
         let (low, high) = journal_watermarks(&client, &self.topics.journal, partition)?;
         if from > high {
             return Err(Error::StoreAheadOfJournal {
@@ -681,13 +677,8 @@ impl Processor {
     fn journal_positions(&self) -> Result<Positions> {
         let settings = &self.config.settings;
         let partition = settings.processor.journal_partition;
-        let mut client = client_config(settings);
-        client
-            .set(
-                "client.id",
-                format!("{}-positions", settings.kafka.client_id),
-            )
-            .set("isolation.level", "read_committed");
+        let mut client = crate::replay::reader_client(settings, "positions");
+        client.set("isolation.level", "read_committed");
         let (low, high) = journal_watermarks(&client, &self.topics.journal, partition)?;
         let found =
             positions::last_in_journal(&client, &self.topics.journal, partition, low, high)?;

@@ -29,15 +29,44 @@ pub enum Flow {
     Stop,
 }
 
+/// The group a journal reader names when its caller's client names none: the auditors'
+/// tools' (docs/security.md). Readers are assigned by hand: they join no group and commit
+/// nothing, but librdkafka still looks the group's coordinator up, which needs `DESCRIBE`
+/// on it.
+pub const READER_GROUP: &str = "ksched-journal-reader";
+
+/// `client` for a journal reader: its own `group.id` if it has one (the processor's readers
+/// name the processor's group, which its principal may read: [`reader_client`]), else
+/// [`READER_GROUP`].
+pub(crate) fn with_reader_group(client: &ClientConfig) -> ClientConfig {
+    let mut client = client.clone();
+    if client.get("group.id").is_none() {
+        client.set("group.id", READER_GROUP);
+    }
+    client
+}
+
+/// The client the processor's own journal readers use (its catch-up, its positions read-back,
+/// a standby's tail): the processor's group, which the processor's principal may read
+/// whatever else the ACLs grant (deploy/ksched-acls.py). `purpose` ends the client id.
+pub fn reader_client(settings: &crate::settings::Settings, purpose: &str) -> ClientConfig {
+    let mut client = crate::topics::client_config(settings);
+    client
+        .set(
+            "client.id",
+            format!("{}-{purpose}", settings.kafka.client_id),
+        )
+        .set("group.id", &settings.processor.group_id);
+    client
+}
+
 /// The (low, high) watermarks of a journal partition.
 pub fn journal_watermarks(
     client: &ClientConfig,
     topic: &str,
     partition: i32,
 ) -> Result<(i64, i64)> {
-    let consumer: BaseConsumer = client
-        .clone()
-        .set("group.id", "ksched-journal-reader")
+    let consumer: BaseConsumer = with_reader_group(client)
         .create()
         .map_err(kafka("creating a journal reader"))?;
     consumer
@@ -76,9 +105,8 @@ pub fn read_journal(
     if start >= high {
         return Ok((low, high));
     }
-    let mut reader = client.clone();
+    let mut reader = with_reader_group(client);
     reader
-        .set("group.id", "ksched-journal-reader")
         .set("fetch.max.bytes", "52428800")
         .set("max.partition.fetch.bytes", "10485760");
     std::thread::scope(|s| -> Result<()> {

@@ -18,7 +18,6 @@ use crate::replay::journal_watermarks;
 use crate::settings::Settings;
 use crate::status::Status;
 use crate::tail::PartitionTail;
-use crate::topics::client_config;
 
 /// The longest a standby keeps folded entries before it checkpoints them.
 const CHECKPOINT_EVERY: Duration = Duration::from_millis(500);
@@ -39,11 +38,8 @@ pub(crate) fn stand_by(
 ) {
     info!("standing by: tailing the shard's journal until this instance owns it");
     status.set_caught_up(false);
-    let mut client = client_config(settings);
-    client
-        .set("client.id", format!("{}-standby", settings.kafka.client_id))
-        // As recovery's reader: assigned by hand, it joins no group and commits nothing.
-        .set("group.id", "ksched-journal-reader");
+    // As recovery's reader: assigned by hand, it joins no group and commits nothing.
+    let client = crate::replay::reader_client(settings, "standby");
     let partition = settings.processor.journal_partition;
     let mut follower: Option<Follower> = None;
     let mut last_warning: Option<Instant> = None;

@@ -89,7 +89,7 @@ fn offset_at(src: &Source, ms: i64) -> Result<i64> {
     let consumer: BaseConsumer = src
         .client
         .clone()
-        .set("group.id", "ksched-journal-reader")
+        .set("group.id", crate::replay::READER_GROUP)
         .create()
         .map_err(crate::error::kafka("creating a journal reader"))?;
     let mut tpl = rdkafka::TopicPartitionList::new();
