@@ -29,7 +29,6 @@ use ksched_core::state::{
 };
 use rocksdb::{
     ColumnFamily, ColumnFamilyDescriptor, DB, Direction, IteratorMode, Options, WriteBatch,
-    WriteOptions,
 };
 use serde::{Serialize, de::DeserializeOwned};
 use thiserror::Error;
@@ -432,7 +431,7 @@ impl Store {
         self.get(CF_IDEMPOTENCY, &idem_key(tenant, key))
     }
 
-    /// Writes every changed record and the watermark in one batch, synced.
+    /// Writes every changed record and the watermark in one batch (not synced: [`Store::write`]).
     pub fn persist(&self, state: &State, dirty: Dirty, watermark: Option<i64>) -> Result<()> {
         let batch = self.prepare(state, &dirty)?;
         self.write(batch, watermark)
@@ -557,15 +556,21 @@ impl Store {
         Ok(Prepared(b))
     }
 
-    /// Writes a prepared batch with `watermark` (the last journal offset it reflects), synced.
+    /// Writes a prepared batch with `watermark` (the last journal offset it reflects), in one
+    /// atomic write to the write-ahead log, which is not synced.
+    ///
+    /// The store is a cache of the journal: a write the operating system loses (a power cut,
+    /// a kernel crash; a killed process loses nothing, the log is in the page cache) takes
+    /// the watermark back with the records, atomically, and the next start applies the
+    /// journal from that watermark on, as after a crash between a commit and its write
+    /// (docs/architecture.md, "Exactly once"). A synced write waited for the disk once per
+    /// batch, on the deciding thread (docs/performance.md, thirteenth steps).
     pub fn write(&self, batch: Prepared, watermark: Option<i64>) -> Result<()> {
         let mut b = batch.0;
         if let Some(w) = watermark {
             b.put_cf(self.cf(CF_META), self.key(META_WATERMARK), encode(&w));
         }
-        let mut opts = WriteOptions::default();
-        opts.set_sync(true);
-        self.db.write_opt(b, &opts)?;
+        self.db.write(b)?;
         Ok(())
     }
 
