@@ -264,6 +264,10 @@ fn the_whole_path_runs_on_tls_sasl_and_acls_and_each_role_is_held_to_its_acls() 
     for i in 0..6 {
         wait_state(&api, &format!("acme:secure-{i}"), "SUCCEEDED");
     }
+    // The console reads a job's decisions from the journal with ksched's own principal.
+    let (code, page) = http(&format!("{api}/ui/jobs/acme:secure-0"), "GET", None).unwrap();
+    assert_eq!(code, 200, "{page}");
+    assert!(page.contains("id=\"decisions\""), "{page}");
 
     // Refused: tenant-acme, on the topic it may write, claiming another tenant's job. It
     // is dead-lettered `tenant_not_allowed`, never runs.

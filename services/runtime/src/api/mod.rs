@@ -104,11 +104,8 @@ impl Api {
             allowed_hosts,
             max_body_bytes: settings.http.max_body_bytes,
             samples: console::Samples::default(),
-            journal_client: {
-                let mut c = client_config(settings);
-                c.set("client.id", format!("{}-console", settings.kafka.client_id));
-                c
-            },
+            // The processor's principal reads the journal here: its group, not the auditors'.
+            journal_client: crate::replay::reader_client(settings, "console"),
             secure_cookies: settings.http.tls.is_some(),
             kafka_ok: Mutex::new((None, false)),
             tick_stale_ms: i64::try_from(settings.processor.tick_interval_ms.saturating_mul(5))

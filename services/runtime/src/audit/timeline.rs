@@ -86,10 +86,7 @@ pub fn job_window(
 /// The first journal offset whose record time is at or after `ms` (the end if none).
 fn offset_at(src: &Source, ms: i64) -> Result<i64> {
     use rdkafka::consumer::{BaseConsumer, Consumer};
-    let consumer: BaseConsumer = src
-        .client
-        .clone()
-        .set("group.id", crate::replay::READER_GROUP)
+    let consumer: BaseConsumer = crate::replay::with_reader_group(&src.client)
         .create()
         .map_err(crate::error::kafka("creating a journal reader"))?;
     let mut tpl = rdkafka::TopicPartitionList::new();
