@@ -503,7 +503,7 @@ impl Store {
         }
         for line in &dirty.history {
             let seq = line.seq.to_be_bytes();
-            self.key_into(&mut key, &[line.job_id.as_bytes(), &[0], &seq]);
+            self.key_into(&mut key, &history_key(&line.job_id, &seq));
             encode_into(&mut value, &line.item);
             b.put_cf(self.cf(CF_HISTORY), &key, &value);
         }
@@ -610,8 +610,9 @@ impl Store {
 
     /// A job's history, in order (its lines are written beside the job, not in it).
     pub fn history(&self, job_id: &str) -> Result<Vec<HistoryItem>> {
-        let start = self.key(&history_key(job_id, 0));
-        let end = self.key(&history_key(job_id, u32::MAX));
+        let (mut start, mut end) = (Vec::new(), Vec::new());
+        self.key_into(&mut start, &history_key(job_id, &0u32.to_be_bytes()));
+        self.key_into(&mut end, &history_key(job_id, &u32::MAX.to_be_bytes()));
         let mut out = Vec::new();
         for item in self.db.iterator_cf(
             self.cf(CF_HISTORY),
@@ -768,12 +769,10 @@ fn idem_key(tenant: &str, key: &str) -> Vec<u8> {
 }
 
 /// `job_id \0 seq` (big-endian): a job's lines in order, and no job's lines inside another's.
-fn history_key(job_id: &str, seq: u32) -> Vec<u8> {
-    let mut k = Vec::with_capacity(job_id.len() + 5);
-    k.extend_from_slice(job_id.as_bytes());
-    k.push(0);
-    k.extend_from_slice(&seq.to_be_bytes());
-    k
+/// The parts of a history line's key, before the shard prefix ([`Store::key_into`]): the
+/// job id, a zero byte, the line's sequence number (`seq`, big-endian).
+fn history_key<'a>(job_id: &'a str, seq: &'a [u8; 4]) -> [&'a [u8]; 3] {
+    [job_id.as_bytes(), &[0], seq]
 }
 
 fn split_idem_key(k: &[u8]) -> Option<(String, String)> {

@@ -97,6 +97,7 @@ fn persisted_and_reloaded_state_matches_the_in_memory_projection() {
     let store = Store::open(dir.path(), 0).unwrap();
     let mut reference = State::new();
     let mut live = State::tracking_changes();
+    let mut histories: std::collections::BTreeMap<String, Vec<_>> = Default::default();
     for (i, (ts, topic, input)) in inputs().into_iter().enumerate() {
         let cause = Cause {
             topic: topic.into(),
@@ -113,10 +114,25 @@ fn persisted_and_reloaded_state_matches_the_in_memory_projection() {
             "input {i}: same decision from a partial state"
         );
         let dirty = live.take_dirty();
+        for line in &dirty.history {
+            let lines = histories.entry(line.job_id.clone()).or_default();
+            assert_eq!(
+                line.seq as usize,
+                lines.len(),
+                "{}'s lines in order",
+                line.job_id
+            );
+            lines.push(line.item.clone());
+        }
         store.persist(&live, dirty, Some(i as i64)).unwrap();
         live.evict_cold();
     }
     assert_eq!(store.watermark().unwrap(), Some(10));
+    // Each job's history reads back whole and in order, and no other job's with it.
+    assert!(!histories.is_empty());
+    for (job_id, lines) in &histories {
+        assert_eq!(&store.history(job_id).unwrap(), lines, "{job_id}");
+    }
 
     // Everything on disk equals the full projection.
     let on_disk: Vec<(String, ksched_core::state::Job)> = store.jobs().unwrap();
