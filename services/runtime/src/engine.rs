@@ -11,7 +11,9 @@
 //!   evict what is cold (terminal jobs, old idempotency keys, idle sagas) from memory.
 //!
 //! Which step runs when is the caller's: the processor checkpoints after each committed
-//! transaction; replays checkpoint when [`Engine::checkpoint_due`] says so.
+//! transaction; replays checkpoint when [`Engine::checkpoint_due`] says so. Both write their
+//! checkpoints behind ([`Engine::write_behind`]): on the engine's writing thread, while the
+//! next batch is decided or folded.
 
 use ksched_core::apply_entry;
 use ksched_core::decide::{Ctx, Processed, continuation, process};
@@ -19,6 +21,7 @@ use ksched_core::events::{Cause, Input, JournalEntry};
 use ksched_core::records::Millis;
 use ksched_core::state::State;
 use ksched_store::Store;
+use prometheus::Counter;
 
 use crate::error::Result;
 
@@ -47,9 +50,53 @@ pub struct Engine {
     state: State,
     /// Entries decided or folded since the last checkpoint.
     since_checkpoint: u64,
-    /// A replay's checkpoint being written on a thread of its own
-    /// ([`Engine::checkpoint_behind`]).
-    writing: Option<std::thread::JoinHandle<Result<(), ksched_store::Error>>>,
+    /// The thread that writes checkpoints behind ([`Engine::write_behind`]), once started.
+    writer: Option<Writer>,
+    /// Whose CPU the writing thread's time counts as (the processor's), if anyone's.
+    writer_cpu: Option<Counter>,
+    /// The checkpoint being written behind, if one is.
+    writing: Option<Writing>,
+}
+
+/// A checkpoint handed to the writing thread and not known to be written yet.
+#[derive(Debug)]
+struct Writing {
+    /// The write's outcome, or the panic it raised (raised again on the engine's thread).
+    done: std::sync::mpsc::Receiver<std::thread::Result<Result<(), ksched_store::Error>>>,
+    /// Its payloads, readable until it is written ([`Engine::payload_being_written`]).
+    payloads: std::collections::BTreeMap<String, Vec<u8>>,
+}
+
+/// One write for the writing thread.
+type WriteJob = Box<dyn FnOnce() + Send>;
+
+/// The engine's writing thread: runs the writes handed to it, one at a time, in order. It
+/// ends when the engine lets go of it.
+#[derive(Debug)]
+struct Writer {
+    jobs: std::sync::mpsc::Sender<WriteJob>,
+}
+
+impl Writer {
+    fn start(cpu: Option<Counter>) -> Result<Writer> {
+        let (jobs, rx) = std::sync::mpsc::channel::<WriteJob>();
+        let step = move || rx.recv().map(|job| job()).is_ok();
+        match cpu {
+            Some(cpu) => crate::metrics::spawn_counted(
+                "ksched-writer",
+                "the projection's writing thread",
+                cpu,
+                step,
+            )?,
+            None => {
+                std::thread::Builder::new()
+                    .name("ksched-writer".into())
+                    .spawn(move || while step() {})
+                    .map_err(crate::error::io("starting the projection's writing thread"))?;
+            }
+        }
+        Ok(Writer { jobs })
+    }
 }
 
 impl Engine {
@@ -65,8 +112,16 @@ impl Engine {
             store,
             state,
             since_checkpoint: 0,
+            writer: None,
+            writer_cpu: None,
             writing: None,
         }
+    }
+
+    /// Counts the CPU time of the writing thread in `cpu` (call before the first write
+    /// behind).
+    pub fn count_writer_cpu(&mut self, cpu: Counter) {
+        self.writer_cpu = Some(cpu);
     }
 
     pub fn state(&self) -> &State {
@@ -80,7 +135,8 @@ impl Engine {
     /// The store, once a checkpoint written behind is in it.
     pub fn into_store(mut self) -> Result<Store> {
         self.finish_writing()?;
-        Ok(self.store)
+        // A handle on the same database: the engine goes with nothing left to write.
+        Ok(self.store.clone())
     }
 
     /// Decides on `input` read at `log_time` from `cause`: loads what the decision may read,
@@ -145,9 +201,9 @@ impl Engine {
     /// The first half of a checkpoint, for the processor's pipeline: takes the keys that
     /// changed and encodes them as the state holds them now (the payloads accepted stay
     /// readable until written, see [`Pending::payload`]). The batch must be written
-    /// ([`Engine::write`]) before the next one is prepared, and nothing may be evicted in
-    /// between ([`Engine::evict`] after the last write). Waits first for a checkpoint being
-    /// written behind.
+    /// ([`Engine::write`] or [`Engine::write_behind`]) before the next one is prepared, and
+    /// nothing may be evicted in between ([`Engine::evict_written`] once it is written).
+    /// Waits first for a checkpoint being written behind.
     pub fn prepare(&mut self) -> Result<Pending, ksched_store::Error> {
         self.finish_writing()?;
         let dirty = self.state.take_dirty();
@@ -156,6 +212,15 @@ impl Engine {
             batch,
             payloads: dirty.payloads,
         })
+    }
+
+    /// [`Engine::prepare`] for an owner that writes behind: waits until the previous batch
+    /// is written, drops from memory what that one made cold (not what changed since:
+    /// [`State::evict_written`]), then prepares what changed.
+    pub fn prepare_next(&mut self) -> Result<Pending, ksched_store::Error> {
+        self.finish_writing()?;
+        self.state.evict_written();
+        self.prepare()
     }
 
     /// The second half: writes a prepared batch with `watermark`.
@@ -180,35 +245,82 @@ impl Engine {
         self.since_checkpoint = 0;
     }
 
-    /// A replay's checkpoint, written on a thread of its own while the replay folds on.
-    /// Waits until the previous one is written, drops from memory what that one made cold
-    /// (not what changed since: [`State::evict_written`]), then hands what changed to a
-    /// writing thread with `watermark`. The next checkpoint, [`Engine::prepare`] and
-    /// [`Engine::finish_writing`] wait for it; an error writing it is theirs.
-    ///
-    /// What the fold reads meanwhile is right: a record in the batch being written is still
-    /// in memory, and one evicted earlier is in the store.
+    /// A replay's checkpoint, written behind while the replay folds on. Waits until the
+    /// previous one is written, drops from memory what that one made cold (not what changed
+    /// since: [`State::evict_written`]), then hands what changed to the writing thread with
+    /// `watermark` ([`Engine::write_behind`]).
     pub fn checkpoint_behind(&mut self, watermark: Option<i64>) -> Result<()> {
-        self.finish_writing()?;
-        self.state.evict_written();
-        let pending = self.prepare()?;
-        let store = self.store.clone();
-        let writing = std::thread::Builder::new()
-            .name("ksched-checkpoint".into())
-            .spawn(move || store.write(pending.batch, watermark))
-            .map_err(crate::error::io("starting a checkpoint writing thread"))?;
-        self.writing = Some(writing);
+        let pending = self.prepare_next()?;
+        self.write_behind(pending, watermark, || {})?;
         self.since_checkpoint = 0;
         Ok(())
+    }
+
+    /// Writes a prepared batch with `watermark` on the engine's writing thread, then runs
+    /// `then` there; returns at once. The next [`Engine::prepare`] and
+    /// [`Engine::finish_writing`] wait for it (an error writing it is theirs), and so does
+    /// dropping the engine: a write never lands after its engine is gone.
+    ///
+    /// What is decided or folded meanwhile reads right: a record in the batch being written
+    /// stays in memory until [`Engine::evict_written`] after it is written, one evicted
+    /// earlier is in the store, and the batch's payloads are at
+    /// [`Engine::payload_being_written`].
+    pub fn write_behind(
+        &mut self,
+        pending: Pending,
+        watermark: Option<i64>,
+        then: impl FnOnce() + Send + 'static,
+    ) -> Result<()> {
+        self.finish_writing()?;
+        if self.writer.is_none() {
+            self.writer = Some(Writer::start(self.writer_cpu.clone())?);
+        }
+        let (tx, done) = std::sync::mpsc::sync_channel(1);
+        let store = self.store.clone();
+        let batch = pending.batch;
+        let job: WriteJob = Box::new(move || {
+            let written = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                let written = store.write(batch, watermark);
+                if written.is_ok() {
+                    then();
+                }
+                written
+            }));
+            let _ = tx.send(written);
+        });
+        let sent = self
+            .writer
+            .as_ref()
+            .is_some_and(|w| w.jobs.send(job).is_ok());
+        if !sent {
+            self.writer = None;
+            return Err(crate::error::Error::Invariant(
+                "the projection's writing thread is gone",
+            ));
+        }
+        self.writing = Some(Writing {
+            done,
+            payloads: pending.payloads,
+        });
+        Ok(())
+    }
+
+    /// A payload accepted in the batch being written behind, until it is written.
+    pub fn payload_being_written(&self, job_id: &str) -> Option<&Vec<u8>> {
+        self.writing.as_ref()?.payloads.get(job_id)
     }
 
     /// Waits for a checkpoint being written behind, if there is one.
     pub fn finish_writing(&mut self) -> Result<(), ksched_store::Error> {
         match self.writing.take() {
             None => Ok(()),
-            Some(writing) => writing
-                .join()
-                .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+            Some(writing) => match writing.done.recv() {
+                Ok(Ok(written)) => written,
+                Ok(Err(panic)) => std::panic::resume_unwind(panic),
+                // The writing thread runs every job it is handed and answers each: it cannot
+                // end with one unanswered.
+                Err(_) => unreachable!("the projection's writing thread ended before its write"),
+            },
         }
     }
 
@@ -218,6 +330,27 @@ impl Engine {
         self.state = self.store.load_state()?;
         self.since_checkpoint = 0;
         Ok(())
+    }
+}
+
+impl Drop for Engine {
+    /// Waits for a write behind: the next engine on the same store (the supervisor's restart)
+    /// must not load it while a batch of this one still lands.
+    fn drop(&mut self) {
+        // Not `finish_writing`: a panic raised again here could be a second one.
+        let Some(writing) = self.writing.take() else {
+            return;
+        };
+        match writing.done.recv() {
+            Ok(Ok(Ok(()))) | Err(_) => {}
+            Ok(Ok(Err(e))) => tracing::warn!(
+                error = %e,
+                "the last projection write behind failed; the next start applies the journal from the watermark before it"
+            ),
+            Ok(Err(_)) => tracing::warn!(
+                "the last projection write behind panicked; the next start applies the journal from the watermark before it"
+            ),
+        }
     }
 }
 
@@ -340,6 +473,77 @@ mod tests {
             }
         }
         entries
+    }
+
+    /// A batch written behind: its payloads are readable until it is written, the next
+    /// prepare waits for it, and an engine dropped meanwhile waits for it too, so a write
+    /// never lands after its engine is gone (the supervisor's next engine loads the store).
+    #[test]
+    fn a_batch_written_behind_is_readable_and_waited_for() {
+        let dir = Scratch::new("write-behind");
+        let entries = decided_history(&Scratch::new("write-behind-live"));
+        let mut engine = Engine::open(dir.store()).expect("the store opens");
+        for entry in &entries[..2] {
+            engine.fold(entry).expect("folds");
+        }
+        let mut r = JobRequest {
+            job_id: "with-payload".into(),
+            topic: "job.default".into(),
+            tenant_id: "acme".into(),
+            submitted_at: 1_700_000_000_001,
+            ..Default::default()
+        };
+        r.payload = b"the payload".to_vec();
+        let cause = Cause {
+            topic: "in".into(),
+            partition: 0,
+            offset: 2,
+        };
+        engine
+            .decide(
+                &Ctx { policy: &AllowAll },
+                cause,
+                r.submitted_at,
+                Input::Submit(r),
+            )
+            .expect("decides");
+        let pending = engine.prepare_next().expect("prepares");
+        // The writing thread holds the write's end until the test lets it go.
+        let (release, held) = std::sync::mpsc::channel::<()>();
+        engine
+            .write_behind(pending, Some(2), move || {
+                let _ = held.recv();
+            })
+            .expect("hands the batch over");
+        assert_eq!(
+            engine
+                .payload_being_written("with-payload")
+                .map(Vec::as_slice),
+            Some(&b"the payload"[..]),
+            "the payload is readable while its batch is written"
+        );
+        let store = engine.store().clone();
+        let (dropped_tx, dropped) = std::sync::mpsc::channel();
+        let dropping = std::thread::spawn(move || {
+            drop(engine);
+            let _ = dropped_tx.send(());
+        });
+        assert!(
+            dropped
+                .recv_timeout(std::time::Duration::from_millis(300))
+                .is_err(),
+            "the engine was dropped while its write had not ended"
+        );
+        release.send(()).expect("the writing thread waits");
+        dropped
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("the engine is dropped once its write ended");
+        dropping.join().expect("the dropping thread ends");
+        assert_eq!(store.watermark().expect("reads"), Some(2));
+        assert_eq!(
+            store.payload("with-payload").expect("reads").as_deref(),
+            Some(&b"the payload"[..])
+        );
     }
 
     /// Folding with checkpoints written behind gives the projection the deciding engine

@@ -291,7 +291,7 @@ impl Metrics {
                 &r,
                 Counter::new(
                     PROCESSOR_CPU,
-                    "CPU time of the processor's threads: the deciding thread (decoding, deciding, encoding, RocksDB writes) and its transaction thread (offsets, delivery reports, commits); not librdkafka's own threads. From each thread's CPU clock.",
+                    "CPU time of the processor's threads: the deciding thread (decoding, deciding, encoding), its transaction thread (offsets, commits), the threads that serve its producers' delivery reports and the thread that writes its projection to RocksDB; not librdkafka's own threads. From each thread's CPU clock.",
                 )
                 .unwrap_or_else(|e| unreachable!("{e}")),
             ),
@@ -513,6 +513,27 @@ pub fn add_thread_cpu(counter: &Counter, last: &mut Option<f64>) {
     if let Some(before) = last.replace(now) {
         counter.inc_by((now - before).max(0.0));
     }
+}
+
+/// Starts a thread of the processor named `name` that runs `step` until it returns false,
+/// its CPU time counted in `cpu` after every step.
+pub(crate) fn spawn_counted(
+    name: &str,
+    what: &str,
+    cpu: Counter,
+    mut step: impl FnMut() -> bool + Send + 'static,
+) -> crate::error::Result<()> {
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            let mut last = None;
+            add_thread_cpu(&cpu, &mut last);
+            while step() {
+                add_thread_cpu(&cpu, &mut last);
+            }
+        })
+        .map_err(crate::error::io(format!("starting {what}")))?;
+    Ok(())
 }
 
 #[cfg(test)]

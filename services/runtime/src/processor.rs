@@ -42,7 +42,7 @@ use crate::inputs::{
     InputRecord, ReadThrough, Taken, Unreadable, set_aside, skips_records, take, unreadable_input,
 };
 use crate::job_trace::{JobSpans, Traced};
-use crate::metrics::{RecordCounters, add_thread_cpu};
+use crate::metrics::{RecordCounters, spawn_counted};
 use crate::positions::{self, Positions};
 use crate::replay::{Flow, Replayer, journal_watermarks, read_journal};
 use crate::settings::{Config, Settings};
@@ -499,7 +499,8 @@ impl Processor {
         }
         let fenced_ms = started.elapsed().as_millis() as u64;
         let caller = Caller::start(status.metrics.processor_cpu.clone())?;
-        let engine = Engine::open(store)?;
+        let mut engine = Engine::open(store)?;
+        engine.count_writer_cpu(status.metrics.processor_cpu.clone());
         let loaded_ms = started.elapsed().as_millis() as u64;
         let mut p = Processor {
             config,
@@ -1150,15 +1151,19 @@ impl Processor {
         Ok(())
     }
 
-    /// Ends the batch just decided: prepares its projection changes, opens its transaction
-    /// (if it was decided into the outbox) and hands the rest to the transaction thread:
-    /// send `offsets`, wait for every acknowledgement, commit. Nothing may be in flight.
-    /// [`Processor::settle`] waits for it and writes the projection.
+    /// Ends the batch just decided: prepares its projection changes (once the previous
+    /// batch's are written, and what they made cold is evicted), opens its transaction (if
+    /// it was decided into the outbox) and hands the rest to the transaction thread: send
+    /// `offsets`, wait for every acknowledgement, commit. Nothing may be in flight.
+    /// [`Processor::settle`] waits for it and has the projection written.
     fn end(&mut self, offsets: Option<TopicPartitionList>, batch: Batch) -> Result<()> {
         debug_assert!(self.in_flight.is_none());
         let phases = self.status.metrics.batch_phases.clone();
         let mut phase = Phase::start(&phases, "prepare");
-        let pending = self.engine.prepare().map_err(|e| self.store_error(e))?;
+        let pending = self
+            .engine
+            .prepare_next()
+            .map_err(|e| self.store_error(e))?;
         phase.next("send");
         let timeout = Duration::from_millis(self.config.settings.processor.transaction_timeout_ms);
         if !self.open {
@@ -1231,8 +1236,8 @@ impl Processor {
         }
     }
 
-    /// Waits for the batch in flight (if any) to commit, then writes its projection with the
-    /// journal watermark it reached and lets its inputs pass. On failure the transaction is
+    /// Waits for the batch in flight (if any) to commit, then has its projection written
+    /// with the journal watermark it reached and lets its inputs pass. On failure the transaction is
     /// aborted and the error returned: the in-memory state has moved ahead of what was
     /// committed (by this batch and the one decided since), so the caller must rebuild the
     /// processor from RocksDB and the journal, which the supervisor does.
@@ -1260,8 +1265,10 @@ impl Processor {
         self.settled(f, outcome, recovery)
     }
 
-    /// What follows the end of a transaction in flight: on success, its projection written
-    /// and its inputs let pass; on failure, the error (see [`Processor::settle`]).
+    /// What follows the end of a transaction in flight: on success, its projection handed to
+    /// the engine's writing thread (written while the next batch is decided: the next
+    /// [`Engine::prepare_next`] waits for it) and its inputs let pass; on failure, the error
+    /// (see [`Processor::settle`]).
     fn settled(
         &mut self,
         f: InFlight,
@@ -1281,13 +1288,10 @@ impl Processor {
         let phases = self.status.metrics.batch_phases.clone();
         let phase = Phase::start(&phases, "persist");
         let watermark = (last >= 0).then_some(last);
+        let status = self.status.clone();
         self.engine
-            .write(f.pending, watermark)
-            .map_err(|e| self.store_error(e))?;
-        // No batch is prepared and unwritten now (the next one is prepared after this): what
-        // is cold may leave memory, but for what the batch decided since changed.
-        self.engine.evict_written();
-        self.written(watermark);
+            .write_behind(f.pending, watermark, move || written(&status, watermark))?;
+        self.check_size();
         phase.end();
         for rec in &f.batch.inputs {
             recovery.passed(rec);
@@ -1312,6 +1316,9 @@ impl Processor {
     /// decided and not yet written can the state forget what the store holds.
     fn drain(&mut self, recovery: &mut Recovery) -> Result<()> {
         self.settle(recovery)?;
+        self.engine
+            .finish_writing()
+            .map_err(|e| self.store_error(e))?;
         if self.outbox.is_empty() {
             self.engine.evict();
         }
@@ -1386,15 +1393,8 @@ impl Processor {
         producer.abort_transaction(left)
     }
 
-    /// Status and metrics after a batch's projection was written.
-    fn written(&mut self, watermark: Option<i64>) {
-        if let Some(w) = watermark {
-            self.status.watermark.store(w, Ordering::Relaxed);
-            self.status.metrics.watermark.set(w);
-        }
-        self.status
-            .last_commit_ms
-            .store(wall_clock_ms(), Ordering::Relaxed);
+    /// The store's size, now and then.
+    fn check_size(&mut self) {
         if self.last_size_check.elapsed() > Duration::from_secs(10) {
             self.last_size_check = Instant::now();
             self.status
@@ -1572,6 +1572,7 @@ impl Processor {
             .as_ref()
             .and_then(|d| d.payloads.get(job_id))
             .or_else(|| self.in_flight.as_ref()?.pending.payload(job_id))
+            .or_else(|| self.engine.payload_being_written(job_id))
         {
             return Ok(p.clone());
         }
@@ -1587,6 +1588,17 @@ impl Processor {
     pub fn state(&self) -> &State {
         self.engine.state()
     }
+}
+
+/// Status and metrics once a batch's projection is written (on the engine's writing thread).
+fn written(status: &Status, watermark: Option<i64>) {
+    if let Some(w) = watermark {
+        status.watermark.store(w, Ordering::Relaxed);
+        status.metrics.watermark.set(w);
+    }
+    status
+        .last_commit_ms
+        .store(wall_clock_ms(), Ordering::Relaxed);
 }
 
 /// `linger.ms` of the processor's transactional producers, unless the client properties set
@@ -1713,27 +1725,6 @@ fn serve_deliveries_behind(producer: &Arc<BaseProducer<Delivery>>, cpu: Counter)
     spawn_counted("ksched-acks", "a delivery report thread", cpu, move || {
         producer.upgrade().map(|p| p.poll(DELIVERY_POLL)).is_some()
     })
-}
-
-/// Starts a thread of the processor named `name` that runs `step` until it returns false,
-/// its CPU time counted in `cpu` after every step.
-fn spawn_counted(
-    name: &str,
-    what: &str,
-    cpu: Counter,
-    mut step: impl FnMut() -> bool + Send + 'static,
-) -> Result<()> {
-    std::thread::Builder::new()
-        .name(name.into())
-        .spawn(move || {
-            let mut last = None;
-            add_thread_cpu(&cpu, &mut last);
-            while step() {
-                add_thread_cpu(&cpu, &mut last);
-            }
-        })
-        .map_err(crate::error::io(format!("starting {what}")))?;
-    Ok(())
 }
 
 /// Encodes a record the processor writes; a value that does not encode is refused like a

@@ -157,9 +157,10 @@ pub(super) struct Saturation {
 }
 
 /// The phases of a batch, as the processor times them: on the processor thread decide,
-/// wait (for the previous batch to commit), prepare (encode the projection changes), send
-/// and persist (write them); on the transaction thread, overlapping the next batch's
-/// decide when pipelined, offsets, deliveries and commit.
+/// wait (for the previous batch to commit), prepare (wait for the previous batch's
+/// projection write, evict, encode this batch's changes), send and persist (hand them to the
+/// writing thread); on the transaction thread, overlapping the next batch's decide when
+/// pipelined, offsets, deliveries and commit.
 pub(super) const PHASES: [&str; 8] = [
     "decide",
     "wait",
