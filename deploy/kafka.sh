@@ -45,7 +45,10 @@
 #   KAFKA_VERSION            Apache Kafka version from Maven Central [4.1.1]
 #   KAFKA_HEAP_OPTS          JVM heap per node [-Xms256m -Xmx1g]; every node logs its
 #                            garbage collections (pauses and their lengths) to
-#                            <logs>/gc.log, so that a latency spike can be matched to one
+#                            <logs>/gc.log, so that a latency spike can be matched to
+#                            a pause
+#   KAFKA_GC_OPTS            JVM garbage collector per node
+#                            [-XX:+UseG1GC -XX:MaxGCPauseMillis=20]
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -335,7 +338,7 @@ launch() {
   rm -f "$logs/server.log"
   say "starting node ${node_id} (Apache Kafka ${version}) on 127.0.0.1:${port}"
   # shellcheck disable=SC2086
-  nohup java ${KAFKA_HEAP_OPTS:--Xms256m -Xmx1g} -XX:+UseG1GC -XX:MaxGCPauseMillis=20 \
+  nohup java ${KAFKA_HEAP_OPTS:--Xms256m -Xmx1g} ${KAFKA_GC_OPTS:--XX:+UseG1GC -XX:MaxGCPauseMillis=20} \
     -Xlog:gc:file="$logs/gc.log":time,uptime:filecount=5,filesize=20M \
     -Djava.awt.headless=true \
     -Dlog4j2.configurationFile="$here/kafka/log4j2.properties" \
