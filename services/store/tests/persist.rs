@@ -238,10 +238,8 @@ fn pruning_deletes_in_bounded_chunks_and_finishes_over_later_writes() {
     let (s, dirty) = keyed_state(n, 1_000);
     store.persist(&s, dirty, Some(0)).unwrap();
     let empty = State::tracking_changes();
-    let prune = ksched_core::state::Dirty {
-        idempotency_pruned_before: Some(5_000),
-        ..Default::default()
-    };
+    let mut prune = ksched_core::state::Dirty::default();
+    prune.idempotency_pruned_before = Some(5_000);
     store.persist(&empty, prune, Some(1)).unwrap();
     let left = (0..n)
         .filter(|i| {

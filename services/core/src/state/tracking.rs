@@ -7,7 +7,7 @@ use crate::records::{DeadLetter, Millis};
 use super::{HistoryLine, State};
 
 /// Keys changed since the runtime last persisted, so it writes only those.
-#[derive(Debug, Clone, PartialEq, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct Dirty {
     pub jobs: BTreeSet<String>,
     pub workers: BTreeSet<String>,
@@ -21,6 +21,10 @@ pub struct Dirty {
     pub history: Vec<HistoryLine>,
     /// Payloads of jobs accepted since the last persist (job_id -> payload).
     pub payloads: BTreeMap<String, Vec<u8>>,
+    /// The job [`State::mark_job`] marked last, which is in `jobs`: a job is marked again
+    /// and again as its events apply (each event's update and history line), and comparing
+    /// its id with this one is cheaper than looking it up in `jobs`.
+    last_job: Option<String>,
 }
 
 impl State {
@@ -29,12 +33,23 @@ impl State {
     }
 
     pub fn mark_job(&mut self, id: &str) {
+        let Some(d) = self.dirty.as_mut() else {
+            return;
+        };
+        if d.last_job.as_deref() == Some(id) {
+            return;
+        }
         // Looked up first: a job is marked several times per entry, and the key is copied
         // only the first time.
-        if let Some(d) = self.dirty.as_mut()
-            && !d.jobs.contains(id)
-        {
+        if !d.jobs.contains(id) {
             d.jobs.insert(id.to_owned());
+        }
+        match &mut d.last_job {
+            Some(last) => {
+                last.clear();
+                last.push_str(id);
+            }
+            None => d.last_job = Some(id.to_owned()),
         }
     }
 
@@ -54,5 +69,40 @@ impl State {
         if let Some(d) = self.dirty.as_mut() {
             d.sagas.insert(id.to_owned());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_job_marked_again_after_a_checkpoint_is_marked_in_the_next_one() {
+        let mut state = State::tracking_changes();
+        state.mark_job("a");
+        state.mark_job("b");
+        state.mark_job("b");
+        let first = state.take_dirty();
+        assert_eq!(first.jobs, BTreeSet::from(["a".to_owned(), "b".to_owned()]));
+        // "b" was the last marked before the checkpoint took the set: the next set must
+        // still get it.
+        state.mark_job("b");
+        state.mark_job("a");
+        state.mark_job("a");
+        let second = state.take_dirty();
+        assert_eq!(
+            second.jobs,
+            BTreeSet::from(["a".to_owned(), "b".to_owned()])
+        );
+        // A set put back (as eviction does) keeps what it holds.
+        state.mark_job("c");
+        let third = state.take_dirty();
+        state.dirty = Some(third);
+        state.mark_job("c");
+        state.mark_job("d");
+        assert_eq!(
+            state.take_dirty().jobs,
+            BTreeSet::from(["c".to_owned(), "d".to_owned()])
+        );
     }
 }
