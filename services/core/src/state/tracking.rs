@@ -44,13 +44,9 @@ impl State {
         if !d.jobs.contains(id) {
             d.jobs.insert(id.to_owned());
         }
-        match &mut d.last_job {
-            Some(last) => {
-                last.clear();
-                last.push_str(id);
-            }
-            None => d.last_job = Some(id.to_owned()),
-        }
+        let last = d.last_job.get_or_insert_with(String::new);
+        last.clear();
+        last.push_str(id);
     }
 
     pub fn mark_worker(&mut self, id: &str) {
