@@ -41,7 +41,7 @@ fn submit_dispatch_start_succeed() {
     assert_eq!(j.state, JobState::Succeeded);
     assert_eq!(j.attempt, 1);
     let lines = sim.history("j1");
-    let history: Vec<&str> = lines.iter().map(|h| h.event.as_str()).collect();
+    let history: Vec<&str> = lines.iter().map(|h| h.event.as_ref()).collect();
     assert_eq!(
         history,
         [

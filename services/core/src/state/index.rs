@@ -7,9 +7,7 @@ use crate::events::JobState;
 use crate::records::Millis;
 use crate::rules::Timing;
 
-use super::{
-    HISTORY_MAX, HistoryItem, HistoryLine, Job, QueueKey, State, Timer, TimerKind, Worker,
-};
+use super::{HISTORY_MAX, HistoryLine, Job, QueueKey, State, Timer, TimerKind, Worker};
 
 /// The timers one job can have at once: a deadline and at most two of its state's.
 const MAX_TIMERS: usize = 3;
@@ -250,6 +248,17 @@ impl State {
     /// Changes a job and keeps every index that derives from it in step: the job is looked
     /// up once, and only the index entries that differ are moved.
     pub(crate) fn update_job<R>(&mut self, id: &str, f: impl FnOnce(&mut Job) -> R) -> Option<R> {
+        self.update_job_logged(id, None, f)
+    }
+
+    /// [`State::update_job`], then `line` appended to the job's history as
+    /// [`State::write_history`] does, with the same lookup (most events do both).
+    pub(crate) fn update_job_logged<R>(
+        &mut self,
+        id: &str,
+        line: Option<(Millis, &'static str, String)>,
+        f: impl FnOnce(&mut Job) -> R,
+    ) -> Option<R> {
         let (jobs, mut ix, timing, floor) = self.split();
         let job = jobs.get_mut(id)?;
         let before_state = job.state;
@@ -269,6 +278,12 @@ impl State {
             ix.change(id, job, &before, &after);
         }
         let after_state = job.state;
+        if let Some((at, event, detail)) = line {
+            let seq = next_history_seq(job, event);
+            if let Some(d) = self.dirty.as_mut() {
+                d.history.push(HistoryLine::new(id, seq, at, event, detail));
+            }
+        }
         self.mark_job(id);
         if after_state != before_state {
             self.count_state(before_state, -1);
@@ -289,32 +304,20 @@ impl State {
     /// with the dirty keys; the job keeps only counters. A run of progress keeps its latest
     /// line; past [`HISTORY_MAX`] lines, the last slot keeps the latest and the others
     /// between are counted as omitted (the journal has every event: `ksched audit job`).
-    pub(crate) fn write_history(&mut self, id: &str, at: Millis, event: &str, detail: String) {
+    pub(crate) fn write_history(
+        &mut self,
+        id: &str,
+        at: Millis,
+        event: &'static str,
+        detail: String,
+    ) {
         let Some(job) = self.jobs.get_mut(id) else {
             return;
         };
-        let progress = event == "JobProgressed";
-        let seq = if progress && job.history_progress && job.history_lines > 0 {
-            job.history_lines - 1
-        } else if job.history_lines >= HISTORY_MAX {
-            job.history_omitted = job.history_omitted.saturating_add(1);
-            HISTORY_MAX - 1
-        } else {
-            job.history_lines += 1;
-            job.history_lines - 1
-        };
-        job.history_progress = progress;
+        let seq = next_history_seq(job, event);
         self.mark_job(id);
         if let Some(d) = self.dirty.as_mut() {
-            d.history.push(HistoryLine {
-                job_id: id.to_owned(),
-                seq,
-                item: HistoryItem {
-                    at,
-                    event: event.to_owned(),
-                    detail,
-                },
-            });
+            d.history.push(HistoryLine::new(id, seq, at, event, detail));
         }
     }
 
@@ -351,7 +354,15 @@ impl State {
         }
     }
 
-    pub(crate) fn insert_job(&mut self, id: String, job: Job) {
+    /// Adds a job (replacing one with the same id), with `line` as its first history line
+    /// ([`State::write_history`]). The job is indexed before it goes into the map (the
+    /// indexes read only the record), so a new job costs one lookup in the map.
+    pub(crate) fn insert_job(
+        &mut self,
+        id: String,
+        mut job: Job,
+        line: Option<(Millis, &'static str, String)>,
+    ) {
         if let Some(old) = self.jobs.get(&id).map(|j| j.state) {
             self.unindex_job(&id);
             self.count_state(old, -1);
@@ -360,9 +371,18 @@ impl State {
         if job.state.is_terminal() {
             self.cold.insert(id.clone());
         }
-        self.jobs.insert(id.clone(), Box::new(job));
-        self.index_job(&id);
+        if let Some((at, event, detail)) = line {
+            let seq = next_history_seq(&mut job, event);
+            if let Some(d) = self.dirty.as_mut() {
+                d.history
+                    .push(HistoryLine::new(&id, seq, at, event, detail));
+            }
+        }
         self.mark_job(&id);
+        let (jobs, mut ix, timing, floor) = self.split();
+        let entries = Entries::of(&id, &job, timing, floor, ix.workers);
+        ix.change(&id, &job, &Entries::none(), &entries);
+        jobs.insert(id, Box::new(job));
     }
 
     pub(crate) fn index_job(&mut self, id: &str) {
@@ -464,6 +484,23 @@ impl State {
         }
         problems
     }
+}
+
+/// The number of the history line `event` writes for `job`, counted in the job (see
+/// [`State::write_history`]).
+fn next_history_seq(job: &mut Job, event: &str) -> u32 {
+    let progress = event == "JobProgressed";
+    let seq = if progress && job.history_progress && job.history_lines > 0 {
+        job.history_lines - 1
+    } else if job.history_lines >= HISTORY_MAX {
+        job.history_omitted = job.history_omitted.saturating_add(1);
+        HISTORY_MAX - 1
+    } else {
+        job.history_lines += 1;
+        job.history_lines - 1
+    };
+    job.history_progress = progress;
+    seq
 }
 
 fn decrement(counts: &mut BTreeMap<String, i64>, key: &str) {

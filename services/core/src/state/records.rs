@@ -1,6 +1,7 @@
 //! The records the projection holds: jobs, workers, breakers, sagas, idempotency keys,
 //! queue keys and timers.
 
+use std::borrow::Cow;
 use std::collections::{BTreeSet, VecDeque};
 
 use serde::{Deserialize, Serialize};
@@ -20,7 +21,9 @@ pub struct ActiveConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct HistoryItem {
     pub at: Millis,
-    pub event: String,
+    /// The event's name: borrowed when the line is written (no copy per event), owned when
+    /// it is read back.
+    pub event: Cow<'static, str>,
     pub detail: String,
 }
 
@@ -35,6 +38,26 @@ pub struct HistoryLine {
     pub job_id: String,
     pub seq: u32,
     pub item: HistoryItem,
+}
+
+impl HistoryLine {
+    pub(crate) fn new(
+        job_id: &str,
+        seq: u32,
+        at: Millis,
+        event: &'static str,
+        detail: String,
+    ) -> HistoryLine {
+        HistoryLine {
+            job_id: job_id.to_owned(),
+            seq,
+            item: HistoryItem {
+                at,
+                event: Cow::Borrowed(event),
+                detail,
+            },
+        }
+    }
 }
 
 /// A job as the scheduler knows it. Its payload and history are not held here: the payload

@@ -28,8 +28,17 @@ pub struct Dirty {
 }
 
 impl State {
+    /// The keys changed since the last call. The next set's history starts with room for
+    /// as many lines as this one had: a replay's checkpoint holds tens of thousands, and
+    /// growing the list to that size again, by doubling, was a few per cent of a replay.
     pub fn take_dirty(&mut self) -> Dirty {
-        self.dirty.as_mut().map(std::mem::take).unwrap_or_default()
+        let Some(d) = self.dirty.as_mut() else {
+            return Dirty::default();
+        };
+        let lines = d.history.len();
+        let taken = std::mem::take(d);
+        d.history.reserve(lines);
+        taken
     }
 
     pub fn mark_job(&mut self, id: &str) {

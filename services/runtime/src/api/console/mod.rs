@@ -645,7 +645,7 @@ async fn job(
         .unwrap_or_default();
     let points: Vec<(i64, String, String)> = history
         .iter()
-        .map(|h| (h.at, h.event.clone(), h.detail.clone()))
+        .map(|h| (h.at, h.event.to_string(), h.detail.clone()))
         .collect();
     let rows: Vec<Vec<String>> = history
         .iter()
