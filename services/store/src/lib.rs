@@ -138,6 +138,9 @@ impl std::fmt::Debug for Prepared {
 pub struct Store {
     db: Arc<DB>,
     partition: u16,
+    /// Whether writes go through the write-ahead log (all but a rebuild's store:
+    /// [`Store::open_for_rebuild`]).
+    logged: bool,
 }
 
 impl std::fmt::Debug for Store {
@@ -200,11 +203,26 @@ fn decode<T: DeserializeOwned>(what: &str, bytes: &[u8]) -> Result<T> {
 impl Store {
     /// Opens (or creates) the store at `path` for journal partition `partition`.
     pub fn open(path: &Path, partition: u16) -> Result<Store> {
+        Store::open_with(path, partition, true)
+    }
+
+    /// [`Store::open`] for a projection rebuilt from the journal into a new directory
+    /// (`audit rebuild`, `audit at`, `audit verify`'s scratch store): its writes skip the
+    /// write-ahead log, and its column families are flushed together (RocksDB's atomic
+    /// flush), so what reaches the disk is always whole checkpoints, each with its
+    /// watermark. A rebuild that dies leaves its last flushed checkpoint; one that finishes
+    /// calls [`Store::flush`]. A live processor's store keeps the log.
+    pub fn open_for_rebuild(path: &Path, partition: u16) -> Result<Store> {
+        Store::open_with(path, partition, false)
+    }
+
+    fn open_with(path: &Path, partition: u16, logged: bool) -> Result<Store> {
         let mut opts = Options::default();
         opts.create_if_missing(true);
         opts.create_missing_column_families(true);
         opts.set_compression_type(rocksdb::DBCompressionType::Lz4);
         opts.increase_parallelism(2);
+        opts.set_atomic_flush(!logged);
         let db = DB::open_cf_descriptors(&opts, path, column_families()).map_err(|source| {
             Error::Open {
                 path: path.display().to_string(),
@@ -214,6 +232,7 @@ impl Store {
         let store = Store {
             db: Arc::new(db),
             partition,
+            logged,
         };
         match store.get_meta::<u32>(META_FORMAT)? {
             None => store.db.put_cf(
@@ -273,6 +292,7 @@ impl Store {
         let store = Store {
             db: Arc::new(db),
             partition,
+            logged: true,
         };
         match store.get_meta::<u32>(META_FORMAT)? {
             Some(FORMAT_VERSION) => Ok(store),
@@ -318,6 +338,7 @@ impl Store {
         Store {
             db: self.db.clone(),
             partition,
+            logged: self.logged,
         }
     }
 
@@ -570,7 +591,13 @@ impl Store {
         if let Some(w) = watermark {
             b.put_cf(self.cf(CF_META), self.key(META_WATERMARK), encode(&w));
         }
-        self.db.write(b)?;
+        if self.logged {
+            self.db.write(b)?;
+        } else {
+            let mut unlogged = rocksdb::WriteOptions::default();
+            unlogged.disable_wal(true);
+            self.db.write_opt(b, &unlogged)?;
+        }
         Ok(())
     }
 
@@ -725,8 +752,15 @@ impl Store {
 
     /// Flushes memtables to disk (shutdown).
     pub fn flush(&self) -> Result<()> {
-        for cf in CFS {
-            self.db.flush_cf(self.cf(cf))?;
+        if self.logged {
+            for cf in CFS {
+                self.db.flush_cf(self.cf(cf))?;
+            }
+        } else {
+            // Together: a store without the log has only what its flushes wrote.
+            let cfs: Vec<_> = CFS.iter().map(|cf| self.cf(cf)).collect();
+            self.db
+                .flush_cfs_opt(&cfs, &rocksdb::FlushOptions::default())?;
         }
         Ok(())
     }

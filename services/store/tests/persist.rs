@@ -314,3 +314,45 @@ fn a_store_of_another_format_is_moved_aside_and_rebuilt() {
     let aside = aside.expect("moved");
     assert!(aside.ends_with("data.format-1") && aside.exists());
 }
+
+/// Bytes in the store's write-ahead log files.
+fn logged_bytes(dir: &std::path::Path) -> u64 {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap())
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".log"))
+        .map(|e| e.metadata().unwrap().len())
+        .sum()
+}
+
+#[test]
+fn a_rebuilds_store_writes_no_log_and_keeps_what_it_flushed() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = Store::open_for_rebuild(dir.path(), 0).unwrap();
+        // (Opening writes the format version, through the log.)
+        let at_open = logged_bytes(dir.path());
+        let mut s = State::tracking_changes();
+        s.watermark = 123_456;
+        store.persist(&s, Default::default(), Some(41)).unwrap();
+        s.watermark = 123_999;
+        store.persist(&s, Default::default(), Some(42)).unwrap();
+        assert_eq!(
+            logged_bytes(dir.path()),
+            at_open,
+            "checkpoints skip the log"
+        );
+        store.flush().unwrap();
+    }
+    let store = Store::open(dir.path(), 0).unwrap();
+    assert_eq!(store.watermark().unwrap(), Some(42));
+    assert_eq!(store.load_state().unwrap().watermark, 123_999);
+    // A live store's checkpoints go through the log.
+    let live = tempfile::tempdir().unwrap();
+    let store = Store::open(live.path(), 0).unwrap();
+    let at_open = logged_bytes(live.path());
+    store
+        .persist(&State::tracking_changes(), Default::default(), Some(1))
+        .unwrap();
+    assert!(logged_bytes(live.path()) > at_open);
+}

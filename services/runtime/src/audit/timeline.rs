@@ -129,7 +129,7 @@ pub fn replay_until(
     into: &Path,
     until: Until,
 ) -> Result<(Store, Option<(i64, i64)>)> {
-    let store = Store::open(into, partition_u16(src.partition)?)?;
+    let store = Store::open_for_rebuild(into, partition_u16(src.partition)?)?;
     let mut engine = Engine::open(store)?;
     let mut r = Replayer::new(&mut engine);
     let mut last = None;
@@ -146,5 +146,8 @@ pub fn replay_until(
         Ok(Flow::Continue)
     })?;
     r.persist()?;
-    Ok((engine.into_store()?, last))
+    let store = engine.into_store()?;
+    // The store keeps no write-ahead log: on disk once flushed ([`Store::open_for_rebuild`]).
+    store.flush()?;
+    Ok((store, last))
 }

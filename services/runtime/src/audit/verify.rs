@@ -71,7 +71,7 @@ pub fn verify(
     policy: &RegoEngine,
     progress: impl FnMut(&Progress),
 ) -> Result<VerifyReport> {
-    let store = Store::open(scratch, partition_u16(src.partition)?)?;
+    let store = Store::open_for_rebuild(scratch, partition_u16(src.partition)?)?;
     let mut reporting = Reporting::start(src, progress)?;
     let mut engine = Engine::open(store)?;
     let mut since_persist: Vec<JournalEntry> = Vec::new();
