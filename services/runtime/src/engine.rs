@@ -206,8 +206,8 @@ impl Engine {
     /// Waits first for a checkpoint being written behind.
     pub fn prepare(&mut self) -> Result<Pending, ksched_store::Error> {
         self.finish_writing()?;
-        let dirty = self.state.take_dirty();
-        let batch = self.store.prepare(&self.state, &dirty)?;
+        let mut dirty = self.state.take_dirty();
+        let batch = self.store.prepare(&self.state, &mut dirty)?;
         Ok(Pending {
             batch,
             payloads: dirty.payloads,

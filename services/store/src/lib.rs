@@ -24,8 +24,8 @@ use ksched_core::events::Reconfigure;
 use ksched_core::records::{DeadLetter, Millis};
 use ksched_core::rules::Rules;
 use ksched_core::state::{
-    ActiveConfig, Breaker, ColdStore, Dirty, HistoryItem, IdempotencyEntry, Job, Saga, State,
-    Worker,
+    ActiveConfig, Breaker, ColdStore, Dirty, HistoryItem, HistoryLine, IdempotencyEntry, Job, Saga,
+    State, Worker,
 };
 use rocksdb::{
     ColumnFamily, ColumnFamilyDescriptor, DB, Direction, IteratorMode, Options, WriteBatch,
@@ -122,13 +122,20 @@ impl Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// A projection's changes, encoded, waiting to be written ([`Store::prepare`]).
-pub struct Prepared(WriteBatch);
+/// A projection's changes, waiting to be written ([`Store::prepare`]): the records read
+/// from the state, encoded, and the history lines, encoded by [`Store::write`] (they are
+/// already the batch's own, so the thread that writes encodes them, not the one that
+/// prepares).
+pub struct Prepared {
+    batch: WriteBatch,
+    history: Vec<HistoryLine>,
+}
 
 impl std::fmt::Debug for Prepared {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Prepared")
-            .field("records", &self.0.len())
+            .field("records", &self.batch.len())
+            .field("history_lines", &self.history.len())
             .finish()
     }
 }
@@ -453,15 +460,16 @@ impl Store {
     }
 
     /// Writes every changed record and the watermark in one batch (not synced: [`Store::write`]).
-    pub fn persist(&self, state: &State, dirty: Dirty, watermark: Option<i64>) -> Result<()> {
-        let batch = self.prepare(state, &dirty)?;
+    pub fn persist(&self, state: &State, mut dirty: Dirty, watermark: Option<i64>) -> Result<()> {
+        let batch = self.prepare(state, &mut dirty)?;
         self.write(batch, watermark)
     }
 
     /// The batch that [`Store::persist`] writes, without the watermark: every record
-    /// `dirty` names, as `state` holds it now. It reads counters and pruning progress from
-    /// the store, so a batch must be written before the next one is prepared.
-    pub fn prepare(&self, state: &State, dirty: &Dirty) -> Result<Prepared> {
+    /// `dirty` names, as `state` holds it now, and `dirty`'s history lines (taken from it).
+    /// It reads counters and pruning progress from the store, so a batch must be written
+    /// before the next one is prepared.
+    pub fn prepare(&self, state: &State, dirty: &mut Dirty) -> Result<Prepared> {
         let mut b = WriteBatch::default();
         // The batch copies what it is given, so one key and one value buffer serve every
         // record of the two busiest kinds (a replay's checkpoint holds tens of thousands).
@@ -522,12 +530,6 @@ impl Store {
                 );
             }
         }
-        for line in &dirty.history {
-            let seq = line.seq.to_be_bytes();
-            self.key_into(&mut key, &history_key(&line.job_id, &seq));
-            encode_into(&mut value, &line.item);
-            b.put_cf(self.cf(CF_HISTORY), &key, &value);
-        }
         for (id, payload) in &dirty.payloads {
             b.put_cf(self.cf(CF_PAYLOADS), self.key(id.as_bytes()), payload);
         }
@@ -574,7 +576,10 @@ impl Store {
             self.key(META_LIVENESS_FLOOR),
             encode(&state.liveness_floor),
         );
-        Ok(Prepared(b))
+        Ok(Prepared {
+            batch: b,
+            history: std::mem::take(&mut dirty.history),
+        })
     }
 
     /// Writes a prepared batch with `watermark` (the last journal offset it reflects), in one
@@ -587,7 +592,19 @@ impl Store {
     /// (docs/architecture.md, "Exactly once"). A synced write waited for the disk once per
     /// batch, on the deciding thread (docs/performance.md, thirteenth steps).
     pub fn write(&self, batch: Prepared, watermark: Option<i64>) -> Result<()> {
-        let mut b = batch.0;
+        let Prepared {
+            batch: mut b,
+            history,
+        } = batch;
+        // In order: a line may replace an earlier one with the same number.
+        let mut key = Vec::new();
+        let mut value = Vec::new();
+        for line in &history {
+            let seq = line.seq.to_be_bytes();
+            self.key_into(&mut key, &history_key(&line.job_id, &seq));
+            encode_into(&mut value, &line.item);
+            b.put_cf(self.cf(CF_HISTORY), &key, &value);
+        }
         if let Some(w) = watermark {
             b.put_cf(self.cf(CF_META), self.key(META_WATERMARK), encode(&w));
         }
