@@ -87,13 +87,16 @@ const CHUNKS_AHEAD: usize = 4;
 /// Returns the journal's (low, high) watermarks at the start.
 ///
 /// A thread of its own polls the journal and decodes the entries, a few chunks ahead of `f`
-/// (replays spend a fifth of their time decoding); `f` runs on the calling thread, in order.
+/// (replays spend a fifth of their time decoding); `f` runs on the calling thread, in order,
+/// and only borrows each record: the chunks go back to the reading thread, which frees them
+/// (memory freed by the thread that allocated it is freed cheaply; freeing the records on
+/// the calling thread was 7 % of a replay's folding thread) and refills them.
 pub fn read_journal(
     client: &ClientConfig,
     topic: &str,
     partition: i32,
     from: i64,
-    mut f: impl FnMut(JournalRecord) -> Result<Flow>,
+    mut f: impl FnMut(&JournalRecord) -> Result<Flow>,
 ) -> Result<(i64, i64)> {
     // read_committed: the high end is the last stable offset, past which nothing is read.
     let (low, high) = journal_watermarks(
@@ -111,28 +114,55 @@ pub fn read_journal(
         .set("max.partition.fetch.bytes", "10485760");
     std::thread::scope(|s| -> Result<()> {
         let (chunks, received) = std::sync::mpsc::sync_channel(CHUNKS_AHEAD);
+        let (spent, returned) = std::sync::mpsc::channel();
         std::thread::Builder::new()
             .name("ksched-journal-read".into())
             .spawn_scoped(s, || {
-                let chunks = chunks;
+                let chunks = Chunks {
+                    ready: chunks,
+                    returned,
+                };
                 if let Err(e) = read_chunks(&reader, topic, partition, start, high, &chunks) {
                     // The caller may have stopped already; then nobody wants the error.
-                    let _ = chunks.send(Err(e));
+                    let _ = chunks.ready.send(Err(e));
                 }
             })
             .map_err(crate::error::io("starting the journal reading thread"))?;
         // Ends when the reading thread is done (it drops its sender); returning early drops
         // the receiver, and the reading thread stops at its next hand-over.
         for chunk in received {
-            for rec in chunk? {
+            let chunk = chunk?;
+            for rec in &chunk {
                 if f(rec)? == Flow::Stop {
                     return Ok(());
                 }
             }
+            // Gone only if the reading thread is done.
+            let _ = spent.send(chunk);
         }
         Ok(())
     })?;
     Ok((low, high))
+}
+
+/// The reading thread's ends of its channels: chunks to the caller, and the chunks the
+/// caller is done with, back.
+struct Chunks {
+    ready: std::sync::mpsc::SyncSender<Result<Vec<JournalRecord>>>,
+    returned: std::sync::mpsc::Receiver<Vec<JournalRecord>>,
+}
+
+impl Chunks {
+    /// An empty chunk: one the caller gave back (its records freed here), or a new one.
+    fn empty(&self) -> Vec<JournalRecord> {
+        match self.returned.try_recv() {
+            Ok(mut chunk) => {
+                chunk.clear();
+                chunk
+            }
+            Err(_) => Vec::with_capacity(CHUNK_RECORDS),
+        }
+    }
 }
 
 /// The reading thread: polls `partition` from `start` up to `high` (exclusive), decodes each
@@ -143,10 +173,10 @@ fn read_chunks(
     partition: i32,
     start: i64,
     high: i64,
-    chunks: &std::sync::mpsc::SyncSender<Result<Vec<JournalRecord>>>,
+    chunks: &Chunks,
 ) -> Result<()> {
     let mut tail = PartitionTail::new(reader, topic, partition, start)?;
-    let mut chunk = Vec::with_capacity(CHUNK_RECORDS);
+    let mut chunk = chunks.empty();
     let mut bytes = 0;
     loop {
         // Short polls: at the end, only a transaction marker may be left, never delivered;
@@ -178,8 +208,8 @@ fn read_chunks(
         let full = chunk.len() >= CHUNK_RECORDS || bytes >= CHUNK_BYTES;
         if !chunk.is_empty() && (done || idle || full) {
             bytes = 0;
-            let ready = std::mem::replace(&mut chunk, Vec::with_capacity(CHUNK_RECORDS));
-            if chunks.send(Ok(ready)).is_err() {
+            let ready = std::mem::replace(&mut chunk, chunks.empty());
+            if chunks.ready.send(Ok(ready)).is_err() {
                 return Ok(());
             }
         }

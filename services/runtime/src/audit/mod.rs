@@ -39,7 +39,7 @@ pub struct Source {
 }
 
 impl Source {
-    fn read(&self, from: i64, f: impl FnMut(JournalRecord) -> Result<Flow>) -> Result<(i64, i64)> {
+    fn read(&self, from: i64, f: impl FnMut(&JournalRecord) -> Result<Flow>) -> Result<(i64, i64)> {
         read_journal(&self.client, &self.topic, self.partition, from, f)
     }
 

@@ -46,7 +46,7 @@ fn item(rec: &JournalRecord, job_id: &str) -> Option<TimelineItem> {
 pub fn timeline(src: &Source, job_id: &str) -> Result<Vec<TimelineItem>> {
     let mut out = Vec::new();
     src.read(0, |rec| {
-        out.extend(item(&rec, job_id));
+        out.extend(item(rec, job_id));
         Ok(Flow::Continue)
     })?;
     Ok(out)
@@ -77,7 +77,7 @@ pub fn job_window(
             cut = true;
             return Ok(Flow::Stop);
         }
-        out.extend(item(&rec, job_id));
+        out.extend(item(rec, job_id));
         Ok(Flow::Continue)
     })?;
     Ok((out, cut))
