@@ -1,8 +1,6 @@
 //! The partial state: what deciding on an input, or folding an entry, needs loaded from the
 //! store first, and what may leave memory after a checkpoint.
 
-use std::collections::BTreeSet;
-
 use crate::events::Input;
 
 use super::{IdempotencyEntry, Job, Saga, State};
@@ -154,16 +152,18 @@ impl State {
         let Some(dirty) = self.dirty.take() else {
             return self.evict_cold();
         };
-        let (kept, written): (BTreeSet<String>, BTreeSet<String>) = std::mem::take(&mut self.cold)
-            .into_iter()
-            .partition(|id| dirty.jobs.contains(id));
-        self.cold = kept;
-        for id in written {
-            if self.jobs.get(&id).is_some_and(|j| j.state.is_terminal()) {
+        // The ids come out in order, so the kept ones make a set without a search each
+        // (collected from a sorted list); a replay's checkpoint evicts thousands.
+        let mut kept = Vec::new();
+        for id in std::mem::take(&mut self.cold) {
+            if dirty.jobs.contains(&id) {
+                kept.push(id);
+            } else if self.jobs.get(&id).is_some_and(|j| j.state.is_terminal()) {
                 self.unindex_job(&id);
                 self.jobs.remove(&id);
             }
         }
+        self.cold = kept.into_iter().collect();
         self.idempotency
             .retain(|k, _| dirty.idempotency.contains(k));
         self.sagas
