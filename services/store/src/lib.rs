@@ -167,24 +167,36 @@ const BLOCK_CACHE_BYTES: usize = 128 * 1024 * 1024;
 /// index and data blocks. The memtables get a whole-key bloom filter too (2 % of their
 /// size): without it a miss searches the memtable's skip list, string comparisons that
 /// were most of a replay's RocksDB lookups.
-fn cf_options(cache: &rocksdb::Cache) -> Options {
+///
+/// Column families only ever read in key order ([`SCANNED_ONLY`]) get no filters: a filter
+/// answers point lookups only, and building one costs a hash per key written, at every
+/// memtable insert, flush and compaction (the history takes a write per event).
+fn cf_options(cache: &rocksdb::Cache, point_lookups: bool) -> Options {
     let mut table = rocksdb::BlockBasedOptions::default();
-    table.set_bloom_filter(10.0, false);
+    if point_lookups {
+        table.set_bloom_filter(10.0, false);
+    }
     table.set_block_cache(cache);
     table.set_cache_index_and_filter_blocks(true);
     let mut o = Options::default();
     o.set_compression_type(rocksdb::DBCompressionType::Lz4);
     o.set_block_based_table_factory(&table);
-    o.set_memtable_prefix_bloom_ratio(0.02);
-    o.set_memtable_whole_key_filtering(true);
+    if point_lookups {
+        o.set_memtable_prefix_bloom_ratio(0.02);
+        o.set_memtable_whole_key_filtering(true);
+    }
     o
 }
+
+/// Column families read only by iterating (a job's history, the active set loaded at start,
+/// the dead letters and idempotency keys by time), never by key.
+const SCANNED_ONLY: &[&str] = &[CF_ACTIVE, CF_IDEMPOTENCY_BY_TIME, CF_DLQ, CF_HISTORY];
 
 /// Every column family, sharing one block cache.
 fn column_families() -> Vec<ColumnFamilyDescriptor> {
     let cache = rocksdb::Cache::new_lru_cache(BLOCK_CACHE_BYTES);
     CFS.iter()
-        .map(|n| ColumnFamilyDescriptor::new(*n, cf_options(&cache)))
+        .map(|n| ColumnFamilyDescriptor::new(*n, cf_options(&cache, !SCANNED_ONLY.contains(n))))
         .collect()
 }
 
