@@ -131,6 +131,13 @@ pub struct Prepared {
     history: Vec<HistoryLine>,
 }
 
+impl Prepared {
+    /// The writes in the batch so far (its history lines are added when it is written).
+    pub fn records(&self) -> usize {
+        self.batch.len()
+    }
+}
+
 impl std::fmt::Debug for Prepared {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Prepared")
@@ -494,7 +501,13 @@ impl Store {
                     encode_into(&mut value, job);
                     b.put_cf(self.cf(CF_JOBS), &key, &value);
                     if job.state.is_terminal() {
-                        b.delete_cf(self.cf(CF_ACTIVE), &key);
+                        // A job accepted since the last set was taken was in no earlier
+                        // batch: it has no marker to delete (a replay's jobs mostly start
+                        // and end between two checkpoints; a delete is a tombstone to
+                        // write, flush and compact away).
+                        if dirty.since_clock.is_none_or(|c| job.accepted_at <= c) {
+                            b.delete_cf(self.cf(CF_ACTIVE), &key);
+                        }
                     } else {
                         b.put_cf(self.cf(CF_ACTIVE), &key, encode(&()));
                     }

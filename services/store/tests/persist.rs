@@ -356,3 +356,62 @@ fn a_rebuilds_store_writes_no_log_and_keeps_what_it_flushed() {
         .unwrap();
     assert!(logged_bytes(live.path()) > at_open);
 }
+
+#[test]
+fn a_job_accepted_and_ended_between_two_checkpoints_has_no_marker_to_delete() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), 0).unwrap();
+    let ctx = Ctx { policy: &AllowAll };
+    let all = inputs();
+    let mut state = State::tracking_changes();
+    let decide = |state: &mut State, i: usize| {
+        let (ts, topic, input) = all[i].clone();
+        let cause = Cause {
+            topic: topic.into(),
+            partition: 0,
+            offset: i as i64,
+        };
+        state.load_for_input(&input, &store).unwrap();
+        process(state, &ctx, cause, ts, input);
+    };
+    let active = || -> Vec<String> {
+        let jobs = store.active_jobs().unwrap();
+        jobs.into_iter().map(|(id, _)| id).collect()
+    };
+    // Config and worker, then job "a" accepted: checkpointed active.
+    for i in [0, 1, 2] {
+        decide(&mut state, i);
+    }
+    let dirty = state.take_dirty();
+    store.persist(&state, dirty, Some(0)).unwrap();
+    assert_eq!(active(), vec!["a".to_owned()]);
+    // Job "b" accepted and failed within the next set: no active marker was ever written
+    // for it, so none is deleted; a set that does not know when it began deletes one.
+    decide(&mut state, 3);
+    decide(&mut state, 7);
+    assert!(state.jobs.get("b").is_some_and(|j| j.state.is_terminal()));
+    let mut dirty = state.take_dirty();
+    assert!(dirty.since_clock.is_some());
+    let mut unknown = dirty.clone();
+    unknown.since_clock = None;
+    let judged = store.prepare(&state, &mut dirty).unwrap();
+    let conservative = store.prepare(&state, &mut unknown).unwrap();
+    assert_eq!(judged.records() + 1, conservative.records());
+    store.write(judged, Some(1)).unwrap();
+    assert!(active().contains(&"a".to_owned()));
+    assert!(!active().contains(&"b".to_owned()));
+    // Loaded back, the state's first set knows nothing; "a" ends and its marker goes.
+    let mut loaded = store.load_state().unwrap();
+    let (ts, topic, result) = all[5].clone();
+    let cause = Cause {
+        topic: topic.into(),
+        partition: 0,
+        offset: 5,
+    };
+    loaded.load_for_input(&result, &store).unwrap();
+    process(&mut loaded, &ctx, cause, ts, result);
+    assert!(loaded.jobs.get("a").is_some_and(|j| j.state.is_terminal()));
+    let dirty = loaded.take_dirty();
+    store.persist(&loaded, dirty, Some(2)).unwrap();
+    assert!(!active().contains(&"a".to_owned()));
+}

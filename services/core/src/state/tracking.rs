@@ -21,6 +21,12 @@ pub struct Dirty {
     pub history: Vec<HistoryLine>,
     /// Payloads of jobs accepted since the last persist (job_id -> payload).
     pub payloads: BTreeMap<String, Vec<u8>>,
+    /// The state's clock when this set began, i.e. when the set before it was taken
+    /// ([`State::take_dirty`]): a job accepted later than this (`Job::accepted_at`, the log
+    /// time of its acceptance, which the clock had not passed) was in no earlier set, so no
+    /// earlier checkpoint wrote it. `None` when not known (the set a state starts with,
+    /// loaded from storage or new): nothing is assumed.
+    pub since_clock: Option<Millis>,
     /// The job [`State::mark_job`] marked last, which is in `jobs`: a job is marked again
     /// and again as its events apply (each event's update and history line), and comparing
     /// its id with this one is cheaper than looking it up in `jobs`.
@@ -32,12 +38,14 @@ impl State {
     /// as many lines as this one had: a replay's checkpoint holds tens of thousands, and
     /// growing the list to that size again, by doubling, was a few per cent of a replay.
     pub fn take_dirty(&mut self) -> Dirty {
+        let clock = self.clock;
         let Some(d) = self.dirty.as_mut() else {
             return Dirty::default();
         };
         let lines = d.history.len();
         let taken = std::mem::take(d);
         d.history.reserve(lines);
+        d.since_clock = Some(clock);
         taken
     }
 
@@ -99,6 +107,9 @@ mod tests {
             second.jobs,
             BTreeSet::from(["a".to_owned(), "b".to_owned()])
         );
+        // Each set after the first knows the clock it began at; the first does not.
+        assert_eq!(first.since_clock, None);
+        assert_eq!(second.since_clock, Some(0));
         // A set put back (as eviction does) keeps what it holds.
         state.mark_job("c");
         let third = state.take_dirty();
