@@ -9,7 +9,7 @@ use crate::events::*;
 use crate::reason::{AttemptError, DlqReason};
 use crate::records::{JobRequest, Millis};
 use crate::rules::Rules;
-use crate::state::{ActiveConfig, Breaker, IdempotencyEntry, Job, SagaStep, State, Worker};
+use crate::state::{ActiveConfig, Breaker, IdempotencyEntry, Job, Line, SagaStep, State, Worker};
 
 /// What an event is applied with besides itself: the entry it belongs to.
 #[derive(Debug, Clone, Copy)]
@@ -97,6 +97,15 @@ pub fn accepted_request<'a>(e: &'a JobAccepted, input: &'a Input) -> Option<&'a 
     }
 }
 
+/// The history line `event` writes: its name and its text, at the entry's log time.
+fn line(event: &Event, at: &Applying<'_>) -> Line {
+    Line {
+        at: at.now,
+        event: event.name(),
+        detail: event.describe(at.input),
+    }
+}
+
 /// Applies one event of an entry.
 pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
     let now = at.now;
@@ -148,11 +157,7 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
                 history_omitted: 0,
                 history_progress: false,
             };
-            state.insert_job(
-                e.job_id.clone(),
-                job,
-                Some((now, event.name(), event.describe(at.input))),
-            );
+            state.insert_job(e.job_id.clone(), job, Some(line(event, at)));
             if let Some(d) = state.dirty.as_mut()
                 && !payload.is_empty()
             {
@@ -173,52 +178,34 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
             }
         }
         Event::JobDuplicate(e) => {
-            state.write_history(
-                &e.existing_job_id,
-                now,
-                event.name(),
-                event.describe(at.input),
-            );
+            state.write_history(&e.existing_job_id, line(event, at));
         }
         Event::PolicyEvaluated(e) => {
-            state.update_job_logged(
-                &e.job_id,
-                Some((now, event.name(), event.describe(at.input))),
-                |j| {
-                    j.constraints = e.constraints.clone();
-                    j.policy_snapshot = Some(e.snapshot_id.clone());
-                    if let Some(d) = e.constraints.deadline_ms.filter(|d| *d > 0) {
-                        j.deadline_at = Some(
-                            deadline_base(&j.request, j.accepted_at, at.format).saturating_add(d),
-                        );
-                    }
-                    j.updated_at = now;
-                },
-            );
+            state.update_job_logged(&e.job_id, Some(line(event, at)), |j| {
+                j.constraints = e.constraints.clone();
+                j.policy_snapshot = Some(e.snapshot_id.clone());
+                if let Some(d) = e.constraints.deadline_ms.filter(|d| *d > 0) {
+                    j.deadline_at =
+                        Some(deadline_base(&j.request, j.accepted_at, at.format).saturating_add(d));
+                }
+                j.updated_at = now;
+            });
         }
         Event::JobQueued(e) => {
-            state.update_job_logged(
-                &e.job_id,
-                Some((now, event.name(), event.describe(at.input))),
-                |j| {
-                    enter(j, JobState::Pending);
-                    j.queued_at = Some(now);
-                    j.retry_at = None;
-                    j.worker_id = None;
-                    j.pool = None;
-                    j.partition = None;
-                    j.updated_at = now;
-                },
-            );
+            state.update_job_logged(&e.job_id, Some(line(event, at)), |j| {
+                enter(j, JobState::Pending);
+                j.queued_at = Some(now);
+                j.retry_at = None;
+                j.worker_id = None;
+                j.pool = None;
+                j.partition = None;
+                j.updated_at = now;
+            });
         }
         Event::JobWaiting(e) => {
-            state.update_job_logged(
-                &e.job_id,
-                Some((now, event.name(), event.describe(at.input))),
-                |j| {
-                    j.wait_reason = Some(e.reason_code.clone());
-                },
-            );
+            state.update_job_logged(&e.job_id, Some(line(event, at)), |j| {
+                j.wait_reason = Some(e.reason_code.clone());
+            });
         }
         Event::JobScheduled(e) => {
             let memory = state.jobs.get(&e.job_id).and_then(|j| j.memory_demand());
@@ -232,104 +219,76 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
                 b.probes.insert(e.job_id.clone());
                 state.mark_breaker(&e.pool);
             }
-            state.update_job_logged(
-                &e.job_id,
-                Some((now, event.name(), event.describe(at.input))),
-                |j| {
-                    enter(j, JobState::Scheduled);
-                    j.attempt = e.attempt;
-                    j.queued_at = None;
-                    j.wait_reason = None;
-                    j.worker_id = Some(e.worker_id.clone());
-                    j.pool = Some(e.pool.clone());
-                    j.updated_at = now;
-                },
-            );
+            state.update_job_logged(&e.job_id, Some(line(event, at)), |j| {
+                enter(j, JobState::Scheduled);
+                j.attempt = e.attempt;
+                j.queued_at = None;
+                j.wait_reason = None;
+                j.worker_id = Some(e.worker_id.clone());
+                j.pool = Some(e.pool.clone());
+                j.updated_at = now;
+            });
         }
         Event::JobDispatched(e) => {
-            state.update_job_logged(
-                &e.job_id,
-                Some((now, event.name(), event.describe(at.input))),
-                |j| {
-                    enter(j, JobState::Dispatched);
-                    j.partition = Some(e.partition);
-                    j.dispatched_at = Some(now);
-                    j.updated_at = now;
-                },
-            );
+            state.update_job_logged(&e.job_id, Some(line(event, at)), |j| {
+                enter(j, JobState::Dispatched);
+                j.partition = Some(e.partition);
+                j.dispatched_at = Some(now);
+                j.updated_at = now;
+            });
         }
         Event::JobRunning(e) => {
-            state.update_job_logged(
-                &e.job_id,
-                Some((now, event.name(), event.describe(at.input))),
-                |j| {
-                    enter(j, JobState::Running);
-                    j.worker_id = Some(e.worker_id.clone());
-                    j.started_at = Some(now);
-                    j.last_evidence_at = Some(now);
-                    j.updated_at = now;
-                },
-            );
+            state.update_job_logged(&e.job_id, Some(line(event, at)), |j| {
+                enter(j, JobState::Running);
+                j.worker_id = Some(e.worker_id.clone());
+                j.started_at = Some(now);
+                j.last_evidence_at = Some(now);
+                j.updated_at = now;
+            });
         }
         Event::JobProgressed(e) => {
-            state.update_job_logged(
-                &e.job_id,
-                Some((now, event.name(), event.describe(at.input))),
-                |j| {
-                    j.progress = Some(e.progress);
-                    j.last_evidence_at = Some(now);
-                    j.updated_at = now;
-                },
-            );
+            state.update_job_logged(&e.job_id, Some(line(event, at)), |j| {
+                j.progress = Some(e.progress);
+                j.last_evidence_at = Some(now);
+                j.updated_at = now;
+            });
         }
         Event::JobSucceeded(e) => {
             let pool = state.jobs.get(&e.job_id).and_then(|j| j.pool.clone());
-            state.update_job_logged(
-                &e.job_id,
-                Some((now, event.name(), event.describe(at.input))),
-                |j| {
-                    enter(j, JobState::Succeeded);
-                    j.result_ptr = e.result_ptr.clone();
-                    j.result_meta = Some(e.result_meta.clone());
-                    j.execution_ms = Some(e.execution_ms);
-                    j.progress = Some(1.0);
-                    j.updated_at = now;
-                },
-            );
+            state.update_job_logged(&e.job_id, Some(line(event, at)), |j| {
+                enter(j, JobState::Succeeded);
+                j.result_ptr = e.result_ptr.clone();
+                j.result_meta = Some(e.result_meta.clone());
+                j.execution_ms = Some(e.execution_ms);
+                j.progress = Some(1.0);
+                j.updated_at = now;
+            });
             if legacy_breaker && let Some(pool) = pool {
                 let w = window(state);
                 breaker_result(state, &pool, false, w);
             }
         }
         Event::JobQuarantined(e) => {
-            state.update_job_logged(
-                &e.job_id,
-                Some((now, event.name(), event.describe(at.input))),
-                |j| {
-                    enter(j, JobState::OutputQuarantined);
-                    j.updated_at = now;
-                },
-            );
+            state.update_job_logged(&e.job_id, Some(line(event, at)), |j| {
+                enter(j, JobState::OutputQuarantined);
+                j.updated_at = now;
+            });
         }
         Event::JobRetrying(e) => {
             let counted = legacy_breaker
                 .then(|| pool_failure(state, &e.job_id, &e.error_code))
                 .flatten();
-            state.update_job_logged(
-                &e.job_id,
-                Some((now, event.name(), event.describe(at.input))),
-                |j| {
-                    enter(j, JobState::Pending);
-                    j.retry_at = Some(e.retry_at);
-                    j.queued_at = None;
-                    j.worker_id = None;
-                    j.pool = None;
-                    j.partition = None;
-                    j.progress = None;
-                    j.last_error = Some(error_text(&e.error_code, e.error_message.as_deref()));
-                    j.updated_at = now;
-                },
-            );
+            state.update_job_logged(&e.job_id, Some(line(event, at)), |j| {
+                enter(j, JobState::Pending);
+                j.retry_at = Some(e.retry_at);
+                j.queued_at = None;
+                j.worker_id = None;
+                j.pool = None;
+                j.partition = None;
+                j.progress = None;
+                j.last_error = Some(error_text(&e.error_code, e.error_message.as_deref()));
+                j.updated_at = now;
+            });
             if let Some(pool) = counted {
                 let w = window(state);
                 breaker_result(state, &pool, true, w);
@@ -339,89 +298,65 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
             let counted = legacy_breaker
                 .then(|| pool_failure(state, &e.job_id, &e.reason_code))
                 .flatten();
-            state.update_job_logged(
-                &e.job_id,
-                Some((now, event.name(), event.describe(at.input))),
-                |j| {
-                    enter(j, JobState::Failed);
-                    j.queued_at = None;
-                    j.retry_at = None;
-                    j.last_error = Some(error_text(&e.reason_code, e.error_message.as_deref()));
-                    j.updated_at = now;
-                },
-            );
+            state.update_job_logged(&e.job_id, Some(line(event, at)), |j| {
+                enter(j, JobState::Failed);
+                j.queued_at = None;
+                j.retry_at = None;
+                j.last_error = Some(error_text(&e.reason_code, e.error_message.as_deref()));
+                j.updated_at = now;
+            });
             if let Some(pool) = counted {
                 let w = window(state);
                 breaker_result(state, &pool, true, w);
             }
         }
         Event::JobCancelled(e) => {
-            state.update_job_logged(
-                &e.job_id,
-                Some((now, event.name(), event.describe(at.input))),
-                |j| {
-                    enter(j, JobState::Cancelled);
-                    j.queued_at = None;
-                    j.retry_at = None;
-                    j.updated_at = now;
-                },
-            );
+            state.update_job_logged(&e.job_id, Some(line(event, at)), |j| {
+                enter(j, JobState::Cancelled);
+                j.queued_at = None;
+                j.retry_at = None;
+                j.updated_at = now;
+            });
         }
         Event::JobTimedOut(e) => {
             let counted = (legacy_breaker && e.reason_code == DlqReason::Timeout.as_str())
                 .then(|| pool_failure(state, &e.job_id, &e.reason_code))
                 .flatten();
-            state.update_job_logged(
-                &e.job_id,
-                Some((now, event.name(), event.describe(at.input))),
-                |j| {
-                    enter(j, JobState::Timeout);
-                    j.queued_at = None;
-                    j.retry_at = None;
-                    j.last_error = Some(format!("{}: {}", e.reason_code, e.detail));
-                    j.updated_at = now;
-                },
-            );
+            state.update_job_logged(&e.job_id, Some(line(event, at)), |j| {
+                enter(j, JobState::Timeout);
+                j.queued_at = None;
+                j.retry_at = None;
+                j.last_error = Some(format!("{}: {}", e.reason_code, e.detail));
+                j.updated_at = now;
+            });
             if let Some(pool) = counted {
                 let w = window(state);
                 breaker_result(state, &pool, true, w);
             }
         }
         Event::JobDenied(e) => {
-            state.update_job_logged(
-                &e.job_id,
-                Some((now, event.name(), event.describe(at.input))),
-                |j| {
-                    enter(j, JobState::Denied);
-                    j.queued_at = None;
-                    j.updated_at = now;
-                },
-            );
+            state.update_job_logged(&e.job_id, Some(line(event, at)), |j| {
+                enter(j, JobState::Denied);
+                j.queued_at = None;
+                j.updated_at = now;
+            });
         }
         Event::ApprovalRequested(e) => {
-            state.update_job_logged(
-                &e.job_id,
-                Some((now, event.name(), event.describe(at.input))),
-                |j| {
-                    enter(j, JobState::ApprovalRequired);
-                    j.queued_at = None;
-                    j.policy_snapshot = Some(e.snapshot_id.clone());
-                    j.updated_at = now;
-                },
-            );
+            state.update_job_logged(&e.job_id, Some(line(event, at)), |j| {
+                enter(j, JobState::ApprovalRequired);
+                j.queued_at = None;
+                j.policy_snapshot = Some(e.snapshot_id.clone());
+                j.updated_at = now;
+            });
         }
         Event::JobApproved(e) => {
-            state.update_job_logged(
-                &e.job_id,
-                Some((now, event.name(), event.describe(at.input))),
-                |j| {
-                    enter(j, JobState::Pending);
-                    j.updated_at = now;
-                },
-            );
+            state.update_job_logged(&e.job_id, Some(line(event, at)), |j| {
+                enter(j, JobState::Pending);
+                j.updated_at = now;
+            });
         }
         Event::DispatchCancelled(e) => {
-            state.write_history(&e.job_id, now, event.name(), event.describe(at.input));
+            state.write_history(&e.job_id, line(event, at));
         }
         Event::DeadLettered(e) => {
             let dl = &e.dead_letter;
@@ -430,13 +365,9 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
                 .entry(dl.reason_code.clone())
                 .or_default() += 1;
             if !dl.job_id.is_empty() && dl.reason_code != DlqReason::DuplicateJobId.as_str() {
-                state.update_job_logged(
-                    &dl.job_id,
-                    Some((now, event.name(), event.describe(at.input))),
-                    |j| {
-                        j.dlq_reason = Some(dl.reason_code.clone());
-                    },
-                );
+                state.update_job_logged(&dl.job_id, Some(line(event, at)), |j| {
+                    j.dlq_reason = Some(dl.reason_code.clone());
+                });
             }
             if let Some(d) = state.dirty.as_mut() {
                 d.dead_letters.push(dl.clone());
@@ -444,7 +375,7 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
         }
         Event::CommandRejected(e) => {
             if !e.job_id.is_empty() {
-                state.write_history(&e.job_id, now, event.name(), event.describe(at.input));
+                state.write_history(&e.job_id, line(event, at));
             }
         }
         Event::WorkerUpdated(e) => {
@@ -633,9 +564,13 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
                     j.payload_digest = digest;
                 });
             }
-            let text = event.describe(at.input);
-            state.write_history(&e.job_id, now, event.name(), text.clone());
-            state.write_history(&e.new_job_id, now, event.name(), text);
+            let on_old = line(event, at);
+            let on_new = Line {
+                detail: on_old.detail.clone(),
+                ..on_old
+            };
+            state.write_history(&e.job_id, on_old);
+            state.write_history(&e.new_job_id, on_new);
         }
     }
 }

@@ -9,6 +9,14 @@ use crate::rules::Timing;
 
 use super::{HISTORY_MAX, HistoryLine, Job, QueueKey, State, Timer, TimerKind, Worker};
 
+/// A history line to write ([`State::write_history`]): when, the event's name, what it says.
+#[derive(Debug)]
+pub(crate) struct Line {
+    pub(crate) at: Millis,
+    pub(crate) event: &'static str,
+    pub(crate) detail: String,
+}
+
 /// The timers one job can have at once: a deadline and at most two of its state's.
 const MAX_TIMERS: usize = 3;
 
@@ -256,7 +264,7 @@ impl State {
     pub(crate) fn update_job_logged<R>(
         &mut self,
         id: &str,
-        line: Option<(Millis, &'static str, String)>,
+        line: Option<Line>,
         f: impl FnOnce(&mut Job) -> R,
     ) -> Option<R> {
         let (jobs, mut ix, timing, floor) = self.split();
@@ -278,11 +286,9 @@ impl State {
             ix.change(id, job, &before, &after);
         }
         let after_state = job.state;
-        if let Some((at, event, detail)) = line {
-            let seq = next_history_seq(job, event);
-            if let Some(d) = self.dirty.as_mut() {
-                d.history.push(HistoryLine::new(id, seq, at, event, detail));
-            }
+        if let Some(line) = line {
+            let seq = next_history_seq(job, line.event);
+            self.push_line(id, seq, line);
         }
         self.mark_job(id);
         if after_state != before_state {
@@ -304,20 +310,20 @@ impl State {
     /// with the dirty keys; the job keeps only counters. A run of progress keeps its latest
     /// line; past [`HISTORY_MAX`] lines, the last slot keeps the latest and the others
     /// between are counted as omitted (the journal has every event: `ksched audit job`).
-    pub(crate) fn write_history(
-        &mut self,
-        id: &str,
-        at: Millis,
-        event: &'static str,
-        detail: String,
-    ) {
+    pub(crate) fn write_history(&mut self, id: &str, line: Line) {
         let Some(job) = self.jobs.get_mut(id) else {
             return;
         };
-        let seq = next_history_seq(job, event);
+        let seq = next_history_seq(job, line.event);
         self.mark_job(id);
+        self.push_line(id, seq, line);
+    }
+
+    /// Adds line `seq` of job `id` to the changed keys, when they are tracked.
+    fn push_line(&mut self, id: &str, seq: u32, line: Line) {
         if let Some(d) = self.dirty.as_mut() {
-            d.history.push(HistoryLine::new(id, seq, at, event, detail));
+            d.history
+                .push(HistoryLine::new(id, seq, line.at, line.event, line.detail));
         }
     }
 
@@ -357,12 +363,7 @@ impl State {
     /// Adds a job (replacing one with the same id), with `line` as its first history line
     /// ([`State::write_history`]). The job is indexed before it goes into the map (the
     /// indexes read only the record), so a new job costs one lookup in the map.
-    pub(crate) fn insert_job(
-        &mut self,
-        id: String,
-        mut job: Job,
-        line: Option<(Millis, &'static str, String)>,
-    ) {
+    pub(crate) fn insert_job(&mut self, id: String, mut job: Job, line: Option<Line>) {
         if let Some(old) = self.jobs.get(&id).map(|j| j.state) {
             self.unindex_job(&id);
             self.count_state(old, -1);
@@ -371,12 +372,9 @@ impl State {
         if job.state.is_terminal() {
             self.cold.insert(id.clone());
         }
-        if let Some((at, event, detail)) = line {
-            let seq = next_history_seq(&mut job, event);
-            if let Some(d) = self.dirty.as_mut() {
-                d.history
-                    .push(HistoryLine::new(&id, seq, at, event, detail));
-            }
+        if let Some(line) = line {
+            let seq = next_history_seq(&mut job, line.event);
+            self.push_line(&id, seq, line);
         }
         self.mark_job(&id);
         let (jobs, mut ix, timing, floor) = self.split();

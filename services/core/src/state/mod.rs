@@ -21,6 +21,7 @@ mod loading;
 mod records;
 mod tracking;
 
+pub(crate) use index::Line;
 pub use loading::{ColdStore, Prerequisites};
 pub use records::*;
 pub use tracking::Dirty;
