@@ -236,8 +236,9 @@ impl Store {
     /// (`audit rebuild`, `audit at`, `audit verify`'s scratch store): its writes skip the
     /// write-ahead log, and its column families are flushed together (RocksDB's atomic
     /// flush), so what reaches the disk is always whole checkpoints, each with its
-    /// watermark. A rebuild that dies leaves its last flushed checkpoint; one that finishes
-    /// calls [`Store::flush`]. A live processor's store keeps the log.
+    /// watermark. A rebuild that dies leaves its last flushed checkpoint; one whose directory
+    /// is kept calls [`Store::flush`] when it finishes. A live processor's store keeps the
+    /// log.
     pub fn open_for_rebuild(path: &Path, partition: u16) -> Result<Store> {
         Store::open_with(path, partition, false)
     }

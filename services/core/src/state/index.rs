@@ -1,13 +1,16 @@
 //! The indexes derived from job records (queues, timers, tenant counts, in-flight sets),
 //! maintained in one place so they can never disagree with the jobs they index.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use crate::events::JobState;
 use crate::records::Millis;
 use crate::rules::Timing;
 
-use super::{HISTORY_MAX, HistoryLine, Job, QueueKey, State, Timer, TimerKind, Worker};
+use super::{
+    HISTORY_MAX, HistoryItem, HistoryLine, Job, QueueKey, State, Timer, TimerKind, Worker,
+};
 
 /// A history line to write ([`State::write_history`]): when, the event's name, what it says.
 #[derive(Debug)]
@@ -322,8 +325,15 @@ impl State {
     /// Adds line `seq` of job `id` to the changed keys, when they are tracked.
     fn push_line(&mut self, id: &str, seq: u32, line: Line) {
         if let Some(d) = self.dirty.as_mut() {
-            d.history
-                .push(HistoryLine::new(id, seq, line.at, line.event, line.detail));
+            d.history.push(HistoryLine {
+                job_id: id.to_owned(),
+                seq,
+                item: HistoryItem {
+                    at: line.at,
+                    event: Cow::Borrowed(line.event),
+                    detail: line.detail,
+                },
+            });
         }
     }
 

@@ -1,7 +1,6 @@
 //! The records the projection holds: jobs, workers, breakers, sagas, idempotency keys,
 //! queue keys and timers.
 
-use std::borrow::Cow;
 use std::collections::{BTreeSet, VecDeque};
 
 use serde::{Deserialize, Serialize};
@@ -23,7 +22,7 @@ pub struct HistoryItem {
     pub at: Millis,
     /// The event's name: borrowed when the line is written (no copy per event), owned when
     /// it is read back.
-    pub event: Cow<'static, str>,
+    pub event: std::borrow::Cow<'static, str>,
     pub detail: String,
 }
 
@@ -38,26 +37,6 @@ pub struct HistoryLine {
     pub job_id: String,
     pub seq: u32,
     pub item: HistoryItem,
-}
-
-impl HistoryLine {
-    pub(crate) fn new(
-        job_id: &str,
-        seq: u32,
-        at: Millis,
-        event: &'static str,
-        detail: String,
-    ) -> HistoryLine {
-        HistoryLine {
-            job_id: job_id.to_owned(),
-            seq,
-            item: HistoryItem {
-                at,
-                event: Cow::Borrowed(event),
-                detail,
-            },
-        }
-    }
 }
 
 /// A job as the scheduler knows it. Its payload and history are not held here: the payload

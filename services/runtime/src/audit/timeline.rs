@@ -146,8 +146,6 @@ pub fn replay_until(
         Ok(Flow::Continue)
     })?;
     r.persist()?;
-    let store = engine.into_store()?;
-    // The store keeps no write-ahead log: on disk once flushed ([`Store::open_for_rebuild`]).
-    store.flush()?;
-    Ok((store, last))
+    // Not flushed: the callers read it and drop their scratch directory.
+    Ok((engine.into_store()?, last))
 }
