@@ -12,6 +12,7 @@
 //! panics.
 
 mod error;
+mod fast;
 mod registry;
 mod resolve;
 pub mod schema_registry;
@@ -160,10 +161,14 @@ impl Registry {
         Ok(())
     }
 
-    /// The fast path for records written with the current schema: serde straight from the
-    /// bytes, no intermediate value tree. `None` when it does not fully succeed (bad input,
-    /// trailing bytes); the general path then decodes or names the problem.
+    /// The fast path for records written with the current schema: straight from the bytes,
+    /// no intermediate value tree (the compiled plan of the `fast` module, else apache-avro's serde
+    /// reader). `None` when it does not fully succeed (bad input, trailing bytes); the general
+    /// path then decodes or names the problem.
     fn decode_direct<T: Record>(writer: &SchemaEntry, body: &[u8]) -> Option<T> {
+        if let Some(plan) = &writer.plan {
+            return plan.decode(body);
+        }
         let mut cursor = body;
         let v = writer.reader.read_deser::<T>(&mut cursor).ok()?;
         cursor.is_empty().then_some(v)
@@ -178,8 +183,20 @@ impl Registry {
         })
     }
 
+    /// Decodes a `T` on the general path only (a tree of Avro values, resolved and then
+    /// converted): what [`Registry::decode`] does when the fast path cannot. For tests and
+    /// benchmarks that compare the two paths.
+    #[doc(hidden)]
+    pub fn decode_general<T: Record>(&self, bytes: &[u8]) -> Result<T> {
+        self.decode_with(bytes, false)
+    }
+
     /// Decodes a `T`, resolving an older writer schema to the current one.
     pub fn decode<T: Record>(&self, bytes: &[u8]) -> Result<T> {
+        self.decode_with(bytes, true)
+    }
+
+    fn decode_with<T: Record>(&self, bytes: &[u8], fast: bool) -> Result<T> {
         let (writer, body) = self.split(bytes)?;
         if writer.name != T::NAME {
             return Err(Error::SchemaMismatch {
@@ -195,7 +212,8 @@ impl Registry {
             schema: writer.name.clone(),
             detail,
         };
-        if writer.fingerprint == reader.fingerprint
+        if fast
+            && writer.fingerprint == reader.fingerprint
             && let Some(v) = Self::decode_direct::<T>(writer, body)
         {
             return Self::whole(writer, body, v);

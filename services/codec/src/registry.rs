@@ -16,6 +16,7 @@ use apache_avro::{
 use serde_json::Value as Json;
 
 use crate::error::{Error, Result};
+use crate::fast::Plan;
 use crate::resolve::Names;
 
 mod embedded {
@@ -57,6 +58,8 @@ pub struct SchemaEntry {
     pub(crate) names: Names<'static>,
     pub(crate) writer: GenericDatumWriter<'static>,
     pub(crate) reader: GenericDatumReader<'static>,
+    /// The fast decoder's plan, for the current schemas only (the only ones it reads).
+    pub(crate) plan: Option<Plan>,
 }
 
 impl std::fmt::Debug for SchemaEntry {
@@ -100,6 +103,7 @@ impl SchemaEntry {
             names: Names::of(schema),
             writer,
             reader,
+            plan: None,
         })
     }
 
@@ -219,8 +223,9 @@ impl Registry {
         };
         for &name in TOP_LEVEL {
             let json = inline(name, &definitions)?;
-            let entry: &'static SchemaEntry =
-                Box::leak(Box::new(SchemaEntry::new(name.to_owned(), json)?));
+            let mut entry = SchemaEntry::new(name.to_owned(), json)?;
+            entry.plan = Plan::compile(entry.schema, &entry.names);
+            let entry: &'static SchemaEntry = Box::leak(Box::new(entry));
             reg.current.insert(name.to_owned(), entry);
             reg.by_fingerprint.insert(entry.fingerprint, entry);
         }

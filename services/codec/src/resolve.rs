@@ -54,7 +54,7 @@ impl<'a> Names<'a> {
         }
     }
 
-    fn deref<'s>(&self, schema: &'s Schema) -> Result<&'s Schema, String>
+    pub(crate) fn deref<'s>(&self, schema: &'s Schema) -> Result<&'s Schema, String>
     where
         'a: 's,
     {

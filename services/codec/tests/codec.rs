@@ -19,6 +19,10 @@ fn round_trip<T: Record + PartialEq + Debug>(value: T) {
         "{} takes the fast decoding path",
         T::NAME
     );
+    let general: T = ksched_codec::registry()
+        .decode_general(&bytes)
+        .unwrap_or_else(|e| panic!("decode {} on the general path: {e}", T::NAME));
+    assert_eq!(general, value, "{} on the general path", T::NAME);
     let any = decode_any(&bytes).unwrap_or_else(|e| panic!("decode_any {}: {e}", T::NAME));
     assert_eq!(format!("io.ksched.{}", any.name()), T::NAME);
 }

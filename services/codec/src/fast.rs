@@ -1,0 +1,691 @@
+//! The fast path for records written with the current schema: a serde deserializer driven by
+//! a plan compiled once from the schema, reading straight from the bytes.
+//!
+//! apache-avro's own serde reader, which this replaces on the hot paths (every input the
+//! processor reads, every journal entry a replay folds), copies each string and byte field
+//! into a freshly zeroed buffer and looks every record field up by name in the schema. Here
+//! the fields are walked in schema order, strings and bytes are handed to serde borrowed
+//! from the input (copied once, into the value being built), and references to named types
+//! are followed by index.
+//!
+//! The plan decodes exactly what its schema says and fails, cheaply and without a message,
+//! on anything else (a bad union index, a short read, invalid UTF-8, a block count larger
+//! than the bytes left): the caller then takes the general path, which decodes the record or
+//! names the problem. Only the built-in current schemas get a plan; none of them is
+//! recursive, so the depth of what is decoded is bounded by the schema.
+
+use std::collections::HashMap;
+use std::fmt;
+
+use apache_avro::Schema;
+use serde::de::{self, DeserializeOwned, DeserializeSeed, IntoDeserializer, Visitor};
+use serde::forward_to_deserialize_any;
+
+use crate::resolve::Names;
+
+/// Why the fast path gave up; the general path says why in words.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Fail;
+
+impl fmt::Display for Fail {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("not decodable on the fast path")
+    }
+}
+
+impl std::error::Error for Fail {}
+
+impl de::Error for Fail {
+    fn custom<T: fmt::Display>(_: T) -> Fail {
+        Fail
+    }
+}
+
+type Step<T> = Result<T, Fail>;
+
+/// Index of a node in [`Plan::nodes`].
+type NodeId = u32;
+
+/// One schema node, references resolved to node indexes.
+#[derive(Debug)]
+enum Node {
+    Null,
+    Boolean,
+    Int,
+    Long,
+    Float,
+    Double,
+    Bytes,
+    String,
+    Fixed(usize),
+    /// Field names (borrowed from the schema, which lives for the process) in schema order.
+    Record(Box<[(&'static str, NodeId)]>),
+    Enum(Box<[&'static str]>),
+    Array(NodeId),
+    Map(NodeId),
+    Union(Box<[NodeId]>),
+}
+
+/// A compiled schema: node 0 is the top-level record.
+#[derive(Debug)]
+pub(crate) struct Plan {
+    nodes: Vec<Node>,
+}
+
+impl Plan {
+    /// The plan of `schema`, or `None` if it uses a type the fast path does not read
+    /// (decimal, duration, uuid: none of ksched's schemas has one).
+    pub(crate) fn compile(schema: &'static Schema, names: &Names<'static>) -> Option<Plan> {
+        let mut compiler = Compiler {
+            nodes: Vec::new(),
+            named: HashMap::new(),
+            names,
+        };
+        compiler.node(schema)?;
+        Some(Plan {
+            nodes: compiler.nodes,
+        })
+    }
+
+    /// `T` decoded from all of `body`, or `None` if the fast path cannot (see the module
+    /// documentation) or bytes are left over.
+    pub(crate) fn decode<T: DeserializeOwned>(&self, body: &[u8]) -> Option<T> {
+        let mut input = Input { buf: body };
+        let value = T::deserialize(Value {
+            input: &mut input,
+            plan: self,
+            node: 0,
+        })
+        .ok()?;
+        input.buf.is_empty().then_some(value)
+    }
+
+    fn node(&self, id: NodeId) -> &Node {
+        &self.nodes[id as usize]
+    }
+
+    /// Reads past one value of node `id`.
+    fn skip(&self, input: &mut Input<'_>, id: NodeId) -> Step<()> {
+        match self.node(id) {
+            Node::Null => {}
+            Node::Boolean => {
+                input.boolean()?;
+            }
+            Node::Int => {
+                input.int()?;
+            }
+            Node::Long => {
+                input.long()?;
+            }
+            Node::Float => {
+                input.take(4)?;
+            }
+            Node::Double => {
+                input.take(8)?;
+            }
+            Node::Bytes | Node::String => {
+                input.bytes()?;
+            }
+            Node::Fixed(n) => {
+                input.take(*n)?;
+            }
+            Node::Record(fields) => {
+                for &(_, field) in fields {
+                    self.skip(input, field)?;
+                }
+            }
+            Node::Enum(symbols) => {
+                input.index(symbols)?;
+            }
+            Node::Array(item) => loop {
+                let n = input.block()?;
+                if n == 0 {
+                    break;
+                }
+                for _ in 0..n {
+                    self.skip(input, *item)?;
+                }
+            },
+            Node::Map(value) => loop {
+                let n = input.block()?;
+                if n == 0 {
+                    break;
+                }
+                for _ in 0..n {
+                    input.bytes()?;
+                    self.skip(input, *value)?;
+                }
+            },
+            Node::Union(branches) => {
+                let branch = *input.index(branches)?;
+                self.skip(input, branch)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+struct Compiler<'n> {
+    nodes: Vec<Node>,
+    /// Named types already compiled, by full name: a later reference points at them.
+    named: HashMap<String, NodeId>,
+    names: &'n Names<'static>,
+}
+
+impl Compiler<'_> {
+    fn push(&mut self, node: Node) -> NodeId {
+        self.nodes.push(node);
+        (self.nodes.len() - 1) as NodeId
+    }
+
+    fn node(&mut self, schema: &'static Schema) -> Option<NodeId> {
+        let node = match schema {
+            Schema::Null => Node::Null,
+            Schema::Boolean => Node::Boolean,
+            Schema::Int | Schema::Date | Schema::TimeMillis => Node::Int,
+            Schema::Long
+            | Schema::TimeMicros
+            | Schema::TimestampMillis
+            | Schema::TimestampMicros
+            | Schema::TimestampNanos
+            | Schema::LocalTimestampMillis
+            | Schema::LocalTimestampMicros
+            | Schema::LocalTimestampNanos => Node::Long,
+            Schema::Float => Node::Float,
+            Schema::Double => Node::Double,
+            Schema::Bytes => Node::Bytes,
+            Schema::String => Node::String,
+            Schema::Ref { name } => {
+                if let Some(&id) = self.named.get(&name.fullname(None)) {
+                    return Some(id);
+                }
+                let target = self.names.deref(schema).ok()?;
+                return self.node(target);
+            }
+            Schema::Record(record) => {
+                // Reserved first, so that a reference inside the record finds it.
+                let id = self.push(Node::Null);
+                self.named.insert(record.name.fullname(None), id);
+                let mut fields = Vec::with_capacity(record.fields.len());
+                for field in &record.fields {
+                    fields.push((field.name.as_str(), self.node(&field.schema)?));
+                }
+                self.nodes[id as usize] = Node::Record(fields.into());
+                return Some(id);
+            }
+            Schema::Enum(e) => {
+                let id = self.push(Node::Enum(e.symbols.iter().map(String::as_str).collect()));
+                self.named.insert(e.name.fullname(None), id);
+                return Some(id);
+            }
+            Schema::Fixed(f) => {
+                let id = self.push(Node::Fixed(f.size));
+                self.named.insert(f.name.fullname(None), id);
+                return Some(id);
+            }
+            Schema::Array(a) => Node::Array(self.node(&a.items)?),
+            Schema::Map(m) => Node::Map(self.node(&m.types)?),
+            Schema::Union(u) => {
+                let mut branches = Vec::with_capacity(u.variants().len());
+                for branch in u.variants() {
+                    branches.push(self.node(branch)?);
+                }
+                Node::Union(branches.into())
+            }
+            Schema::Decimal(_) | Schema::BigDecimal | Schema::Uuid(_) | Schema::Duration(_) => {
+                return None;
+            }
+        };
+        Some(self.push(node))
+    }
+}
+
+/// What is left of the body.
+struct Input<'a> {
+    buf: &'a [u8],
+}
+
+impl<'a> Input<'a> {
+    fn take(&mut self, n: usize) -> Step<&'a [u8]> {
+        if n > self.buf.len() {
+            return Err(Fail);
+        }
+        let (head, rest) = self.buf.split_at(n);
+        self.buf = rest;
+        Ok(head)
+    }
+
+    fn byte(&mut self) -> Step<u8> {
+        let (&b, rest) = self.buf.split_first().ok_or(Fail)?;
+        self.buf = rest;
+        Ok(b)
+    }
+
+    fn boolean(&mut self) -> Step<bool> {
+        match self.byte()? {
+            0 => Ok(false),
+            1 => Ok(true),
+            _ => Err(Fail),
+        }
+    }
+
+    /// A zig-zag varint of at most 64 bits.
+    fn long(&mut self) -> Step<i64> {
+        let mut n: u64 = 0;
+        let mut shift = 0;
+        loop {
+            let b = self.byte()?;
+            if shift == 63 && b > 1 {
+                return Err(Fail);
+            }
+            n |= u64::from(b & 0x7f) << shift;
+            if b & 0x80 == 0 {
+                break;
+            }
+            shift += 7;
+        }
+        Ok((n >> 1) as i64 ^ -((n & 1) as i64))
+    }
+
+    fn int(&mut self) -> Step<i32> {
+        i32::try_from(self.long()?).map_err(|_| Fail)
+    }
+
+    /// A length prefix, no more than the bytes left.
+    fn bytes(&mut self) -> Step<&'a [u8]> {
+        let n = usize::try_from(self.long()?).map_err(|_| Fail)?;
+        self.take(n)
+    }
+
+    fn str(&mut self) -> Step<&'a str> {
+        std::str::from_utf8(self.bytes()?).map_err(|_| Fail)
+    }
+
+    /// The item count of the next block of an array or map (0 at the end). A negative count
+    /// is followed by the block's size in bytes, which is not needed. A count larger than the
+    /// bytes left is refused even where items could take no bytes, so a corrupt count cannot
+    /// make a loop of billions of steps.
+    fn block(&mut self) -> Step<usize> {
+        let mut n = self.long()?;
+        if n < 0 {
+            self.long()?;
+            n = n.checked_neg().ok_or(Fail)?;
+        }
+        usize::try_from(n)
+            .ok()
+            .filter(|&n| n <= self.buf.len())
+            .ok_or(Fail)
+    }
+
+    /// An index into `items` (a union's branch, an enum's symbol).
+    fn index<'t, T>(&mut self, items: &'t [T]) -> Step<&'t T> {
+        let i = usize::try_from(self.long()?).map_err(|_| Fail)?;
+        items.get(i).ok_or(Fail)
+    }
+}
+
+/// One value of node `node`, to be read from `input`.
+struct Value<'a, 'i, 'p> {
+    input: &'i mut Input<'a>,
+    plan: &'p Plan,
+    node: NodeId,
+}
+
+impl<'a, 'i, 'p> Value<'a, 'i, 'p> {
+    fn at(self, node: NodeId) -> Value<'a, 'i, 'p> {
+        Value { node, ..self }
+    }
+}
+
+impl<'a> de::Deserializer<'a> for Value<'a, '_, '_> {
+    type Error = Fail;
+
+    fn deserialize_any<V: Visitor<'a>>(self, visitor: V) -> Step<V::Value> {
+        let plan = self.plan;
+        match plan.node(self.node) {
+            Node::Null => visitor.visit_unit(),
+            Node::Boolean => visitor.visit_bool(self.input.boolean()?),
+            Node::Int => visitor.visit_i32(self.input.int()?),
+            Node::Long => visitor.visit_i64(self.input.long()?),
+            Node::Float => {
+                let b = self.input.take(4)?;
+                visitor.visit_f32(f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            }
+            Node::Double => {
+                let mut b = [0; 8];
+                b.copy_from_slice(self.input.take(8)?);
+                visitor.visit_f64(f64::from_le_bytes(b))
+            }
+            Node::Bytes => visitor.visit_borrowed_bytes(self.input.bytes()?),
+            Node::String => visitor.visit_borrowed_str(self.input.str()?),
+            Node::Fixed(n) => visitor.visit_borrowed_bytes(self.input.take(*n)?),
+            Node::Record(fields) => visitor.visit_map(Fields {
+                input: self.input,
+                plan,
+                fields: fields.iter(),
+                value: 0,
+            }),
+            Node::Enum(symbols) => visitor.visit_borrowed_str(self.input.index(symbols)?),
+            Node::Array(item) => visitor.visit_seq(Items {
+                input: self.input,
+                plan,
+                item: *item,
+                left: 0,
+                done: false,
+            }),
+            Node::Map(value) => visitor.visit_map(Entries {
+                input: self.input,
+                plan,
+                value: *value,
+                left: 0,
+                done: false,
+            }),
+            Node::Union(branches) => {
+                let branch = *self.input.index(branches)?;
+                self.at(branch).deserialize_any(visitor)
+            }
+        }
+    }
+
+    /// `["null", T]` (either order) is an `Option<T>`.
+    fn deserialize_option<V: Visitor<'a>>(self, visitor: V) -> Step<V::Value> {
+        let plan = self.plan;
+        match plan.node(self.node) {
+            Node::Union(branches) => {
+                let branch = *self.input.index(branches)?;
+                match plan.node(branch) {
+                    Node::Null => visitor.visit_none(),
+                    _ => visitor.visit_some(self.at(branch)),
+                }
+            }
+            Node::Null => visitor.visit_none(),
+            _ => visitor.visit_some(self),
+        }
+    }
+
+    /// An Avro enum is a Rust enum of unit variants named by its symbols; a union of records
+    /// is a Rust enum whose variant index is the branch index (as apache-avro writes it).
+    fn deserialize_enum<V: Visitor<'a>>(
+        self,
+        _name: &'static str,
+        _variants: &'static [&'static str],
+        visitor: V,
+    ) -> Step<V::Value> {
+        let plan = self.plan;
+        match plan.node(self.node) {
+            Node::Enum(symbols) => visitor.visit_enum(
+                de::value::BorrowedStrDeserializer::<Fail>::new(self.input.index(symbols)?),
+            ),
+            Node::Union(branches) => {
+                let index = self.input.long()?;
+                let branch = usize::try_from(index)
+                    .ok()
+                    .and_then(|i| branches.get(i))
+                    .copied()
+                    .ok_or(Fail)?;
+                visitor.visit_enum(Branch {
+                    index: u32::try_from(index).map_err(|_| Fail)?,
+                    value: self.at(branch),
+                })
+            }
+            _ => Err(Fail),
+        }
+    }
+
+    fn deserialize_newtype_struct<V: Visitor<'a>>(
+        self,
+        _name: &'static str,
+        visitor: V,
+    ) -> Step<V::Value> {
+        visitor.visit_newtype_struct(self)
+    }
+
+    fn deserialize_ignored_any<V: Visitor<'a>>(self, visitor: V) -> Step<V::Value> {
+        self.plan.skip(self.input, self.node)?;
+        visitor.visit_unit()
+    }
+
+    forward_to_deserialize_any! {
+        <W: Visitor<'a>>
+        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf
+        unit unit_struct seq tuple tuple_struct map struct identifier
+    }
+}
+
+/// A record's fields, in schema order, as a map from field name to value.
+struct Fields<'a, 'i, 'p> {
+    input: &'i mut Input<'a>,
+    plan: &'p Plan,
+    fields: std::slice::Iter<'p, (&'static str, NodeId)>,
+    /// The node of the field whose name was handed out last.
+    value: NodeId,
+}
+
+impl<'a> de::MapAccess<'a> for Fields<'a, '_, '_> {
+    type Error = Fail;
+
+    fn next_key_seed<K: DeserializeSeed<'a>>(&mut self, seed: K) -> Step<Option<K::Value>> {
+        let Some(&(name, node)) = self.fields.next() else {
+            return Ok(None);
+        };
+        self.value = node;
+        seed.deserialize(de::value::BorrowedStrDeserializer::new(name))
+            .map(Some)
+    }
+
+    fn next_value_seed<S: DeserializeSeed<'a>>(&mut self, seed: S) -> Step<S::Value> {
+        seed.deserialize(Value {
+            input: self.input,
+            plan: self.plan,
+            node: self.value,
+        })
+    }
+
+    fn size_hint(&self) -> Option<usize> {
+        Some(self.fields.len())
+    }
+}
+
+/// An array's items, block by block.
+struct Items<'a, 'i, 'p> {
+    input: &'i mut Input<'a>,
+    plan: &'p Plan,
+    item: NodeId,
+    /// Items left in the current block.
+    left: usize,
+    done: bool,
+}
+
+impl<'a> de::SeqAccess<'a> for Items<'a, '_, '_> {
+    type Error = Fail;
+
+    fn next_element_seed<S: DeserializeSeed<'a>>(&mut self, seed: S) -> Step<Option<S::Value>> {
+        if self.left == 0 {
+            if self.done {
+                return Ok(None);
+            }
+            self.left = self.input.block()?;
+            if self.left == 0 {
+                self.done = true;
+                return Ok(None);
+            }
+        }
+        self.left -= 1;
+        seed.deserialize(Value {
+            input: self.input,
+            plan: self.plan,
+            node: self.item,
+        })
+        .map(Some)
+    }
+
+    fn size_hint(&self) -> Option<usize> {
+        Some(self.left)
+    }
+}
+
+/// A map's entries (string keys), block by block.
+struct Entries<'a, 'i, 'p> {
+    input: &'i mut Input<'a>,
+    plan: &'p Plan,
+    value: NodeId,
+    left: usize,
+    done: bool,
+}
+
+impl<'a> de::MapAccess<'a> for Entries<'a, '_, '_> {
+    type Error = Fail;
+
+    fn next_key_seed<K: DeserializeSeed<'a>>(&mut self, seed: K) -> Step<Option<K::Value>> {
+        if self.left == 0 {
+            if self.done {
+                return Ok(None);
+            }
+            self.left = self.input.block()?;
+            if self.left == 0 {
+                self.done = true;
+                return Ok(None);
+            }
+        }
+        self.left -= 1;
+        seed.deserialize(de::value::BorrowedStrDeserializer::new(self.input.str()?))
+            .map(Some)
+    }
+
+    fn next_value_seed<S: DeserializeSeed<'a>>(&mut self, seed: S) -> Step<S::Value> {
+        seed.deserialize(Value {
+            input: self.input,
+            plan: self.plan,
+            node: self.value,
+        })
+    }
+
+    fn size_hint(&self) -> Option<usize> {
+        Some(self.left)
+    }
+}
+
+/// The branch of a union read as an enum variant: its index names the variant.
+struct Branch<'a, 'i, 'p> {
+    index: u32,
+    value: Value<'a, 'i, 'p>,
+}
+
+impl<'a, 'i, 'p> de::EnumAccess<'a> for Branch<'a, 'i, 'p> {
+    type Error = Fail;
+    type Variant = Value<'a, 'i, 'p>;
+
+    fn variant_seed<S: DeserializeSeed<'a>>(self, seed: S) -> Step<(S::Value, Self::Variant)> {
+        let variant = seed.deserialize(IntoDeserializer::<Fail>::into_deserializer(self.index))?;
+        Ok((variant, self.value))
+    }
+}
+
+impl<'a> de::VariantAccess<'a> for Value<'a, '_, '_> {
+    type Error = Fail;
+
+    fn unit_variant(self) -> Step<()> {
+        match self.plan.node(self.node) {
+            Node::Null => Ok(()),
+            _ => Err(Fail),
+        }
+    }
+
+    fn newtype_variant_seed<S: DeserializeSeed<'a>>(self, seed: S) -> Step<S::Value> {
+        seed.deserialize(self)
+    }
+
+    fn tuple_variant<V: Visitor<'a>>(self, _len: usize, visitor: V) -> Step<V::Value> {
+        de::Deserializer::deserialize_any(self, visitor)
+    }
+
+    fn struct_variant<V: Visitor<'a>>(
+        self,
+        _fields: &'static [&'static str],
+        visitor: V,
+    ) -> Step<V::Value> {
+        de::Deserializer::deserialize_any(self, visitor)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn input(bytes: &[u8]) -> Input<'_> {
+        Input { buf: bytes }
+    }
+
+    /// The zig-zag varint of `n`.
+    fn varint(n: i64) -> Vec<u8> {
+        let mut z = ((n << 1) ^ (n >> 63)) as u64;
+        let mut out = Vec::new();
+        while z >= 0x80 {
+            out.push((z as u8) | 0x80);
+            z >>= 7;
+        }
+        out.push(z as u8);
+        out
+    }
+
+    #[test]
+    fn every_current_schema_has_a_plan() {
+        for name in crate::TOP_LEVEL {
+            let entry = crate::registry().current(name).unwrap();
+            assert!(entry.plan.is_some(), "{name} has no fast plan");
+        }
+    }
+
+    #[test]
+    fn longs_are_zig_zag_varints_of_at_most_ten_bytes() {
+        assert_eq!(input(&[0x00]).long(), Ok(0));
+        assert_eq!(input(&[0x01]).long(), Ok(-1));
+        assert_eq!(input(&[0x02]).long(), Ok(1));
+        assert_eq!(input(&[0x80, 0x01]).long(), Ok(64));
+        let max = [0xfe, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01];
+        assert_eq!(input(&max).long(), Ok(i64::MAX));
+        let min = [0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01];
+        assert_eq!(input(&min).long(), Ok(i64::MIN));
+        // A tenth byte with more than the 64th bit, an eleventh byte, a varint cut short.
+        let over = [0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x02];
+        assert_eq!(input(&over).long(), Err(Fail));
+        let long = [
+            0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x81, 0x00,
+        ];
+        assert_eq!(input(&long).long(), Err(Fail));
+        assert_eq!(input(&[0x80]).long(), Err(Fail));
+        assert_eq!(input(&[0x80, 0x80, 0x80, 0x80, 0x10]).int(), Err(Fail));
+        for n in [
+            0,
+            1,
+            -1,
+            63,
+            -64,
+            64,
+            -65,
+            1 << 40,
+            i32::MAX.into(),
+            i32::MIN.into(),
+        ] {
+            assert_eq!(input(&varint(n)).long(), Ok(n), "{n}");
+        }
+        assert_eq!(input(&varint(i64::MAX)).long(), Ok(i64::MAX));
+        assert_eq!(input(&varint(i64::MIN)).long(), Ok(i64::MIN));
+    }
+
+    #[test]
+    fn a_length_or_block_count_past_the_end_fails_without_reading() {
+        // 5 bytes claimed, 3 left.
+        assert_eq!(input(&[0x0a, b'a', b'b', b'c']).bytes(), Err(Fail));
+        assert_eq!(input(&[0x01]).bytes(), Err(Fail), "negative length");
+        // A block of a billion items with 2 bytes left.
+        let mut billion = varint(1_000_000_000);
+        billion.extend([0, 0]);
+        assert_eq!(input(&billion).block(), Err(Fail));
+        assert_eq!(input(&billion).long(), Ok(1_000_000_000));
+        // A negative count carries the block's size in bytes.
+        assert_eq!(input(&[0x03, 0x04, 0, 0]).block(), Ok(2));
+        assert_eq!(input(&[0x04, 0xff, 0xfe]).str(), Err(Fail), "not UTF-8");
+        assert_eq!(input(&[0x04, b'o', b'k']).str(), Ok("ok"));
+    }
+}
