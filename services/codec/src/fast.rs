@@ -8,6 +8,12 @@
 //! from the input (copied once, into the value being built), and references to named types
 //! are followed by index.
 //!
+//! It also tells whether the bytes were the canonical encoding of what they decode to (what
+//! encoding the value again would give, byte for byte in length): minimal varints, each array
+//! and map in one block, map keys in strictly increasing order, no field skipped. A record
+//! from a producer is checked for being whole by encoding it again (`Registry::whole`);
+//! a canonical one needs no such check.
+//!
 //! The plan decodes exactly what its schema says and fails, cheaply and without a message,
 //! on anything else (a bad union index, a short read, invalid UTF-8, a block count larger
 //! than the bytes left): the caller then takes the general path, which decodes the record or
@@ -87,25 +93,26 @@ impl Plan {
         })
     }
 
-    /// `T` decoded from all of `body`, or `None` if the fast path cannot (see the module
-    /// documentation) or bytes are left over.
-    pub(crate) fn decode<T: DeserializeOwned>(&self, body: &[u8]) -> Option<T> {
-        let mut input = Input { buf: body };
+    /// `T` decoded from all of `body`, and whether `body` was its canonical encoding; `None`
+    /// if the fast path cannot (see the module documentation) or bytes are left over.
+    pub(crate) fn decode<T: DeserializeOwned>(&self, body: &[u8]) -> Option<(T, bool)> {
+        let mut input = Input::new(body);
         let value = T::deserialize(Value {
             input: &mut input,
             plan: self,
             node: 0,
         })
         .ok()?;
-        input.buf.is_empty().then_some(value)
+        input.buf.is_empty().then_some((value, input.canonical))
     }
 
     fn node(&self, id: NodeId) -> &Node {
         &self.nodes[id as usize]
     }
 
-    /// Reads past one value of node `id`.
+    /// Reads past one value of node `id`; what is skipped would not be encoded again.
     fn skip(&self, input: &mut Input<'_>, id: NodeId) -> Step<()> {
+        input.canonical = false;
         match self.node(id) {
             Node::Null => {}
             Node::Boolean => {
@@ -243,9 +250,18 @@ impl Compiler<'_> {
 /// What is left of the body.
 struct Input<'a> {
     buf: &'a [u8],
+    /// Nothing read so far was encoded other than the encoder would (module documentation).
+    canonical: bool,
 }
 
 impl<'a> Input<'a> {
+    fn new(buf: &'a [u8]) -> Input<'a> {
+        Input {
+            buf,
+            canonical: true,
+        }
+    }
+
     fn take(&mut self, n: usize) -> Step<&'a [u8]> {
         if n > self.buf.len() {
             return Err(Fail);
@@ -269,7 +285,8 @@ impl<'a> Input<'a> {
         }
     }
 
-    /// A zig-zag varint of at most 64 bits.
+    /// A zig-zag varint of at most 64 bits. One ending in a zero byte (after others) is
+    /// longer than it needs to be: not canonical.
     fn long(&mut self) -> Step<i64> {
         let mut n: u64 = 0;
         let mut shift = 0;
@@ -280,6 +297,9 @@ impl<'a> Input<'a> {
             }
             n |= u64::from(b & 0x7f) << shift;
             if b & 0x80 == 0 {
+                if b == 0 && shift > 0 {
+                    self.canonical = false;
+                }
                 break;
             }
             shift += 7;
@@ -302,13 +322,14 @@ impl<'a> Input<'a> {
     }
 
     /// The item count of the next block of an array or map (0 at the end). A negative count
-    /// is followed by the block's size in bytes, which is not needed. A count larger than the
-    /// bytes left is refused even where items could take no bytes, so a corrupt count cannot
-    /// make a loop of billions of steps.
+    /// is followed by the block's size in bytes, which is not needed (and not canonical). A
+    /// count larger than the bytes left is refused even where items could take no bytes, so
+    /// a corrupt count cannot make a loop of billions of steps.
     fn block(&mut self) -> Step<usize> {
         let mut n = self.long()?;
         if n < 0 {
             self.long()?;
+            self.canonical = false;
             n = n.checked_neg().ok_or(Fail)?;
         }
         usize::try_from(n)
@@ -371,14 +392,15 @@ impl<'a> de::Deserializer<'a> for Value<'a, '_, '_> {
                 plan,
                 item: *item,
                 left: 0,
-                done: false,
+                blocks: 0,
             }),
             Node::Map(value) => visitor.visit_map(Entries {
                 input: self.input,
                 plan,
                 value: *value,
                 left: 0,
-                done: false,
+                blocks: 0,
+                last: None,
             }),
             Node::Union(branches) => {
                 let branch = *self.input.index(branches)?;
@@ -493,7 +515,32 @@ struct Items<'a, 'i, 'p> {
     item: NodeId,
     /// Items left in the current block.
     left: usize,
-    done: bool,
+    blocks: Blocks,
+}
+
+/// Where an array or a map is in its blocks: `0` before the first, then the number of
+/// non-empty blocks read, [`ENDED`] after the empty one that ends it.
+type Blocks = u32;
+const ENDED: Blocks = u32::MAX;
+
+impl Input<'_> {
+    /// The next block's count (0: the end, and `blocks` becomes [`ENDED`]); more than one
+    /// non-empty block is not canonical.
+    fn next_block(&mut self, blocks: &mut Blocks) -> Step<usize> {
+        if *blocks == ENDED {
+            return Ok(0);
+        }
+        let n = self.block()?;
+        if n == 0 {
+            *blocks = ENDED;
+        } else {
+            *blocks += 1;
+            if *blocks > 1 {
+                self.canonical = false;
+            }
+        }
+        Ok(n)
+    }
 }
 
 impl<'a> de::SeqAccess<'a> for Items<'a, '_, '_> {
@@ -501,12 +548,8 @@ impl<'a> de::SeqAccess<'a> for Items<'a, '_, '_> {
 
     fn next_element_seed<S: DeserializeSeed<'a>>(&mut self, seed: S) -> Step<Option<S::Value>> {
         if self.left == 0 {
-            if self.done {
-                return Ok(None);
-            }
-            self.left = self.input.block()?;
+            self.left = self.input.next_block(&mut self.blocks)?;
             if self.left == 0 {
-                self.done = true;
                 return Ok(None);
             }
         }
@@ -530,7 +573,10 @@ struct Entries<'a, 'i, 'p> {
     plan: &'p Plan,
     value: NodeId,
     left: usize,
-    done: bool,
+    blocks: Blocks,
+    /// The last key read: keys in strictly increasing order are what encoding a `BTreeMap`
+    /// gives; any other order may hide a duplicate, which the decoded map would drop.
+    last: Option<&'a str>,
 }
 
 impl<'a> de::MapAccess<'a> for Entries<'a, '_, '_> {
@@ -538,17 +584,18 @@ impl<'a> de::MapAccess<'a> for Entries<'a, '_, '_> {
 
     fn next_key_seed<K: DeserializeSeed<'a>>(&mut self, seed: K) -> Step<Option<K::Value>> {
         if self.left == 0 {
-            if self.done {
-                return Ok(None);
-            }
-            self.left = self.input.block()?;
+            self.left = self.input.next_block(&mut self.blocks)?;
             if self.left == 0 {
-                self.done = true;
                 return Ok(None);
             }
         }
         self.left -= 1;
-        seed.deserialize(de::value::BorrowedStrDeserializer::new(self.input.str()?))
+        let key = self.input.str()?;
+        if self.last.is_some_and(|last| last >= key) {
+            self.input.canonical = false;
+        }
+        self.last = Some(key);
+        seed.deserialize(de::value::BorrowedStrDeserializer::new(key))
             .map(Some)
     }
 
@@ -613,7 +660,7 @@ mod tests {
     use super::*;
 
     fn input(bytes: &[u8]) -> Input<'_> {
-        Input { buf: bytes }
+        Input::new(bytes)
     }
 
     /// The zig-zag varint of `n`.
@@ -687,5 +734,34 @@ mod tests {
         assert_eq!(input(&[0x03, 0x04, 0, 0]).block(), Ok(2));
         assert_eq!(input(&[0x04, 0xff, 0xfe]).str(), Err(Fail), "not UTF-8");
         assert_eq!(input(&[0x04, b'o', b'k']).str(), Ok("ok"));
+    }
+
+    #[test]
+    fn what_an_encoder_would_not_write_is_not_canonical() {
+        let canonical = |bytes: &[u8], read: fn(&mut Input<'_>) -> Step<()>| {
+            let mut i = input(bytes);
+            read(&mut i).unwrap();
+            assert!(i.buf.is_empty(), "{bytes:02x?} read whole");
+            i.canonical
+        };
+        let long: fn(&mut Input<'_>) -> Step<()> = |i| i.long().map(drop);
+        assert!(canonical(&[0x00], long));
+        assert!(canonical(&[0x80, 0x01], long));
+        assert!(
+            !canonical(&[0x80, 0x00], long),
+            "64 in two bytes is 0 in two"
+        );
+        assert!(!canonical(&[0x82, 0x80, 0x00], long), "1 in three bytes");
+        // Blocks: one non-empty block then the end; an empty array; two blocks; a negative
+        // count with its size.
+        let blocks: fn(&mut Input<'_>) -> Step<()> = |i| {
+            let mut b = 0;
+            while i.next_block(&mut b)? > 0 {}
+            Ok(())
+        };
+        assert!(canonical(&[0x02, 0x00], blocks));
+        assert!(canonical(&[0x00], blocks));
+        assert!(!canonical(&[0x02, 0x02, 0x00], blocks));
+        assert!(!canonical(&[0x01, 0x02, 0x00], blocks));
     }
 }

@@ -163,15 +163,16 @@ impl Registry {
 
     /// The fast path for records written with the current schema: straight from the bytes,
     /// no intermediate value tree (the compiled plan of the `fast` module, else apache-avro's serde
-    /// reader). `None` when it does not fully succeed (bad input, trailing bytes); the general
-    /// path then decodes or names the problem.
-    fn decode_direct<T: Record>(writer: &SchemaEntry, body: &[u8]) -> Option<T> {
+    /// reader), and whether `body` is known to be the value's canonical encoding (then it is
+    /// whole: see [`Registry::whole`]). `None` when it does not fully succeed (bad input,
+    /// trailing bytes); the general path then decodes or names the problem.
+    fn decode_direct<T: Record>(writer: &SchemaEntry, body: &[u8]) -> Option<(T, bool)> {
         if let Some(plan) = &writer.plan {
             return plan.decode(body);
         }
         let mut cursor = body;
         let v = writer.reader.read_deser::<T>(&mut cursor).ok()?;
-        cursor.is_empty().then_some(v)
+        cursor.is_empty().then_some((v, false))
     }
 
     /// Whether `bytes` decode on the fast path (for tests and benchmarks).
@@ -214,9 +215,15 @@ impl Registry {
         };
         if fast
             && writer.fingerprint == reader.fingerprint
-            && let Some(v) = Self::decode_direct::<T>(writer, body)
+            && let Some((v, canonical)) = Self::decode_direct::<T>(writer, body)
         {
-            return Self::whole(writer, body, v);
+            // The plan reads strictly: what it decodes from a canonical encoding is all of
+            // it, and encoding it again would only say so.
+            return if canonical {
+                Ok(v)
+            } else {
+                Self::whole(writer, body, v)
+            };
         }
         let mut cursor = body;
         let value = writer
@@ -255,8 +262,11 @@ impl Registry {
     /// apache-avro reads a `["null", T]` union whose value is cut short as null, so a
     /// record cut inside a trailing optional field (a JobRequest's `traceparent`) decoded
     /// as if the field were absent; its encoding is then shorter than the body. Records from
-    /// producers are checked so; the journal, which only ksched writes (in transactions),
-    /// is not, to keep replays at full speed.
+    /// producers are checked so, except those the fast path read as canonical encodings (it
+    /// reads strictly, and encoding them again would give the body's length); the journal,
+    /// which only ksched writes (in transactions), is not, to keep replays at full speed.
+    /// Valid Avro that is not canonical (an array in two blocks, a map with a key twice) is
+    /// refused here too, when what it decodes to encodes shorter.
     fn whole<T: Record>(writer: &SchemaEntry, body: &[u8], v: T) -> Result<T> {
         if T::NAME == "io.ksched.JournalEntry" {
             return Ok(v);

@@ -265,3 +265,39 @@ fn a_record_cut_inside_a_trailing_optional_field_is_malformed() {
         assert!(got.is_err(), "cut {cut}: {got:?}");
     }
 }
+
+/// `bytes` with the first occurrence of `from` replaced by `to` (same length).
+fn patched(bytes: &[u8], from: &[u8], to: &[u8]) -> Vec<u8> {
+    let at = bytes
+        .windows(from.len())
+        .position(|w| w == from)
+        .expect("the pattern is in the encoding");
+    let mut out = bytes.to_vec();
+    out[at..at + from.len()].copy_from_slice(to);
+    out
+}
+
+#[test]
+fn a_map_with_a_key_twice_is_refused_and_one_out_of_order_is_read() {
+    let mut r = samples::job_request();
+    r.labels = [("a", "1"), ("b", "2")]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+    let bytes = encode(&r).unwrap();
+    // count 2, "a" -> "1", "b" -> "2", end
+    let map = [0x04, 0x02, b'a', 0x02, b'1', 0x02, b'b', 0x02, b'2', 0x00];
+    let twice = patched(
+        &bytes,
+        &map,
+        &[0x04, 0x02, b'a', 0x02, b'1', 0x02, b'a', 0x02, b'2', 0x00],
+    );
+    let err = decode::<JobRequest>(&twice).unwrap_err().to_string();
+    assert!(err.contains("not one whole record"), "{err}");
+    let reversed = patched(
+        &bytes,
+        &map,
+        &[0x04, 0x02, b'b', 0x02, b'2', 0x02, b'a', 0x02, b'1', 0x00],
+    );
+    assert_eq!(decode::<JobRequest>(&reversed).unwrap(), r);
+}
