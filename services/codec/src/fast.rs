@@ -675,6 +675,67 @@ mod tests {
         out
     }
 
+    /// A plan of `json`, which lives for the test process.
+    fn plan(json: &str) -> Plan {
+        let schema: &'static Schema = Box::leak(Box::new(Schema::parse_str(json).unwrap()));
+        let names: &'static Names<'static> = Box::leak(Box::new(Names::of(schema)));
+        Plan::compile(schema, names).expect("a plan")
+    }
+
+    #[test]
+    fn fields_the_type_does_not_have_are_skipped_whatever_their_schema() {
+        #[derive(Debug, PartialEq, serde::Deserialize)]
+        struct Last {
+            last: String,
+        }
+        let plan = plan(
+            r#"{"type": "record", "name": "R", "fields": [
+                {"name": "f", "type": "float"},
+                {"name": "d", "type": "double"},
+                {"name": "b", "type": "boolean"},
+                {"name": "x", "type": {"type": "fixed", "name": "X", "size": 3}},
+                {"name": "e", "type": {"type": "enum", "name": "E", "symbols": ["A", "B"]}},
+                {"name": "m", "type": {"type": "map", "values": {"type": "array", "items": "E"}}},
+                {"name": "u", "type": ["null", "X", "string"]},
+                {"name": "last", "type": "string"}
+            ]}"#,
+        );
+        let mut body = vec![0; 4 + 8];
+        body.push(1);
+        body.extend(b"xyz");
+        body.push(varint(1)[0]);
+        // {"k": [A, B]}: one block of one entry, an array of one block of two.
+        body.extend([
+            varint(1)[0],
+            varint(1)[0],
+            b'k',
+            varint(2)[0],
+            0,
+            varint(1)[0],
+            0,
+            0,
+        ]);
+        body.extend([varint(2)[0], varint(2)[0], b'h', b'i']);
+        body.extend([varint(4)[0], b'l', b'a', b's', b't']);
+        let (value, canonical) = plan.decode::<Last>(&body).expect("decodes");
+        assert_eq!(
+            value,
+            Last {
+                last: "last".into()
+            }
+        );
+        assert!(!canonical, "skipped fields would not be encoded again");
+        // One byte short, one byte over, a union index past its branches.
+        assert!(plan.decode::<Last>(&body[..body.len() - 1]).is_none());
+        let mut over = body.clone();
+        over.push(0);
+        assert!(plan.decode::<Last>(&over).is_none());
+        let at = body.len() - 9;
+        assert_eq!(body[at], varint(2)[0], "the union's index");
+        body[at] = varint(3)[0];
+        assert!(plan.decode::<Last>(&body).is_none());
+    }
+
     #[test]
     fn every_current_schema_has_a_plan() {
         for name in crate::TOP_LEVEL {
