@@ -97,17 +97,21 @@ impl Plan {
     /// if the fast path cannot (see the module documentation) or bytes are left over.
     pub(crate) fn decode<T: DeserializeOwned>(&self, body: &[u8]) -> Option<(T, bool)> {
         let mut input = Input::new(body);
-        let value = T::deserialize(Value {
-            input: &mut input,
-            plan: self,
-            node: 0,
-        })
-        .ok()?;
+        let value = T::deserialize(self.value(&mut input, 0)).ok()?;
         input.buf.is_empty().then_some((value, input.canonical))
     }
 
     fn node(&self, id: NodeId) -> &Node {
         &self.nodes[id as usize]
+    }
+
+    /// A value of node `node`, to be read from `input`.
+    fn value<'a, 'i>(&self, input: &'i mut Input<'a>, node: NodeId) -> Value<'a, 'i, '_> {
+        Value {
+            input,
+            plan: self,
+            node,
+        }
     }
 
     /// Reads past one value of node `id`; what is skipped would not be encoded again.
@@ -496,11 +500,7 @@ impl<'a> de::MapAccess<'a> for Fields<'a, '_, '_> {
     }
 
     fn next_value_seed<S: DeserializeSeed<'a>>(&mut self, seed: S) -> Step<S::Value> {
-        seed.deserialize(Value {
-            input: self.input,
-            plan: self.plan,
-            node: self.value,
-        })
+        seed.deserialize(self.plan.value(self.input, self.value))
     }
 
     fn size_hint(&self) -> Option<usize> {
@@ -554,12 +554,8 @@ impl<'a> de::SeqAccess<'a> for Items<'a, '_, '_> {
             }
         }
         self.left -= 1;
-        seed.deserialize(Value {
-            input: self.input,
-            plan: self.plan,
-            node: self.item,
-        })
-        .map(Some)
+        seed.deserialize(self.plan.value(self.input, self.item))
+            .map(Some)
     }
 
     fn size_hint(&self) -> Option<usize> {
@@ -600,11 +596,7 @@ impl<'a> de::MapAccess<'a> for Entries<'a, '_, '_> {
     }
 
     fn next_value_seed<S: DeserializeSeed<'a>>(&mut self, seed: S) -> Step<S::Value> {
-        seed.deserialize(Value {
-            input: self.input,
-            plan: self.plan,
-            node: self.value,
-        })
+        seed.deserialize(self.plan.value(self.input, self.value))
     }
 
     fn size_hint(&self) -> Option<usize> {
