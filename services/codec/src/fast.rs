@@ -148,25 +148,19 @@ impl Plan {
             Node::Enum(symbols) => {
                 input.index(symbols)?;
             }
-            Node::Array(item) => loop {
-                let n = input.block()?;
-                if n == 0 {
-                    break;
-                }
-                for _ in 0..n {
+            Node::Array(item) => {
+                let mut blocks = Blocks::default();
+                while blocks.next_item(input)? {
                     self.skip(input, *item)?;
                 }
-            },
-            Node::Map(value) => loop {
-                let n = input.block()?;
-                if n == 0 {
-                    break;
-                }
-                for _ in 0..n {
+            }
+            Node::Map(value) => {
+                let mut blocks = Blocks::default();
+                while blocks.next_item(input)? {
                     input.bytes()?;
                     self.skip(input, *value)?;
                 }
-            },
+            }
             Node::Union(branches) => {
                 let branch = *input.index(branches)?;
                 self.skip(input, branch)?;
@@ -395,15 +389,13 @@ impl<'a> de::Deserializer<'a> for Value<'a, '_, '_> {
                 input: self.input,
                 plan,
                 item: *item,
-                left: 0,
-                blocks: 0,
+                blocks: Blocks::default(),
             }),
             Node::Map(value) => visitor.visit_map(Entries {
                 input: self.input,
                 plan,
                 value: *value,
-                left: 0,
-                blocks: 0,
+                blocks: Blocks::default(),
                 last: None,
             }),
             Node::Union(branches) => {
@@ -513,33 +505,40 @@ struct Items<'a, 'i, 'p> {
     input: &'i mut Input<'a>,
     plan: &'p Plan,
     item: NodeId,
-    /// Items left in the current block.
-    left: usize,
     blocks: Blocks,
 }
 
-/// Where an array or a map is in its blocks: `0` before the first, then the number of
-/// non-empty blocks read, [`ENDED`] after the empty one that ends it.
-type Blocks = u32;
-const ENDED: Blocks = u32::MAX;
+/// Where an array or a map is in its blocks.
+#[derive(Debug, Default)]
+struct Blocks {
+    /// Items left in the current block.
+    left: usize,
+    /// Non-empty blocks read: more than one is not canonical.
+    read: u32,
+    /// The empty block that ends the array or map was read.
+    ended: bool,
+}
 
-impl Input<'_> {
-    /// The next block's count (0: the end, and `blocks` becomes [`ENDED`]); more than one
-    /// non-empty block is not canonical.
-    fn next_block(&mut self, blocks: &mut Blocks) -> Step<usize> {
-        if *blocks == ENDED {
-            return Ok(0);
-        }
-        let n = self.block()?;
-        if n == 0 {
-            *blocks = ENDED;
-        } else {
-            *blocks += 1;
-            if *blocks > 1 {
-                self.canonical = false;
+impl Blocks {
+    /// Whether another item follows (reading the next block's count when the current one
+    /// is used up); it is then counted as read.
+    fn next_item(&mut self, input: &mut Input<'_>) -> Step<bool> {
+        if self.left == 0 {
+            if self.ended {
+                return Ok(false);
+            }
+            self.left = input.block()?;
+            if self.left == 0 {
+                self.ended = true;
+                return Ok(false);
+            }
+            self.read += 1;
+            if self.read > 1 {
+                input.canonical = false;
             }
         }
-        Ok(n)
+        self.left -= 1;
+        Ok(true)
     }
 }
 
@@ -547,19 +546,15 @@ impl<'a> de::SeqAccess<'a> for Items<'a, '_, '_> {
     type Error = Fail;
 
     fn next_element_seed<S: DeserializeSeed<'a>>(&mut self, seed: S) -> Step<Option<S::Value>> {
-        if self.left == 0 {
-            self.left = self.input.next_block(&mut self.blocks)?;
-            if self.left == 0 {
-                return Ok(None);
-            }
+        if !self.blocks.next_item(self.input)? {
+            return Ok(None);
         }
-        self.left -= 1;
         seed.deserialize(self.plan.value(self.input, self.item))
             .map(Some)
     }
 
     fn size_hint(&self) -> Option<usize> {
-        Some(self.left)
+        Some(self.blocks.left)
     }
 }
 
@@ -568,7 +563,6 @@ struct Entries<'a, 'i, 'p> {
     input: &'i mut Input<'a>,
     plan: &'p Plan,
     value: NodeId,
-    left: usize,
     blocks: Blocks,
     /// The last key read: keys in strictly increasing order are what encoding a `BTreeMap`
     /// gives; any other order may hide a duplicate, which the decoded map would drop.
@@ -579,13 +573,9 @@ impl<'a> de::MapAccess<'a> for Entries<'a, '_, '_> {
     type Error = Fail;
 
     fn next_key_seed<K: DeserializeSeed<'a>>(&mut self, seed: K) -> Step<Option<K::Value>> {
-        if self.left == 0 {
-            self.left = self.input.next_block(&mut self.blocks)?;
-            if self.left == 0 {
-                return Ok(None);
-            }
+        if !self.blocks.next_item(self.input)? {
+            return Ok(None);
         }
-        self.left -= 1;
         let key = self.input.str()?;
         if self.last.is_some_and(|last| last >= key) {
             self.input.canonical = false;
@@ -600,7 +590,7 @@ impl<'a> de::MapAccess<'a> for Entries<'a, '_, '_> {
     }
 
     fn size_hint(&self) -> Option<usize> {
-        Some(self.left)
+        Some(self.blocks.left)
     }
 }
 
@@ -808,8 +798,8 @@ mod tests {
         // Blocks: one non-empty block then the end; an empty array; two blocks; a negative
         // count with its size.
         let blocks: fn(&mut Input<'_>) -> Step<()> = |i| {
-            let mut b = 0;
-            while i.next_block(&mut b)? > 0 {}
+            let mut b = Blocks::default();
+            while b.next_item(i)? {}
             Ok(())
         };
         assert!(canonical(&[0x02, 0x00], blocks));
