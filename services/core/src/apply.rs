@@ -35,11 +35,14 @@ pub fn apply_entry(state: &mut State, entry: &JournalEntry) {
     }
 }
 
-/// What every entry does before its events: the clock moves to the entry's log time, and a
-/// Tick moves the watermark it was judged at.
+/// What every entry does before its events: the clock moves to the entry's log time, a
+/// Tick moves the watermark it was judged at, and the entry's history lines start new runs.
 pub(crate) fn begin_entry(state: &mut State, log_time: Millis, input: &Input) {
     state.clock = state.clock.max(log_time);
     state.entries += 1;
+    if let Some(d) = state.dirty.as_mut() {
+        d.history.begin_entry();
+    }
     if let Input::Tick(t) = input {
         state.watermark = state.watermark.max(t.watermark.unwrap_or(log_time));
     }

@@ -24,8 +24,8 @@ use ksched_core::events::Reconfigure;
 use ksched_core::records::{DeadLetter, Millis};
 use ksched_core::rules::Rules;
 use ksched_core::state::{
-    ActiveConfig, Breaker, ColdStore, Dirty, HistoryItem, HistoryLine, IdempotencyEntry, Job, Saga,
-    State, Worker,
+    ActiveConfig, Breaker, ColdStore, Dirty, HistoryItem, HistoryLines, IdempotencyEntry, Job,
+    Saga, State, Worker,
 };
 use rocksdb::{
     ColumnFamily, ColumnFamilyDescriptor, DB, Direction, IteratorMode, Options, WriteBatch,
@@ -39,7 +39,9 @@ use thiserror::Error;
 /// histories (`history`) and payloads (`payloads`) beside the jobs, not in them.
 /// 3: a job's request keeps the submission's `traceparent`.
 /// 4: a job names the job whose payload it runs (`payload_of`, redrive).
-pub const FORMAT_VERSION: u32 = 4;
+/// 5: a job's history lines are stored by run (consecutive lines written together, one
+/// value: [`HistoryLines`]), not one value per line.
+pub const FORMAT_VERSION: u32 = 5;
 
 /// Most idempotency keys one write deletes when their retention passed; the rest follow in
 /// the next writes, so a prune never becomes one huge batch.
@@ -128,7 +130,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// prepares).
 pub struct Prepared {
     batch: WriteBatch,
-    history: Vec<HistoryLine>,
+    history: HistoryLines,
 }
 
 impl Prepared {
@@ -143,6 +145,7 @@ impl std::fmt::Debug for Prepared {
         f.debug_struct("Prepared")
             .field("records", &self.batch.len())
             .field("history_lines", &self.history.len())
+            .field("history_runs", &self.history.run_count())
             .finish()
     }
 }
@@ -177,7 +180,7 @@ const BLOCK_CACHE_BYTES: usize = 128 * 1024 * 1024;
 ///
 /// Column families only ever read in key order ([`SCANNED_ONLY`]) get no filters: a filter
 /// answers point lookups only, and building one costs a hash per key written, at every
-/// memtable insert, flush and compaction (the history takes a write per event).
+/// memtable insert, flush and compaction (the history takes a write per run of lines, about one per decision).
 fn cf_options(cache: &rocksdb::Cache, point_lookups: bool) -> Options {
     let mut table = rocksdb::BlockBasedOptions::default();
     if point_lookups {
@@ -622,13 +625,14 @@ impl Store {
             batch: mut b,
             history,
         } = batch;
-        // In order: a line may replace an earlier one with the same number.
+        // In order: a run may replace an earlier one with the same first line (which held
+        // only that line, the job's last then: `HistoryLines`).
         let mut key = Vec::new();
         let mut value = Vec::new();
-        for line in &history {
-            let seq = line.seq.to_be_bytes();
-            self.key_into(&mut key, &history_key(&line.job_id, &seq));
-            encode_into(&mut value, &line.item);
+        for (job_id, first, lines) in history.runs() {
+            let first = first.to_be_bytes();
+            self.key_into(&mut key, &history_key(job_id, &first));
+            encode_into(&mut value, &lines);
             b.put_cf(self.cf(CF_HISTORY), &key, &value);
         }
         if let Some(w) = watermark {
@@ -678,7 +682,8 @@ impl Store {
         Ok(true)
     }
 
-    /// A job's history, in order (its lines are written beside the job, not in it).
+    /// A job's history, in order (its lines are written beside the job, not in it, by run:
+    /// a run's first line replaces the line with its number read before, if any).
     pub fn history(&self, job_id: &str) -> Result<Vec<HistoryItem>> {
         let (mut start, mut end) = (Vec::new(), Vec::new());
         self.key_into(&mut start, &history_key(job_id, &0u32.to_be_bytes()));
@@ -692,7 +697,18 @@ impl Store {
             if k.as_ref() > end.as_slice() {
                 break;
             }
-            out.push(decode(CF_HISTORY, &v)?);
+            let first = k
+                .len()
+                .checked_sub(4)
+                .and_then(|at| k[at..].try_into().ok())
+                .map(u32::from_be_bytes)
+                .ok_or_else(|| Error::Decode {
+                    what: CF_HISTORY.to_owned(),
+                    detail: "a key too short for a line number".to_owned(),
+                })?;
+            let lines: Vec<HistoryItem> = decode(CF_HISTORY, &v)?;
+            out.truncate(first as usize);
+            out.extend(lines);
         }
         Ok(out)
     }
@@ -845,9 +861,9 @@ fn idem_key(tenant: &str, key: &str) -> Vec<u8> {
     k
 }
 
-/// `job_id \0 seq` (big-endian): a job's lines in order, and no job's lines inside another's.
-/// The parts of a history line's key, before the shard prefix ([`Store::key_into`]): the
-/// job id, a zero byte, the line's sequence number (`seq`, big-endian).
+/// The parts of a history run's key, before the shard prefix ([`Store::key_into`]): the job
+/// id, a zero byte, the number of the run's first line (big-endian). A job's runs in order,
+/// and no job's runs inside another's.
 fn history_key<'a>(job_id: &'a str, seq: &'a [u8; 4]) -> [&'a [u8]; 3] {
     [job_id.as_bytes(), &[0], seq]
 }

@@ -114,15 +114,10 @@ fn persisted_and_reloaded_state_matches_the_in_memory_projection() {
             "input {i}: same decision from a partial state"
         );
         let dirty = live.take_dirty();
-        for line in &dirty.history {
-            let lines = histories.entry(line.job_id.clone()).or_default();
-            assert_eq!(
-                line.seq as usize,
-                lines.len(),
-                "{}'s lines in order",
-                line.job_id
-            );
-            lines.push(line.item.clone());
+        for (job_id, seq, item) in dirty.history.lines() {
+            let lines = histories.entry(job_id.to_owned()).or_default();
+            assert_eq!(seq as usize, lines.len(), "{job_id}'s lines in order");
+            lines.push(item.clone());
         }
         store.persist(&live, dirty, Some(i as i64)).unwrap();
         live.evict_cold();
@@ -414,4 +409,69 @@ fn a_job_accepted_and_ended_between_two_checkpoints_has_no_marker_to_delete() {
     let dirty = loaded.take_dirty();
     store.persist(&loaded, dirty, Some(2)).unwrap();
     assert!(!active().contains(&"a".to_owned()));
+}
+
+/// A job's lines written over many checkpoints by runs, some replacing the job's last line
+/// (a run of progress; the last slot past the history's bound) in the same run, in a later
+/// run of the same checkpoint or in a later checkpoint, read back as last written, and no
+/// job's lines with another's (one id is a prefix of the others).
+#[test]
+fn history_runs_read_back_with_their_replacements() {
+    use ksched_core::state::{Dirty, HistoryItem};
+    let dir = tempfile::tempdir().unwrap();
+    let state = State::new();
+    let jobs = ["a", "a-1", "ab", "b"];
+    let mut model: std::collections::BTreeMap<&str, Vec<HistoryItem>> = Default::default();
+    // xorshift64: the same sequence every run.
+    let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+    let mut next = move |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    let mut replaced = 0;
+    {
+        let store = Store::open(dir.path(), 0).unwrap();
+        for checkpoint in 0..300i64 {
+            let mut dirty = Dirty::default();
+            for k in 0..next(8) {
+                if next(2) == 0 {
+                    dirty.history.begin_entry();
+                }
+                let job = jobs[next(4) as usize];
+                let lines = model.entry(job).or_default();
+                let replace = !lines.is_empty() && next(3) == 0;
+                let item = HistoryItem {
+                    at: checkpoint,
+                    event: "E".into(),
+                    detail: format!("{checkpoint}.{k}"),
+                };
+                if replace {
+                    dirty
+                        .history
+                        .push(job, lines.len() as u32 - 1, item.clone());
+                    *lines.last_mut().unwrap() = item;
+                    replaced += 1;
+                } else {
+                    dirty.history.push(job, lines.len() as u32, item.clone());
+                    lines.push(item);
+                }
+            }
+            store.persist(&state, dirty, Some(checkpoint)).unwrap();
+            for (job, lines) in &model {
+                assert_eq!(
+                    &store.history(job).unwrap(),
+                    lines,
+                    "{job} after checkpoint {checkpoint}"
+                );
+            }
+        }
+    }
+    assert!(replaced > 100, "the sequence replaces lines ({replaced})");
+    let store = Store::open(dir.path(), 0).unwrap();
+    for (job, lines) in &model {
+        assert_eq!(&store.history(job).unwrap(), lines, "{job} reopened");
+    }
+    assert!(store.history("c").unwrap().is_empty());
 }

@@ -8,9 +8,7 @@ use crate::events::JobState;
 use crate::records::Millis;
 use crate::rules::Timing;
 
-use super::{
-    HISTORY_MAX, HistoryItem, HistoryLine, Job, QueueKey, State, Timer, TimerKind, Worker,
-};
+use super::{HISTORY_MAX, HistoryItem, Job, QueueKey, State, Timer, TimerKind, Worker};
 
 /// A history line to write ([`State::write_history`]): when, the event's name, what it says.
 #[derive(Debug)]
@@ -325,15 +323,15 @@ impl State {
     /// Adds line `seq` of job `id` to the changed keys, when they are tracked.
     fn push_line(&mut self, id: &str, seq: u32, line: Line) {
         if let Some(d) = self.dirty.as_mut() {
-            d.history.push(HistoryLine {
-                job_id: id.to_owned(),
+            d.history.push(
+                id,
                 seq,
-                item: HistoryItem {
+                HistoryItem {
                     at: line.at,
                     event: Cow::Borrowed(line.event),
                     detail: line.detail,
                 },
-            });
+            );
         }
     }
 

@@ -29,14 +29,118 @@ pub struct HistoryItem {
 /// Most lines a job's history keeps (see `State::write_history`).
 pub const HISTORY_MAX: u32 = 200;
 
-/// One line of a job's history as the owner of the state persists it: the job, the line's
-/// number, the line. A line may replace an earlier one with the same number (a run of
-/// progress keeps one line; past the bound, the last slot keeps the latest line).
+/// The history lines written since the last checkpoint, in order, as the owner of the
+/// state persists them: runs of one job's consecutive lines in one journal entry, each
+/// stored as one value ([`HistoryLines::runs`]). A run never spans two entries, so the
+/// runs, and the store's keys, are the same whether the entries were decided live or
+/// replayed, whatever the checkpoints between them.
+///
+/// A job's lines are numbered from 0, and a new line is either the next number or the
+/// number of the job's last line, which it replaces (a run of progress keeps one line; past
+/// [`HISTORY_MAX`], the last slot keeps the latest line). So a run holds lines `first,
+/// first + 1, ...` with no number twice, and only its first line can replace a line written
+/// before it (the job's last, in an earlier run).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct HistoryLines {
+    items: Vec<HistoryItem>,
+    runs: Vec<Run>,
+    /// The last run may take more lines (no entry began since it did).
+    open: bool,
+}
+
+/// A run of [`HistoryLines`]: its job, its first line's number, and where its lines end in
+/// `items` (they start where the run before ends).
 #[derive(Debug, Clone, PartialEq)]
-pub struct HistoryLine {
-    pub job_id: String,
-    pub seq: u32,
-    pub item: HistoryItem,
+struct Run {
+    job_id: String,
+    first: u32,
+    end: usize,
+}
+
+impl HistoryLines {
+    /// Empty, with room for as many lines and runs as `self` holds (a replay's checkpoint
+    /// holds tens of thousands, and growing the lists to that size again, by doubling, was
+    /// a few per cent of a replay).
+    pub fn sized_like(&self) -> HistoryLines {
+        HistoryLines {
+            items: Vec::with_capacity(self.items.len()),
+            runs: Vec::with_capacity(self.runs.len()),
+            open: false,
+        }
+    }
+
+    /// A journal entry begins: its lines start new runs.
+    pub fn begin_entry(&mut self) {
+        self.open = false;
+    }
+
+    /// Adds line `seq` of job `job_id`. It extends the last run when that run is the same
+    /// job's, in the same entry, and ends at `seq` (replaced) or at `seq - 1`; otherwise it
+    /// starts a run.
+    pub fn push(&mut self, job_id: &str, seq: u32, item: HistoryItem) {
+        let start = self
+            .runs
+            .len()
+            .checked_sub(2)
+            .map_or(0, |i| self.runs[i].end);
+        let open = std::mem::replace(&mut self.open, true);
+        if let Some(run) = self.runs.last_mut()
+            && open
+            && run.job_id == job_id
+        {
+            // A run is never empty: its last line is `first + len - 1`.
+            let last = run.first + (run.end - start - 1) as u32;
+            if seq == last {
+                self.items[run.end - 1] = item;
+                return;
+            }
+            if seq == last + 1 {
+                self.items.push(item);
+                run.end += 1;
+                return;
+            }
+        }
+        self.items.push(item);
+        self.runs.push(Run {
+            job_id: job_id.to_owned(),
+            first: seq,
+            end: self.items.len(),
+        });
+    }
+
+    /// The runs in the order they were written: job id, first line's number, lines.
+    pub fn runs(&self) -> impl Iterator<Item = (&str, u32, &[HistoryItem])> {
+        let mut start = 0;
+        self.runs.iter().map(move |r| {
+            let lines = &self.items[start..r.end];
+            start = r.end;
+            (r.job_id.as_str(), r.first, lines)
+        })
+    }
+
+    /// Every line held, in the order written, with its job and number. A run's first line
+    /// may replace an earlier run's last (the same job and number); a reader keeps the later.
+    pub fn lines(&self) -> impl Iterator<Item = (&str, u32, &HistoryItem)> {
+        self.runs().flat_map(|(job_id, first, lines)| {
+            (first..)
+                .zip(lines)
+                .map(move |(seq, item)| (job_id, seq, item))
+        })
+    }
+
+    /// Lines held (a line replaced inside its run counts once).
+    pub fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+
+    /// Runs held: the values a checkpoint writes.
+    pub fn run_count(&self) -> usize {
+        self.runs.len()
+    }
 }
 
 /// A job as the scheduler knows it. Its payload and history are not held here: the payload
@@ -261,4 +365,67 @@ pub struct Timer {
     pub due: Millis,
     pub kind: TimerKind,
     pub job_id: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn item(detail: &str) -> HistoryItem {
+        HistoryItem {
+            at: 0,
+            event: "E".into(),
+            detail: detail.to_owned(),
+        }
+    }
+
+    fn runs(h: &HistoryLines) -> Vec<(&str, u32, Vec<&str>)> {
+        h.runs()
+            .map(|(job, first, lines)| (job, first, lines.iter().map(|l| &*l.detail).collect()))
+            .collect()
+    }
+
+    #[test]
+    fn a_jobs_consecutive_lines_make_one_run_and_a_replaced_line_keeps_its_place() {
+        let mut h = HistoryLines::default();
+        h.push("a", 0, item("a0"));
+        h.push("a", 1, item("a1"));
+        h.push("a", 1, item("a1'")); // replaces the run's last line
+        h.push("b", 0, item("b0"));
+        h.push("a", 2, item("a2")); // the same job again, after another: a new run
+        h.push("a", 2, item("a2'"));
+        h.push("a", 3, item("a3"));
+        h.push("ab", 0, item("ab0"));
+        h.push("ab", 0, item("ab0'"));
+        assert_eq!(
+            runs(&h),
+            vec![
+                ("a", 0, vec!["a0", "a1'"]),
+                ("b", 0, vec!["b0"]),
+                ("a", 2, vec!["a2'", "a3"]),
+                ("ab", 0, vec!["ab0'"]),
+            ]
+        );
+        assert_eq!((h.len(), h.run_count()), (6, 4));
+        let lines: Vec<(&str, u32)> = h.lines().map(|(j, s, _)| (j, s)).collect();
+        assert_eq!(
+            lines,
+            vec![("a", 0), ("a", 1), ("b", 0), ("a", 2), ("a", 3), ("ab", 0)]
+        );
+        // A new entry starts new runs, even for the job whose lines came last.
+        h.begin_entry();
+        h.push("ab", 1, item("ab1"));
+        h.push("ab", 2, item("ab2"));
+        h.begin_entry();
+        h.push("ab", 2, item("ab2'"));
+        assert_eq!(
+            runs(&h)[4..],
+            [("ab", 1, vec!["ab1", "ab2"]), ("ab", 2, vec!["ab2'"])]
+        );
+        // A run that starts by replacing the job's last line of an earlier run.
+        let mut later = h.sized_like();
+        later.push("a", 3, item("a3'"));
+        later.push("a", 4, item("a4"));
+        assert_eq!(runs(&later), vec![("a", 3, vec!["a3'", "a4"])]);
+    }
 }

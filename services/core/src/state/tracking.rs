@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::records::{DeadLetter, Millis};
 
-use super::{HistoryLine, State};
+use super::{HistoryLines, State};
 
 /// Keys changed since the runtime last persisted, so it writes only those.
 #[derive(Debug, Clone, Default)]
@@ -18,7 +18,7 @@ pub struct Dirty {
     pub dead_letters: Vec<DeadLetter>,
     pub config: bool,
     /// History lines written since the last persist, in order.
-    pub history: Vec<HistoryLine>,
+    pub history: HistoryLines,
     /// Payloads of jobs accepted since the last persist (job_id -> payload).
     pub payloads: BTreeMap<String, Vec<u8>>,
     /// The state's clock when this set began, i.e. when the set before it was taken
@@ -42,9 +42,8 @@ impl State {
         let Some(d) = self.dirty.as_mut() else {
             return Dirty::default();
         };
-        let lines = d.history.len();
         let taken = std::mem::take(d);
-        d.history.reserve(lines);
+        d.history = taken.history.sized_like();
         d.since_clock = Some(clock);
         taken
     }

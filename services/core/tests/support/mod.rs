@@ -13,7 +13,7 @@ use ksched_core::policy::{OutputDecision, PolicyDecision, PolicyEngine};
 use ksched_core::records::*;
 use ksched_core::rules::{PoolRules, Rules, StrategyKind};
 use ksched_core::state::{
-    ColdStore, Dirty, HistoryItem, HistoryLine, IdempotencyEntry, Job, Saga, State,
+    ColdStore, Dirty, HistoryItem, HistoryLines, IdempotencyEntry, Job, Saga, State,
 };
 use serde_json::Value;
 
@@ -75,7 +75,7 @@ pub(crate) struct Batch {
     sagas: Vec<(String, Saga)>,
     idempotency: Vec<((String, String), IdempotencyEntry)>,
     pruned_before: Option<i64>,
-    history: Vec<HistoryLine>,
+    history: HistoryLines,
     payloads: BTreeMap<String, Vec<u8>>,
 }
 
@@ -106,8 +106,8 @@ impl ColdMap {
         if let Some(before) = b.pruned_before {
             self.idempotency.retain(|_, e| e.seen_at >= before);
         }
-        for line in b.history {
-            self.history.insert((line.job_id, line.seq), line.item);
+        for (job_id, seq, item) in b.history.lines() {
+            self.history.insert((job_id.to_owned(), seq), item.clone());
         }
         self.payloads.extend(b.payloads);
     }
