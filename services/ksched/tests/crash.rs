@@ -286,7 +286,7 @@ async fn killed_repeatedly_the_scheduler_loses_nothing_and_duplicates_nothing() 
     let stored = store.jobs().unwrap();
     assert_eq!(stored.len(), replay.jobs.len());
     for (id, job) in stored {
-        assert_eq!(Some(&job), replay.jobs.get(&id).map(|v| &**v), "job {id}");
+        assert_eq!(Some(&job), replay.jobs.get(&id), "job {id}");
         assert!(job.state.is_terminal());
     }
     let fatal = (0..JOBS).filter(|n| n.is_multiple_of(25)).count();

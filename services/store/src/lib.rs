@@ -460,7 +460,9 @@ impl Store {
                 state.sagas.insert(utf8(k), s);
             }
         }
-        for (k, ()) in self.scan::<()>(CF_ACTIVE)? {
+        let active = self.scan::<()>(CF_ACTIVE)?;
+        state.jobs.reserve(active.len());
+        for (k, ()) in active {
             let id = utf8(k);
             if let Some(job) = self.job(&id)? {
                 state.jobs.insert(id, Box::new(job));

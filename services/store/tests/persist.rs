@@ -131,10 +131,9 @@ fn persisted_and_reloaded_state_matches_the_in_memory_projection() {
 
     // Everything on disk equals the full projection.
     let on_disk: Vec<(String, ksched_core::state::Job)> = store.jobs().unwrap();
-    let in_memory: Vec<(String, ksched_core::state::Job)> = reference
-        .jobs
-        .iter()
-        .map(|(k, v)| (k.clone(), (**v).clone()))
+    let in_memory: Vec<(String, ksched_core::state::Job)> = (reference.jobs.ids_sorted())
+        .into_iter()
+        .map(|k| (k.clone(), reference.jobs[&k].clone()))
         .collect();
     assert_eq!(on_disk, in_memory);
     let workers: Vec<_> = store.workers().unwrap();
@@ -161,13 +160,11 @@ fn persisted_and_reloaded_state_matches_the_in_memory_projection() {
     assert_eq!(loaded.tenant_active, reference.tenant_active);
     assert_eq!(loaded.jobs_by_state, reference.jobs_by_state);
     assert_eq!(store.job_counts().unwrap(), reference.jobs_by_state);
-    let active: Vec<&String> = reference
-        .jobs
-        .iter()
-        .filter(|(_, j)| !j.state.is_terminal())
-        .map(|(k, _)| k)
+    let active: Vec<String> = (reference.jobs.ids_sorted())
+        .into_iter()
+        .filter(|k| !reference.jobs[k].state.is_terminal())
         .collect();
-    assert_eq!(loaded.jobs.keys().collect::<Vec<_>>(), active);
+    assert_eq!(loaded.jobs.ids_sorted(), active);
     assert!(loaded.check_invariants().is_empty());
     // Idempotency keys older than the retention were pruned on disk too.
     assert_eq!(store.idempotency("acme", "k1").unwrap(), None);

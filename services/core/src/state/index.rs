@@ -219,14 +219,7 @@ fn fixed_keys(job: &Job) -> (Vec<String>, String, u8) {
 
 impl State {
     /// The derived indexes and the job records, borrowed apart.
-    fn split(
-        &mut self,
-    ) -> (
-        &mut BTreeMap<String, Box<Job>>,
-        Indexes<'_>,
-        Option<&Timing>,
-        Millis,
-    ) {
+    fn split(&mut self) -> (&mut super::JobMap, Indexes<'_>, Option<&Timing>, Millis) {
         let State {
             jobs,
             queues,
@@ -416,15 +409,15 @@ impl State {
         for w in self.workers.values_mut() {
             w.inflight.clear();
         }
-        self.cold = self
-            .jobs
-            .iter()
+        self.cold = (self.jobs.iter_any_order())
             .filter(|(_, j)| j.state.is_terminal())
-            .map(|(id, _)| id.clone())
+            .map(|(id, _)| id.to_owned())
             .collect();
-        let ids: Vec<String> = self.jobs.keys().cloned().collect();
-        for id in ids {
-            self.index_job(&id);
+        // Each job's index entries go into ordered sets and counts: the order does not show.
+        let (jobs, mut ix, timing, floor) = self.split();
+        for (id, job) in jobs.iter_any_order() {
+            let entries = Entries::of(id, job, timing, floor, ix.workers);
+            ix.change(id, job, &Entries::none(), &entries);
         }
     }
 
@@ -462,7 +455,8 @@ impl State {
                 ));
             }
         }
-        for (id, job) in &self.jobs {
+        for id in self.jobs.ids_sorted() {
+            let job = &self.jobs[&id];
             if job.state.is_terminal() && (job.queued_at.is_some() || job.retry_at.is_some()) {
                 problems.push(format!("job {id} is {} and still queued", job.state));
             }
@@ -478,7 +472,7 @@ impl State {
         // Active jobs are always in memory, so their counts must match exactly; terminal
         // counts may exceed what memory holds.
         let mut counted: BTreeMap<JobState, u64> = BTreeMap::new();
-        for j in self.jobs.values() {
+        for (_, j) in self.jobs.iter_any_order() {
             *counted.entry(j.state).or_default() += 1;
         }
         for st in JobState::ALL {

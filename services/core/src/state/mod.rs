@@ -6,8 +6,9 @@
 //!
 //! The state may be partial: the runtime keeps active jobs in memory and loads terminal jobs
 //! and idempotency keys from RocksDB before deciding on an input that names them
-//! ([`Prerequisites`]). Everything here is deterministic: ordered maps, no clock, no hashing
-//! with random seeds.
+//! ([`Prerequisites`]). Everything here is deterministic: no clock, and ordered maps wherever
+//! an order can reach a decision or an output. The one hash map, the jobs by id ([`JobMap`]),
+//! is keyed with a random seed per process and lets nothing read its order.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -17,11 +18,13 @@ use crate::records::Millis;
 use crate::rules::Rules;
 
 mod index;
+mod jobs;
 mod loading;
 mod records;
 mod tracking;
 
 pub(crate) use index::Line;
+pub use jobs::JobMap;
 pub use loading::{ColdStore, Prerequisites};
 pub use records::*;
 pub use tracking::Dirty;
@@ -34,9 +37,9 @@ pub struct State {
     /// Journal entries applied.
     pub entries: u64,
     pub config: Option<Arc<ActiveConfig>>,
-    /// Boxed: a map node holds a pointer per job instead of the whole record, which the
-    /// tree's spare slots would otherwise multiply (a backlog of a million pending jobs).
-    pub jobs: BTreeMap<String, Box<Job>>,
+    /// Boxed: the map's table holds a pointer per job instead of the whole record, which its
+    /// spare slots would otherwise multiply (a backlog of a million pending jobs).
+    pub jobs: JobMap,
     pub workers: BTreeMap<String, Worker>,
     pub breakers: BTreeMap<String, Breaker>,
     pub sagas: BTreeMap<String, Saga>,

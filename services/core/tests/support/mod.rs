@@ -84,7 +84,7 @@ impl ColdMap {
     fn prepare(state: &State, dirty: Dirty) -> Batch {
         Batch {
             jobs: (dirty.jobs.into_iter())
-                .filter_map(|id| Some((id.clone(), (**state.jobs.get(&id)?).clone())))
+                .filter_map(|id| Some((id.clone(), state.jobs.get(&id)?.clone())))
                 .collect(),
             sagas: (dirty.sagas.into_iter())
                 .filter_map(|id| Some((id.clone(), state.sagas.get(&id)?.clone())))
@@ -377,27 +377,17 @@ impl Sim {
         let problems = self.state.check_invariants();
         assert!(problems.is_empty(), "invariants: {problems:?}");
         // Memory plus cold storage of the partial state hold the full projection.
-        for (id, job) in &self.state.jobs {
-            let stored = self
-                .partial
-                .jobs
-                .get(id)
-                .map(|j| &**j)
-                .or_else(|| self.cold.jobs.get(id));
-            assert_eq!(stored, Some(&**job), "job {id} of the partial state");
+        for (id, job) in self.state.jobs.iter_any_order() {
+            let stored = (self.partial.jobs.get(id)).or_else(|| self.cold.jobs.get(id));
+            assert_eq!(stored, Some(job), "job {id} of the partial state");
             // What is not written yet is still in memory.
-            let behind =
-                (self.behind.jobs.get(id).map(|j| &**j)).or_else(|| self.behind_cold.jobs.get(id));
-            assert_eq!(behind, Some(&**job), "job {id} of the state written behind");
-            let folded =
-                (self.folded.jobs.get(id).map(|j| &**j)).or_else(|| self.folded_cold.jobs.get(id));
-            assert_eq!(folded, Some(&**job), "job {id} of the folded partial state");
+            let behind = (self.behind.jobs.get(id)).or_else(|| self.behind_cold.jobs.get(id));
+            assert_eq!(behind, Some(job), "job {id} of the state written behind");
+            let folded = (self.folded.jobs.get(id)).or_else(|| self.folded_cold.jobs.get(id));
+            assert_eq!(folded, Some(job), "job {id} of the folded partial state");
         }
         // Eviction finds every job that became terminal, whichever way it did.
-        let lingering: Vec<&String> = self
-            .partial
-            .jobs
-            .iter()
+        let lingering: Vec<&str> = (self.partial.jobs.iter_any_order())
             .filter(|(_, j)| j.state.is_terminal())
             .map(|(id, _)| id)
             .collect();

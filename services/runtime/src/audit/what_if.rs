@@ -89,12 +89,11 @@ fn outcomes(
     state: &State,
     verdicts: &BTreeMap<String, Verdict>,
 ) -> BTreeMap<String, (String, Outcome)> {
-    state
-        .jobs
-        .iter()
+    // Into an ordered map: the job map's order does not show.
+    (state.jobs.iter_any_order())
         .map(|(id, j)| {
             (
-                id.clone(),
+                id.to_owned(),
                 (
                     j.request.topic.clone(),
                     Outcome {
