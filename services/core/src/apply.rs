@@ -100,12 +100,12 @@ pub fn accepted_request<'a>(e: &'a JobAccepted, input: &'a Input) -> Option<&'a 
     }
 }
 
-/// The history line `event` writes: its name and its text, at the entry's log time.
-fn line(event: &Event, at: &Applying<'_>) -> Line {
+/// The history line `event` writes, at the entry's log time.
+fn line<'a>(event: &'a Event, at: &Applying<'a>) -> Line<'a> {
     Line {
         at: at.now,
-        event: event.name(),
-        detail: event.describe(at.input),
+        event,
+        input: at.input,
     }
 }
 
@@ -567,13 +567,8 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
                     j.payload_digest = digest;
                 });
             }
-            let on_old = line(event, at);
-            let on_new = Line {
-                detail: on_old.detail.clone(),
-                ..on_old
-            };
-            state.write_history(&e.job_id, on_old);
-            state.write_history(&e.new_job_id, on_new);
+            state.write_history(&e.job_id, line(event, at));
+            state.write_history(&e.new_job_id, line(event, at));
         }
     }
 }

@@ -13,33 +13,54 @@ impl Event {
     /// One line saying what the event means. `input` is the entry's input (a JobAccepted
     /// that does not carry its request takes the topic from it).
     pub fn describe(&self, input: &Input) -> String {
+        let mut s = String::new();
+        self.describe_into(input, &mut s);
+        s
+    }
+
+    /// [`Event::describe`], appended to `out`. A replay writes a line for nearly every
+    /// event, and appending them all to one buffer spares a string, and its regrowth as the
+    /// pieces are written, per line (docs/performance.md, nineteenth steps).
+    pub fn describe_into(&self, input: &Input, out: &mut String) {
+        // Writing to a `String` cannot fail.
+        let _ = self.write_description(input, out);
+    }
+
+    fn write_description(&self, input: &Input, out: &mut String) -> std::fmt::Result {
         match self {
             Event::JobAccepted(a) => {
                 let topic = accepted_request(a, input).map_or("?", |r| r.topic.as_str());
-                let mut s = format!("accepted from {topic} -> pools [{}]", a.pools.join(", "));
+                write!(out, "accepted from {topic} -> pools [")?;
+                join(out, &a.pools, ", ");
+                out.push(']');
                 for n in &a.routing_notes {
-                    let _ = write!(s, "; {n}");
+                    write!(out, "; {n}")?;
                 }
-                s
             }
             Event::JobDuplicate(d) => match d.kind {
                 DuplicateKind::SameJobId => {
-                    "same job_id and content submitted again; ignored".to_owned()
+                    out.push_str("same job_id and content submitted again; ignored");
                 }
                 DuplicateKind::ConflictingJobId => {
-                    "same job_id with different content; dead-lettered".to_owned()
+                    out.push_str("same job_id with different content; dead-lettered");
                 }
-                DuplicateKind::IdempotencyKey => format!(
+                DuplicateKind::IdempotencyKey => write!(
+                    out,
                     "job {} reused idempotency key {} of {}; ignored",
                     d.job_id,
                     d.idempotency_key.as_deref().unwrap_or(""),
                     d.existing_job_id
-                ),
+                )?,
             },
             Event::PolicyEvaluated(p) => {
-                let mut s = format!("{:?} under policy snapshot {}", p.verdict, p.snapshot_id);
+                write!(
+                    out,
+                    "{:?} under policy snapshot {}",
+                    p.verdict, p.snapshot_id
+                )?;
                 if !p.reasons.is_empty() {
-                    let _ = write!(s, ": {}", p.reasons.join("; "));
+                    out.push_str(": ");
+                    join(out, &p.reasons, "; ");
                 }
                 let c = &p.constraints;
                 let limits = [
@@ -51,127 +72,135 @@ impl Event {
                 let mut first = true;
                 for (name, v) in limits {
                     if let Some(v) = v {
-                        let _ = write!(s, "{}{name} {v}", if first { " (" } else { ", " });
+                        write!(out, "{}{name} {v}", if first { " (" } else { ", " })?;
                         first = false;
                     }
                 }
                 if !first {
-                    s.push(')');
+                    out.push(')');
                 }
-                s
             }
-            Event::JobQueued(q) => format!(
-                "queued in [{}] at priority {}",
-                q.pools.join(", "),
-                q.priority.as_str()
-            ),
-            Event::JobWaiting(w) => format!("waiting: {} ({})", w.reason_code, w.detail),
+            Event::JobQueued(q) => {
+                out.push_str("queued in [");
+                join(out, &q.pools, ", ");
+                write!(out, "] at priority {}", q.priority.as_str())?;
+            }
+            Event::JobWaiting(w) => write!(out, "waiting: {} ({})", w.reason_code, w.detail)?,
             Event::JobScheduled(s) => {
                 let total = s.candidates.len() + usize::try_from(s.candidates_omitted).unwrap_or(0);
-                let mut line = format!(
+                write!(
+                    out,
                     "attempt {} -> {} in {} by {}; {total} candidates",
                     s.attempt, s.worker_id, s.pool, s.strategy
-                );
+                )?;
                 let scored = s.candidates.iter().filter_map(|c| Some((c, c.score?)));
                 for (i, (c, score)) in scored.take(NAMED_CANDIDATES).enumerate() {
                     let sep = if i == 0 { " (scores: " } else { ", " };
-                    let _ = write!(line, "{sep}{} {score:.2}", c.worker_id);
+                    write!(out, "{sep}{} {score:.2}", c.worker_id)?;
                 }
                 if s.candidates.iter().any(|c| c.score.is_some()) {
-                    line.push(')');
+                    out.push(')');
                 }
                 if !s.notes.is_empty() {
-                    let _ = write!(line, "; {}", s.notes.join("; "));
+                    out.push_str("; ");
+                    join(out, &s.notes, "; ");
                 }
-                line
             }
-            Event::JobDispatched(d) => format!(
+            Event::JobDispatched(d) => write!(
+                out,
                 "attempt {} dispatched to {} (partition {})",
                 d.attempt, d.worker_id, d.partition
-            ),
+            )?,
             Event::JobRunning(r) => {
-                let mut s = format!("attempt {} running on {}", r.attempt, r.worker_id);
+                write!(out, "attempt {} running on {}", r.attempt, r.worker_id)?;
                 if let Some(from) = &r.reassigned_from {
-                    let _ = write!(s, " (reassigned from {from})");
+                    write!(out, " (reassigned from {from})")?;
                 }
-                s
             }
             Event::JobProgressed(p) => {
-                let mut s = format!("progress {:.0}%", p.progress * 100.0);
+                write!(out, "progress {:.0}%", p.progress * 100.0)?;
                 if let Some(m) = &p.message {
-                    let _ = write!(s, " {m}");
+                    write!(out, " {m}")?;
                 }
-                s
             }
-            Event::JobSucceeded(s) => format!(
+            Event::JobSucceeded(s) => write!(
+                out,
                 "attempt {} succeeded on {} in {} ms",
                 s.attempt, s.worker_id, s.execution_ms
-            ),
-            Event::JobQuarantined(q) => format!("output quarantined: {}", q.reasons.join("; ")),
+            )?,
+            Event::JobQuarantined(q) => {
+                out.push_str("output quarantined: ");
+                join(out, &q.reasons, "; ");
+            }
             Event::JobRetrying(r) => {
-                let mut s = format!("attempt {} failed ({}", r.attempt, r.error_code);
+                write!(out, "attempt {} failed ({}", r.attempt, r.error_code)?;
                 if let Some(m) = &r.error_message {
-                    let _ = write!(s, ": {m}");
+                    write!(out, ": {m}")?;
                 }
-                let _ = write!(s, "); retry in {} ms", r.backoff_ms);
-                s
+                write!(out, "); retry in {} ms", r.backoff_ms)?;
             }
             Event::JobFailed(f) => {
-                let mut s = format!("failed: {}", f.reason_code);
+                write!(out, "failed: {}", f.reason_code)?;
                 if let Some(m) = &f.error_message {
-                    let _ = write!(s, " ({m})");
+                    write!(out, " ({m})")?;
                 }
-                s
             }
             Event::JobCancelled(c) => {
-                let mut s = format!("cancelled by {}", c.principal_id);
+                write!(out, "cancelled by {}", c.principal_id)?;
                 if let Some(r) = &c.reason {
-                    let _ = write!(s, ": {r}");
+                    write!(out, ": {r}")?;
                 }
-                s
             }
-            Event::JobTimedOut(t) => format!("timed out: {} ({})", t.reason_code, t.detail),
+            Event::JobTimedOut(t) => write!(out, "timed out: {} ({})", t.reason_code, t.detail)?,
             Event::JobDenied(d) => {
-                let mut s = format!("denied: {}", d.reason_code);
+                write!(out, "denied: {}", d.reason_code)?;
                 if let Some(by) = &d.by {
-                    let _ = write!(s, " by {by}");
+                    write!(out, " by {by}")?;
                 }
                 if !d.reasons.is_empty() {
-                    let _ = write!(s, " ({})", d.reasons.join("; "));
+                    out.push_str(" (");
+                    join(out, &d.reasons, "; ");
+                    out.push(')');
                 }
-                s
             }
-            Event::ApprovalRequested(a) => format!(
-                "approval required ({}); job hash {}, policy snapshot {}",
-                a.reasons.join("; "),
-                a.job_hash,
-                a.snapshot_id
-            ),
+            Event::ApprovalRequested(a) => {
+                out.push_str("approval required (");
+                join(out, &a.reasons, "; ");
+                write!(
+                    out,
+                    "); job hash {}, policy snapshot {}",
+                    a.job_hash, a.snapshot_id
+                )?;
+            }
             Event::JobApproved(a) => {
-                let mut s = format!("approved by {}", a.approver);
+                write!(out, "approved by {}", a.approver)?;
                 if let Some(c) = &a.comment {
-                    let _ = write!(s, ": {c}");
+                    write!(out, ": {c}")?;
                 }
-                s
             }
-            Event::DispatchCancelled(d) => format!(
+            Event::DispatchCancelled(d) => write!(
+                out,
                 "CancelDispatch sent to {} for attempt {} ({})",
                 d.worker_id, d.attempt, d.reason
-            ),
+            )?,
             Event::DeadLettered(d) => {
                 let d = &d.dead_letter;
-                format!(
+                write!(
+                    out,
                     "dead-lettered {}: {} (cause {}/{}@{})",
                     d.reason_code, d.reason, d.cause_topic, d.cause_partition, d.cause_offset
-                )
+                )?;
             }
-            Event::CommandRejected(r) => {
-                format!("{} refused: {} ({})", r.input_kind, r.reason_code, r.reason)
-            }
+            Event::CommandRejected(r) => write!(
+                out,
+                "{} refused: {} ({})",
+                r.input_kind, r.reason_code, r.reason
+            )?,
             Event::WorkerUpdated(u) => {
                 let hb = &u.heartbeat;
                 let verb = if u.joined { "joined" } else { "heartbeat" };
-                format!(
+                write!(
+                    out,
                     "worker {} {verb} in pool {}: {} of {} jobs, cpu {:.0}%, partitions {:?}{}",
                     u.worker_id,
                     hb.pool,
@@ -180,66 +209,92 @@ impl Event {
                     hb.cpu_load,
                     hb.owned_partitions,
                     if hb.draining { ", draining" } else { "" }
-                )
+                )?;
             }
-            Event::WorkerLost(l) => format!(
+            Event::WorkerLost(l) => write!(
+                out,
                 "worker {} of pool {} lost (last seen at {}); {} jobs on it",
                 l.worker_id,
                 l.pool,
                 l.last_seen,
                 l.job_ids.len()
-            ),
-            Event::CircuitChanged(c) => format!(
+            )?,
+            Event::CircuitChanged(c) => write!(
+                out,
                 "circuit of pool {} {:?} -> {:?}: {}",
                 c.pool, c.from, c.to, c.reason
-            ),
-            Event::SagaStepRecorded(s) => format!(
+            )?,
+            Event::SagaStepRecorded(s) => write!(
+                out,
                 "workflow {}: compensation of {} recorded",
                 s.workflow_id, s.job_id
-            ),
-            Event::SagaRollbackStarted(s) => format!(
+            )?,
+            Event::SagaRollbackStarted(s) => write!(
+                out,
                 "workflow {}: {} failed, rolling back {} steps",
                 s.workflow_id, s.failed_job_id, s.steps
-            ),
-            Event::SagaCompensationSubmitted(s) => format!(
+            )?,
+            Event::SagaCompensationSubmitted(s) => write!(
+                out,
                 "workflow {}: compensation {} submitted for {}",
                 s.workflow_id, s.job_id, s.for_job_id
-            ),
+            )?,
             Event::SagaFinished(s) => {
-                format!("workflow {} {:?}: {}", s.workflow_id, s.outcome, s.detail)
+                write!(
+                    out,
+                    "workflow {} {:?}: {}",
+                    s.workflow_id, s.outcome, s.detail
+                )?;
             }
-            Event::IdempotencyPruned(p) => {
-                format!("idempotency keys first seen before {} forgotten", p.before)
-            }
-            Event::ConfigApplied(c) => format!(
+            Event::IdempotencyPruned(p) => write!(
+                out,
+                "idempotency keys first seen before {} forgotten",
+                p.before
+            )?,
+            Event::ConfigApplied(c) => write!(
+                out,
                 "rules {} and policy snapshot {} in force",
                 c.config.rules_id, c.config.policy_snapshot
-            ),
-            Event::BreakerCounted(b) => format!(
+            )?,
+            Event::BreakerCounted(b) => write!(
+                out,
                 "counted as a {} in pool {}'s circuit breaker",
                 if b.failure { "failure" } else { "success" },
                 b.pool
-            ),
-            Event::ClockGap(g) => format!(
+            )?,
+            Event::ClockGap(g) => write!(
+                out,
                 "no input could be read for {} ms: evidence-based timeouts count from {}",
                 g.to - g.from,
                 g.to
-            ),
-            Event::WorkerForgotten(w) => format!(
+            )?,
+            Event::WorkerForgotten(w) => write!(
+                out,
                 "worker {} of pool {} forgotten (last seen at {})",
                 w.worker_id, w.pool, w.last_seen
-            ),
+            )?,
             Event::JobRedriven(r) => {
-                let mut s = format!(
+                write!(
+                    out,
                     "{} redriven as {} by {}",
                     r.job_id, r.new_job_id, r.principal_id
-                );
+                )?;
                 if let Some(why) = &r.reason {
-                    let _ = write!(s, ": {why}");
+                    write!(out, ": {why}")?;
                 }
-                s
             }
         }
+        Ok(())
+    }
+}
+
+/// Appends `items` to `out`, `sep` between them (`join` without its new string).
+fn join(out: &mut String, items: &[String], sep: &str) {
+    for (i, item) in items.iter().enumerate() {
+        if i > 0 {
+            out.push_str(sep);
+        }
+        out.push_str(item);
     }
 }
 

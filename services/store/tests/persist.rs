@@ -117,7 +117,7 @@ fn persisted_and_reloaded_state_matches_the_in_memory_projection() {
         for (job_id, seq, item) in dirty.history.lines() {
             let lines = histories.entry(job_id.to_owned()).or_default();
             assert_eq!(seq as usize, lines.len(), "{job_id}'s lines in order");
-            lines.push(item.clone());
+            lines.push(item.to_item());
         }
         store.persist(&live, dirty, Some(i as i64)).unwrap();
         live.evict_cold();

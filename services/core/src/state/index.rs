@@ -1,21 +1,22 @@
 //! The indexes derived from job records (queues, timers, tenant counts, in-flight sets),
 //! maintained in one place so they can never disagree with the jobs they index.
 
-use std::borrow::Cow;
 use std::collections::BTreeMap;
 
-use crate::events::JobState;
+use crate::events::{Event, Input, JobState};
 use crate::records::Millis;
 use crate::rules::Timing;
 
-use super::{HISTORY_MAX, HistoryItem, Job, QueueKey, State, Timer, TimerKind, Worker};
+use super::{HISTORY_MAX, Job, QueueKey, State, Timer, TimerKind, Worker};
 
-/// A history line to write ([`State::write_history`]): when, the event's name, what it says.
-#[derive(Debug)]
-pub(crate) struct Line {
+/// A history line to write ([`State::write_history`]): when, and the event with its entry's
+/// input, which say what it is. Its text is written only when the line is kept for the
+/// store.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Line<'a> {
     pub(crate) at: Millis,
-    pub(crate) event: &'static str,
-    pub(crate) detail: String,
+    pub(crate) event: &'a Event,
+    pub(crate) input: &'a Input,
 }
 
 /// The timers one job can have at once: a deadline and at most two of its state's.
@@ -258,7 +259,7 @@ impl State {
     pub(crate) fn update_job_logged<R>(
         &mut self,
         id: &str,
-        line: Option<Line>,
+        line: Option<Line<'_>>,
         f: impl FnOnce(&mut Job) -> R,
     ) -> Option<R> {
         let (jobs, mut ix, timing, floor) = self.split();
@@ -281,7 +282,7 @@ impl State {
         }
         let after_state = job.state;
         if let Some(line) = line {
-            let seq = next_history_seq(job, line.event);
+            let seq = next_history_seq(job, line.event.name());
             self.push_line(id, seq, line);
         }
         self.mark_job(id);
@@ -304,27 +305,22 @@ impl State {
     /// with the dirty keys; the job keeps only counters. A run of progress keeps its latest
     /// line; past [`HISTORY_MAX`] lines, the last slot keeps the latest and the others
     /// between are counted as omitted (the journal has every event: `ksched audit job`).
-    pub(crate) fn write_history(&mut self, id: &str, line: Line) {
+    pub(crate) fn write_history(&mut self, id: &str, line: Line<'_>) {
         let Some(job) = self.jobs.get_mut(id) else {
             return;
         };
-        let seq = next_history_seq(job, line.event);
+        let seq = next_history_seq(job, line.event.name());
         self.mark_job(id);
         self.push_line(id, seq, line);
     }
 
     /// Adds line `seq` of job `id` to the changed keys, when they are tracked.
-    fn push_line(&mut self, id: &str, seq: u32, line: Line) {
+    fn push_line(&mut self, id: &str, seq: u32, line: Line<'_>) {
         if let Some(d) = self.dirty.as_mut() {
-            d.history.push(
-                id,
-                seq,
-                HistoryItem {
-                    at: line.at,
-                    event: Cow::Borrowed(line.event),
-                    detail: line.detail,
-                },
-            );
+            d.history
+                .push_with(id, seq, line.at, line.event.name(), |text| {
+                    line.event.describe_into(line.input, text);
+                });
         }
     }
 
@@ -364,7 +360,7 @@ impl State {
     /// Adds a job (replacing one with the same id), with `line` as its first history line
     /// ([`State::write_history`]). The job is indexed before it goes into the map (the
     /// indexes read only the record), so a new job costs one lookup in the map.
-    pub(crate) fn insert_job(&mut self, id: String, mut job: Job, line: Option<Line>) {
+    pub(crate) fn insert_job(&mut self, id: String, mut job: Job, line: Option<Line<'_>>) {
         if let Some(old) = self.jobs.get(&id).map(|j| j.state) {
             self.unindex_job(&id);
             self.count_state(old, -1);
@@ -374,7 +370,7 @@ impl State {
             self.cold.insert(id.clone());
         }
         if let Some(line) = line {
-            let seq = next_history_seq(&mut job, line.event);
+            let seq = next_history_seq(&mut job, line.event.name());
             self.push_line(&id, seq, line);
         }
         self.mark_job(&id);

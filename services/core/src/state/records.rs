@@ -40,16 +40,32 @@ pub const HISTORY_MAX: u32 = 200;
 /// [`HISTORY_MAX`], the last slot keeps the latest line). So a run holds lines `first,
 /// first + 1, ...` with no number twice, and only its first line can replace a line written
 /// before it (the job's last, in an earlier run).
-#[derive(Debug, Clone, Default, PartialEq)]
+///
+/// The lines' names and texts are written one after another into one buffer, not a string
+/// each: a replay writes a line for nearly every event (docs/performance.md, nineteenth
+/// steps). A line replaced inside its run leaves its text behind in the buffer until the
+/// set is dropped.
+#[derive(Debug, Clone, Default)]
 pub struct HistoryLines {
-    items: Vec<HistoryItem>,
+    text: String,
+    lines: Vec<LineAt>,
     runs: Vec<Run>,
     /// The last run may take more lines (no entry began since it did).
     open: bool,
 }
 
+/// Where a line of [`HistoryLines`] is: its time, and its name and text in the buffer
+/// (`start..name_end`, `name_end..end`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct LineAt {
+    at: Millis,
+    start: usize,
+    name_end: usize,
+    end: usize,
+}
+
 /// A run of [`HistoryLines`]: its job, its first line's number, and where its lines end in
-/// `items` (they start where the run before ends).
+/// `lines` (they start where the run before ends).
 #[derive(Debug, Clone, PartialEq)]
 struct Run {
     job_id: String,
@@ -57,13 +73,66 @@ struct Run {
     end: usize,
 }
 
+/// One line of [`HistoryLines`], borrowed. It serializes as the [`HistoryItem`] it reads
+/// back as.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct HistoryLine<'a> {
+    pub at: Millis,
+    pub event: &'a str,
+    pub detail: &'a str,
+}
+
+impl HistoryLine<'_> {
+    pub fn to_item(&self) -> HistoryItem {
+        HistoryItem {
+            at: self.at,
+            event: std::borrow::Cow::Owned(self.event.to_owned()),
+            detail: self.detail.to_owned(),
+        }
+    }
+}
+
+/// The lines of one run of [`HistoryLines`]. It serializes as the `Vec<HistoryItem>` it
+/// reads back as: one stored value.
+#[derive(Debug, Clone, Copy)]
+pub struct RunLines<'a> {
+    text: &'a str,
+    lines: &'a [LineAt],
+}
+
+impl<'a> RunLines<'a> {
+    pub fn len(&self) -> usize {
+        self.lines.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.lines.is_empty()
+    }
+
+    pub fn iter(self) -> impl Iterator<Item = HistoryLine<'a>> + 'a {
+        let text = self.text;
+        self.lines.iter().map(move |l| HistoryLine {
+            at: l.at,
+            event: &text[l.start..l.name_end],
+            detail: &text[l.name_end..l.end],
+        })
+    }
+}
+
+impl Serialize for RunLines<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.iter())
+    }
+}
+
 impl HistoryLines {
-    /// Empty, with room for as many lines and runs as `self` holds (a replay's checkpoint
-    /// holds tens of thousands, and growing the lists to that size again, by doubling, was
-    /// a few per cent of a replay).
+    /// Empty, with room for as many lines, runs and text as `self` holds (a replay's
+    /// checkpoint holds tens of thousands of lines, and growing the lists to that size
+    /// again, by doubling, was a few per cent of a replay).
     pub fn sized_like(&self) -> HistoryLines {
         HistoryLines {
-            items: Vec::with_capacity(self.items.len()),
+            text: String::with_capacity(self.text.len()),
+            lines: Vec::with_capacity(self.lines.len()),
             runs: Vec::with_capacity(self.runs.len()),
             open: false,
         }
@@ -74,11 +143,36 @@ impl HistoryLines {
         self.open = false;
     }
 
-    /// Adds line `seq` of job `job_id`. It extends the last run when that run is the same
-    /// job's, in the same entry, and ends at `seq` (replaced) or at `seq - 1`; otherwise it
-    /// starts a run.
+    /// Adds line `seq` of job `job_id`.
     pub fn push(&mut self, job_id: &str, seq: u32, item: HistoryItem) {
-        let start = self
+        self.push_with(job_id, seq, item.at, &item.event, |text| {
+            text.push_str(&item.detail);
+        });
+    }
+
+    /// Adds line `seq` of job `job_id`, named `event`, whose text `describe` appends to the
+    /// string it is given. The line extends the last run when that run is the same job's,
+    /// in the same entry, and ends at `seq` (replaced) or at `seq - 1`; otherwise it starts
+    /// a run.
+    pub fn push_with(
+        &mut self,
+        job_id: &str,
+        seq: u32,
+        at: Millis,
+        event: &str,
+        describe: impl FnOnce(&mut String),
+    ) {
+        let start = self.text.len();
+        self.text.push_str(event);
+        let name_end = self.text.len();
+        describe(&mut self.text);
+        let line = LineAt {
+            at,
+            start,
+            name_end,
+            end: self.text.len(),
+        };
+        let first_of_run = self
             .runs
             .len()
             .checked_sub(2)
@@ -89,30 +183,33 @@ impl HistoryLines {
             && run.job_id == job_id
         {
             // A run is never empty: its last line is `first + len - 1`.
-            let last = run.first + (run.end - start - 1) as u32;
+            let last = run.first + (run.end - first_of_run - 1) as u32;
             if seq == last {
-                self.items[run.end - 1] = item;
+                self.lines[run.end - 1] = line;
                 return;
             }
             if seq == last + 1 {
-                self.items.push(item);
+                self.lines.push(line);
                 run.end += 1;
                 return;
             }
         }
-        self.items.push(item);
+        self.lines.push(line);
         self.runs.push(Run {
             job_id: job_id.to_owned(),
             first: seq,
-            end: self.items.len(),
+            end: self.lines.len(),
         });
     }
 
     /// The runs in the order they were written: job id, first line's number, lines.
-    pub fn runs(&self) -> impl Iterator<Item = (&str, u32, &[HistoryItem])> {
+    pub fn runs(&self) -> impl Iterator<Item = (&str, u32, RunLines<'_>)> {
         let mut start = 0;
         self.runs.iter().map(move |r| {
-            let lines = &self.items[start..r.end];
+            let lines = RunLines {
+                text: &self.text,
+                lines: &self.lines[start..r.end],
+            };
             start = r.end;
             (r.job_id.as_str(), r.first, lines)
         })
@@ -120,21 +217,21 @@ impl HistoryLines {
 
     /// Every line held, in the order written, with its job and number. A run's first line
     /// may replace an earlier run's last (the same job and number); a reader keeps the later.
-    pub fn lines(&self) -> impl Iterator<Item = (&str, u32, &HistoryItem)> {
+    pub fn lines(&self) -> impl Iterator<Item = (&str, u32, HistoryLine<'_>)> {
         self.runs().flat_map(|(job_id, first, lines)| {
             (first..)
-                .zip(lines)
-                .map(move |(seq, item)| (job_id, seq, item))
+                .zip(lines.iter())
+                .map(move |(seq, line)| (job_id, seq, line))
         })
     }
 
     /// Lines held (a line replaced inside its run counts once).
     pub fn len(&self) -> usize {
-        self.items.len()
+        self.lines.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.items.is_empty()
+        self.lines.is_empty()
     }
 
     /// Runs held: the values a checkpoint writes.
@@ -381,7 +478,7 @@ mod tests {
 
     fn runs(h: &HistoryLines) -> Vec<(&str, u32, Vec<&str>)> {
         h.runs()
-            .map(|(job, first, lines)| (job, first, lines.iter().map(|l| &*l.detail).collect()))
+            .map(|(job, first, lines)| (job, first, lines.iter().map(|l| l.detail).collect()))
             .collect()
     }
 
@@ -427,5 +524,39 @@ mod tests {
         later.push("a", 3, item("a3'"));
         later.push("a", 4, item("a4"));
         assert_eq!(runs(&later), vec![("a", 3, vec!["a3'", "a4"])]);
+    }
+
+    /// A run is stored as the `Vec<HistoryItem>` the store reads back: the same fields, in
+    /// the same order, whatever was replaced in the shared text on the way.
+    #[test]
+    fn a_runs_lines_serialize_as_the_items_they_read_back_as() {
+        let mut h = HistoryLines::default();
+        h.push("a", 0, item("a0"));
+        h.push_with("a", 1, 7, "JobProgressed", |t| t.push_str("progress 10%"));
+        h.push_with("a", 1, 8, "JobProgressed", |t| t.push_str("progress 20%"));
+        h.push("b", 0, item(""));
+        let stored: Vec<String> = h
+            .runs()
+            .map(|(_, _, lines)| serde_json::to_string(&lines).unwrap())
+            .collect();
+        let expected = [
+            vec![
+                item("a0"),
+                HistoryItem {
+                    at: 8,
+                    event: "JobProgressed".into(),
+                    detail: "progress 20%".into(),
+                },
+            ],
+            vec![item("")],
+        ];
+        let expected: Vec<String> = expected
+            .iter()
+            .map(|items| serde_json::to_string(items).unwrap())
+            .collect();
+        assert_eq!(stored, expected);
+        let read: Vec<HistoryItem> = h.lines().map(|(_, _, l)| l.to_item()).collect();
+        assert_eq!(read[1].detail, "progress 20%");
+        assert_eq!(read.len(), 3);
     }
 }

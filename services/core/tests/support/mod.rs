@@ -107,7 +107,8 @@ impl ColdMap {
             self.idempotency.retain(|_, e| e.seen_at >= before);
         }
         for (job_id, seq, item) in b.history.lines() {
-            self.history.insert((job_id.to_owned(), seq), item.clone());
+            self.history
+                .insert((job_id.to_owned(), seq), item.to_item());
         }
         self.payloads.extend(b.payloads);
     }
