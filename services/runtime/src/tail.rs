@@ -57,11 +57,17 @@ impl PartitionTail {
     /// A tail of `topic`/`partition` from offset `from`. `client` carries the connection
     /// settings (and a `group.id`, which librdkafka wants even though no group is joined);
     /// the tail sets read_committed and turns auto-commit off.
+    ///
+    /// It also asks librdkafka to fetch again 10 ms after its local queue was over its
+    /// bounds (`fetch.queue.backoff.ms`, 1 s by default). A replay reads faster than one fetch
+    /// a second can feed: with the default, every second or so the queue ran dry and the
+    /// replay stood idle until the next fetch (docs/performance.md, nineteenth steps).
     pub fn new(client: &ClientConfig, topic: &str, partition: i32, from: i64) -> Result<Self> {
         let mut client = client.clone();
         client
             .set("enable.auto.commit", "false")
-            .set("isolation.level", "read_committed");
+            .set("isolation.level", "read_committed")
+            .set("fetch.queue.backoff.ms", "10");
         let consumer = assign(&client, topic, partition, from)?;
         Ok(PartitionTail {
             client,
