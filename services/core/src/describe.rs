@@ -30,7 +30,7 @@ impl Event {
         match self {
             Event::JobAccepted(a) => {
                 let topic = accepted_request(a, input).map_or("?", |r| r.topic.as_str());
-                write!(out, "accepted from {topic} -> pools [")?;
+                push(out, &["accepted from ", topic, " -> pools ["]);
                 join(out, &a.pools, ", ");
                 out.push(']');
                 for n in &a.routing_notes {
@@ -53,11 +53,8 @@ impl Event {
                 )?,
             },
             Event::PolicyEvaluated(p) => {
-                write!(
-                    out,
-                    "{:?} under policy snapshot {}",
-                    p.verdict, p.snapshot_id
-                )?;
+                write!(out, "{:?}", p.verdict)?;
+                push(out, &[" under policy snapshot ", &p.snapshot_id]);
                 if !p.reasons.is_empty() {
                     out.push_str(": ");
                     join(out, &p.reasons, "; ");
@@ -83,16 +80,27 @@ impl Event {
             Event::JobQueued(q) => {
                 out.push_str("queued in [");
                 join(out, &q.pools, ", ");
-                write!(out, "] at priority {}", q.priority.as_str())?;
+                push(out, &["] at priority ", q.priority.as_str()]);
             }
             Event::JobWaiting(w) => write!(out, "waiting: {} ({})", w.reason_code, w.detail)?,
             Event::JobScheduled(s) => {
                 let total = s.candidates.len() + usize::try_from(s.candidates_omitted).unwrap_or(0);
-                write!(
+                out.push_str("attempt ");
+                int(out, s.attempt);
+                push(
                     out,
-                    "attempt {} -> {} in {} by {}; {total} candidates",
-                    s.attempt, s.worker_id, s.pool, s.strategy
-                )?;
+                    &[
+                        " -> ",
+                        &s.worker_id,
+                        " in ",
+                        &s.pool,
+                        " by ",
+                        &s.strategy,
+                        "; ",
+                    ],
+                );
+                int(out, total);
+                out.push_str(" candidates");
                 let scored = s.candidates.iter().filter_map(|c| Some((c, c.score?)));
                 for (i, (c, score)) in scored.take(NAMED_CANDIDATES).enumerate() {
                     let sep = if i == 0 { " (scores: " } else { ", " };
@@ -106,13 +114,17 @@ impl Event {
                     join(out, &s.notes, "; ");
                 }
             }
-            Event::JobDispatched(d) => write!(
-                out,
-                "attempt {} dispatched to {} (partition {})",
-                d.attempt, d.worker_id, d.partition
-            )?,
+            Event::JobDispatched(d) => {
+                out.push_str("attempt ");
+                int(out, d.attempt);
+                push(out, &[" dispatched to ", &d.worker_id, " (partition "]);
+                int(out, d.partition);
+                out.push(')');
+            }
             Event::JobRunning(r) => {
-                write!(out, "attempt {} running on {}", r.attempt, r.worker_id)?;
+                out.push_str("attempt ");
+                int(out, r.attempt);
+                push(out, &[" running on ", &r.worker_id]);
                 if let Some(from) = &r.reassigned_from {
                     write!(out, " (reassigned from {from})")?;
                 }
@@ -123,11 +135,13 @@ impl Event {
                     write!(out, " {m}")?;
                 }
             }
-            Event::JobSucceeded(s) => write!(
-                out,
-                "attempt {} succeeded on {} in {} ms",
-                s.attempt, s.worker_id, s.execution_ms
-            )?,
+            Event::JobSucceeded(s) => {
+                out.push_str("attempt ");
+                int(out, s.attempt);
+                push(out, &[" succeeded on ", &s.worker_id, " in "]);
+                int(out, s.execution_ms);
+                out.push_str(" ms");
+            }
             Event::JobQuarantined(q) => {
                 out.push_str("output quarantined: ");
                 join(out, &q.reasons, "; ");
@@ -286,6 +300,22 @@ impl Event {
         }
         Ok(())
     }
+}
+
+// The events of nearly every job (accepted, policy, queued, scheduled, dispatched, running,
+// succeeded) write their pieces directly: through `write!`, the formatting machinery was most
+// of a line's cost in a replay (docs/performance.md, nineteenth steps).
+
+/// Appends `pieces` to `out`.
+fn push(out: &mut String, pieces: &[&str]) {
+    for p in pieces {
+        out.push_str(p);
+    }
+}
+
+/// Appends `n` in decimal to `out`.
+fn int(out: &mut String, n: impl itoa::Integer) {
+    out.push_str(itoa::Buffer::new().format(n));
 }
 
 /// Appends `items` to `out`, `sep` between them (`join` without its new string).

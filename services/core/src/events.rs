@@ -804,7 +804,9 @@ impl JournalEntry {
         let mut workflows: Vec<&str> = Vec::new();
         let mut accepted: Vec<&str> = Vec::new();
         for e in &self.events {
-            if let Some(id) = e.job_id() {
+            // An entry's events mostly follow one job: its next event needs no search.
+            let new = |id: &&str| jobs.last() != Some(id) && accepted.last() != Some(id);
+            if let Some(id) = e.job_id().filter(new) {
                 if matches!(e, Event::JobAccepted(_)) && !jobs.contains(&id) {
                     accepted.push(id);
                 } else if !accepted.contains(&id) {

@@ -153,10 +153,13 @@ impl State {
             return self.evict_cold();
         };
         // The ids come out in order, so the kept ones make a set without a search each
-        // (collected from a sorted list); a replay's checkpoint evicts thousands.
+        // (collected from a sorted list), and the changed ids, in order too, are walked
+        // alongside rather than searched: a replay's checkpoint evicts thousands.
         let mut kept = Vec::new();
+        let mut changed = dirty.jobs.iter().peekable();
         for id in std::mem::take(&mut self.cold) {
-            if dirty.jobs.contains(&id) {
+            while changed.next_if(|c| **c < id).is_some() {}
+            if changed.next_if_eq(&&id).is_some() {
                 kept.push(id);
             } else if self.jobs.get(&id).is_some_and(|j| j.state.is_terminal()) {
                 self.unindex_job(&id);
