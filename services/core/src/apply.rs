@@ -373,7 +373,7 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
                 });
             }
             if let Some(d) = state.dirty.as_mut() {
-                d.dead_letters.push(dl.clone());
+                d.dead_letters.push((**dl).clone());
             }
         }
         Event::CommandRejected(e) => {
@@ -414,7 +414,7 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
                 state.insert_worker(
                     &e.worker_id,
                     Worker {
-                        heartbeat: hb.clone(),
+                        heartbeat: (**hb).clone(),
                         joined_at: now,
                         last_seen: now,
                         alive: true,
@@ -428,7 +428,7 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
                 if e.joined {
                     w.joined_at = now;
                 }
-                w.heartbeat = hb.clone();
+                w.heartbeat = (**hb).clone();
                 w.last_seen = now;
                 w.alive = true;
                 w.reserved_memory = 0;
@@ -496,7 +496,7 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
                     job_id: e.job_id.clone(),
                     tenant_id: e.tenant_id.clone(),
                     principal_id: e.principal_id.clone(),
-                    compensation: e.compensation.clone(),
+                    compensation: (*e.compensation).clone(),
                 });
             state.mark_saga(&e.workflow_id);
         }

@@ -281,8 +281,10 @@ pub struct JobAccepted {
     pub job_id: String,
     /// The request, when it is not the entry's input: a saga compensation, or any job
     /// accepted in a journal written before requests were journaled once. None: the entry's
-    /// input is the request (its topic already set to the topic it was read from).
-    pub request: Option<JobRequest>,
+    /// input is the request (its topic already set to the topic it was read from). Boxed,
+    /// as are the other large fields of rare or per-worker events, so that an `Event` is as
+    /// large as a common one, not as its largest (a replay moves millions of them).
+    pub request: Option<Box<JobRequest>>,
     /// SHA-256 of the canonical request without `approval_*` labels (SPEC §6).
     pub job_hash: String,
     /// Pools the job may run in, in preference order.
@@ -489,7 +491,7 @@ pub struct DispatchCancelled {
 /// A DeadLetter was written to the DLQ topic.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DeadLettered {
-    pub dead_letter: DeadLetter,
+    pub dead_letter: Box<DeadLetter>,
 }
 
 /// An input was refused; the job (if any) is unchanged.
@@ -510,7 +512,7 @@ pub struct CommandRejected {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct WorkerUpdated {
     pub worker_id: String,
-    pub heartbeat: Heartbeat,
+    pub heartbeat: Box<Heartbeat>,
     /// First heartbeat, or first since the worker was declared lost.
     pub joined: bool,
 }
@@ -542,7 +544,7 @@ pub struct SagaStepRecorded {
     /// Tenant and principal the compensation job will run as (the step's own).
     pub tenant_id: String,
     pub principal_id: Option<String>,
-    pub compensation: JobTemplate,
+    pub compensation: Box<JobTemplate>,
 }
 
 /// A workflow step failed fatally: its compensations run, last first.
@@ -613,8 +615,9 @@ pub struct WorkerForgotten {
 }
 
 /// Every event the scheduler journals.
-// Same trade-off as `Input`: events live briefly in per-input vectors.
-#[allow(clippy::large_enum_variant)]
+// The large fields of rare or per-worker events are boxed (a saga's request and its
+// compensation, a heartbeat, a dead letter), so an event is as large as the common ones (152 bytes, not 496): a replay
+// decodes, moves, reads and frees millions of them.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Event {
     JobAccepted(JobAccepted),
@@ -781,7 +784,9 @@ impl JournalEntry {
         }
         for ev in &mut e.events {
             match ev {
-                Event::JobAccepted(a) => a.request = a.request.as_ref().map(JobRequest::redacted),
+                Event::JobAccepted(a) => {
+                    a.request = a.request.as_ref().map(|r| Box::new(r.redacted()));
+                }
                 Event::SagaStepRecorded(s) => {
                     s.compensation.env = crate::records::redact_env(&s.compensation.env)
                 }
@@ -842,5 +847,22 @@ impl JournalEntry {
             return h.worker_id.clone();
         }
         self.input.kind().to_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A large field added to an event should be boxed (see `Event`): every event is as
+    /// large as the largest kind.
+    #[test]
+    #[cfg(target_pointer_width = "64")]
+    fn an_event_is_as_large_as_a_common_one() {
+        assert!(
+            std::mem::size_of::<Event>() <= 160,
+            "{} bytes",
+            std::mem::size_of::<Event>()
+        );
     }
 }

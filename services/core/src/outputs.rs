@@ -69,7 +69,7 @@ pub fn output_of(state: &State, event: &Event, now: Millis) -> Option<Output> {
                 at: now,
             },
         }),
-        Event::DeadLettered(e) => Some(Output::DeadLetter(e.dead_letter.clone())),
+        Event::DeadLettered(e) => Some(Output::DeadLetter((*e.dead_letter).clone())),
         _ => None,
     }
 }

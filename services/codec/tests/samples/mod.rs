@@ -228,7 +228,7 @@ pub(crate) fn every_event() -> Vec<Event> {
     vec![
         Event::JobAccepted(JobAccepted {
             job_id: "job-1".into(),
-            request: Some(job_request()),
+            request: Some(Box::new(job_request())),
             job_hash: "ab".repeat(32),
             pools: vec!["default".into()],
             routing_notes: vec!["pool gpu lacks gpu".into()],
@@ -352,7 +352,7 @@ pub(crate) fn every_event() -> Vec<Event> {
             reason: "cancelled".into(),
         }),
         Event::DeadLettered(DeadLettered {
-            dead_letter: dead_letter(),
+            dead_letter: Box::new(dead_letter()),
         }),
         Event::CommandRejected(CommandRejected {
             job_id: "job-1".into(),
@@ -363,7 +363,7 @@ pub(crate) fn every_event() -> Vec<Event> {
         }),
         Event::WorkerUpdated(WorkerUpdated {
             worker_id: "w-1".into(),
-            heartbeat: heartbeat(),
+            heartbeat: Box::new(heartbeat()),
             joined: true,
         }),
         Event::WorkerLost(WorkerLost {
@@ -383,7 +383,7 @@ pub(crate) fn every_event() -> Vec<Event> {
             job_id: "job-1".into(),
             tenant_id: "acme".into(),
             principal_id: Some("alice".into()),
-            compensation: template(),
+            compensation: Box::new(template()),
         }),
         Event::SagaRollbackStarted(SagaRollbackStarted {
             workflow_id: "wf-1".into(),

@@ -210,6 +210,8 @@ impl<'s, 'c> Decider<'s, 'c> {
             cause_offset: self.cause.offset,
             at: self.now,
         };
-        self.emit(Event::DeadLettered(DeadLettered { dead_letter: dl }));
+        self.emit(Event::DeadLettered(DeadLettered {
+            dead_letter: Box::new(dl),
+        }));
     }
 }

@@ -231,7 +231,7 @@ impl Decider<'_, '_> {
             .is_none_or(|w| !w.alive);
         self.emit(Event::WorkerUpdated(WorkerUpdated {
             worker_id: hb.worker_id.clone(),
-            heartbeat: hb.clone(),
+            heartbeat: Box::new(hb.clone()),
             joined,
         }));
         self.schedule_pools(vec![hb.pool.clone()]);

@@ -45,7 +45,7 @@ impl Decider<'_, '_> {
                 job_id: job_id.to_owned(),
                 tenant_id,
                 principal_id,
-                compensation: *compensation,
+                compensation,
             }));
         }
     }

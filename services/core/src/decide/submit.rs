@@ -115,7 +115,7 @@ impl Decider<'_, '_> {
             job_hash: job_hash(&request),
             pools,
             routing_notes: notes.clone(),
-            request: journal_request.then_some(request),
+            request: journal_request.then(|| Box::new(request)),
         }));
         notes
     }
