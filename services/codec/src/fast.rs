@@ -29,6 +29,8 @@ use serde::forward_to_deserialize_any;
 
 use crate::resolve::Names;
 
+mod write;
+
 /// Why the fast path gave up; the general path says why in words.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Fail;
@@ -76,6 +78,8 @@ enum Node {
 #[derive(Debug)]
 pub(crate) struct Plan {
     nodes: Vec<Node>,
+    /// A string node: what a map's keys are written as.
+    string: NodeId,
 }
 
 impl Plan {
@@ -88,8 +92,10 @@ impl Plan {
             names,
         };
         compiler.node(schema)?;
+        let string = compiler.push(Node::String);
         Some(Plan {
             nodes: compiler.nodes,
+            string,
         })
     }
 

@@ -151,6 +151,13 @@ impl Registry {
         })?;
         let start = buf.len();
         header(entry, buf);
+        if let Some(plan) = &entry.plan {
+            let body = buf.len();
+            if plan.encode(value, buf).is_some() {
+                same_as_general(entry, value, &buf[body..]);
+                return Ok(());
+            }
+        }
         entry.writer.write_ser(buf, value).map_err(|e| {
             buf.truncate(start);
             Error::Encode {
@@ -173,6 +180,13 @@ impl Registry {
         let mut cursor = body;
         let v = writer.reader.read_deser::<T>(&mut cursor).ok()?;
         cursor.is_empty().then_some((v, false))
+    }
+
+    /// Whether `value` encodes on the fast path (for tests and benchmarks).
+    pub fn encodes_directly<T: Record>(&self, value: &T) -> bool {
+        self.current(T::NAME)
+            .and_then(|entry| entry.plan.as_ref())
+            .is_some_and(|plan| plan.encode(value, &mut Vec::new()).is_some())
     }
 
     /// Whether `bytes` decode on the fast path (for tests and benchmarks).
@@ -285,3 +299,19 @@ impl Registry {
         }
     }
 }
+
+/// Debug builds (every test) check each body the fast writer wrote against apache-avro's
+/// writer: the two must agree byte for byte.
+#[cfg(debug_assertions)]
+fn same_as_general<T: Record>(entry: &SchemaEntry, value: &T, body: &[u8]) {
+    let mut general = Vec::new();
+    let written = entry.writer.write_ser(&mut general, value);
+    assert!(
+        written.is_ok() && general == body,
+        "the fast writer wrote a {} differently from apache-avro",
+        T::NAME
+    );
+}
+
+#[cfg(not(debug_assertions))]
+fn same_as_general<T: Record>(_: &SchemaEntry, _: &T, _: &[u8]) {}

@@ -19,6 +19,12 @@ fn round_trip<T: Record + PartialEq + Debug>(value: T) {
         "{} takes the fast decoding path",
         T::NAME
     );
+    // The fast writer wrote it (and, in this debug build, wrote what apache-avro writes).
+    assert!(
+        ksched_codec::registry().encodes_directly(&value),
+        "{} takes the fast encoding path",
+        T::NAME
+    );
     let general: T = ksched_codec::registry()
         .decode_general(&bytes)
         .unwrap_or_else(|e| panic!("decode {} on the general path: {e}", T::NAME));
