@@ -115,6 +115,11 @@ impl<'p, 'o> ser::Serializer for Writer<'p, 'o> {
     type SerializeStruct = Fields<'p, 'o>;
     type SerializeStructVariant = Impossible<(), Fail>;
 
+    /// As apache-avro's writer says by default: a type with a compact form writes that one.
+    fn is_human_readable(&self) -> bool {
+        false
+    }
+
     fn serialize_bool(self, v: bool) -> Step<()> {
         match self.plan.node(self.node) {
             Node::Boolean => {
