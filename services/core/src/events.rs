@@ -616,8 +616,8 @@ pub struct WorkerForgotten {
 
 /// Every event the scheduler journals.
 // The large fields of rare or per-worker events are boxed (a saga's request and its
-// compensation, a heartbeat, a dead letter), so an event is as large as the common ones (152 bytes, not 496): a replay
-// decodes, moves, reads and frees millions of them.
+// compensation, a heartbeat, a dead letter), so an event is as large as the common ones
+// (152 bytes, not 496): a replay decodes, moves, reads and frees millions of them.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Event {
     JobAccepted(JobAccepted),
