@@ -1,5 +1,5 @@
 //! Bad input and bad neighbours against the real broker (issue: nothing stops or fools the
-//! scheduler): oversized, compressed and malformed records in a stream, a record the broker
+//! scheduler): oversized, compressed, malformed and oddly written (valid) records in a stream, a record the broker
 //! refuses, a topic whose timestamps producers set, and a second instance on the same
 //! configuration. The stream always completes; what cannot be scheduled is dead-lettered
 //! with a reason; nothing stalls.
@@ -72,7 +72,7 @@ async fn poison_records_in_a_stream_are_dead_lettered_and_the_stream_completes()
     submit_plain(&s, 5);
 
     // Jobs from producers of every compression codec Kafka clients use.
-    let mut compressed = Vec::new();
+    let mut odd_but_valid = Vec::new();
     for codec in ["gzip", "snappy", "lz4", "zstd"] {
         let id = format!("compressed-{codec}");
         let bytes = ksched_codec::encode(&request(&s, &id)).unwrap();
@@ -83,8 +83,30 @@ async fn poison_records_in_a_stream_are_dead_lettered_and_the_stream_completes()
             &bytes,
             &[("compression.type", codec)],
         );
-        compressed.push(id);
+        odd_but_valid.push(id);
     }
+    // A job as a Go producer using hamba/avro writes it: its labels map as one block with a
+    // negative count and the block's size in bytes, the entries in Go's random order. Valid
+    // Avro, not what apache-avro writes; it was dead-lettered as malformed before.
+    let mut go = request(&s, "written-by-hamba");
+    go.labels = [("a", "1"), ("b", "2")]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+    let canonical = ksched_codec::encode(&go).unwrap();
+    let map: &[u8] = &[0x04, 0x02, b'a', 0x02, b'1', 0x02, b'b', 0x02, b'2', 0x00];
+    let at = canonical
+        .windows(map.len())
+        .position(|w| w == map)
+        .expect("the labels in the encoding");
+    let mut bytes = canonical[..at].to_vec();
+    // count -2, size 8, "b" -> "2", "a" -> "1", end
+    bytes.extend([
+        0x03, 0x10, 0x02, b'b', 0x02, b'2', 0x02, b'a', 0x02, b'1', 0x00,
+    ]);
+    bytes.extend(&canonical[at + map.len()..]);
+    produce_with(&s.bootstrap, &s.job_topic, "written-by-hamba", &bytes, &[]);
+    odd_but_valid.push("written-by-hamba".to_owned());
     // Garbage, a heartbeat with a NaN load and one claiming a partition the topic lacks.
     s.produce_raw(&s.job_topic, "junk", b"\x00\x01 not avro");
     let heartbeats = s.topic("heartbeats");
@@ -112,7 +134,7 @@ async fn poison_records_in_a_stream_are_dead_lettered_and_the_stream_completes()
     submit_plain(&s, 20);
 
     all_terminal(&s, &ids).await;
-    for id in ids.iter().chain(&compressed) {
+    for id in ids.iter().chain(&odd_but_valid) {
         let j = s
             .wait_job(id, "SUCCEEDED", |j| j.state == JobState::Succeeded)
             .await;

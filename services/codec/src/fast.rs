@@ -8,11 +8,12 @@
 //! from the input (copied once, into the value being built), and references to named types
 //! are followed by index.
 //!
-//! It also tells whether the bytes were the canonical encoding of what they decode to (what
-//! encoding the value again would give, byte for byte in length): minimal varints, each array
-//! and map in one block, map keys in strictly increasing order, no field skipped. A record
-//! from a producer is checked for being whole by encoding it again (`Registry::whole`);
-//! a canonical one needs no such check.
+//! It also tells how the bytes were written ([`Form`]): as apache-avro writes them (minimal
+//! varints, each array and map in one block, map keys in strictly increasing order), in
+//! another valid way (what other Avro libraries write: hamba/avro in Go gives every block a
+//! negative count and its size in bytes), or with map keys out of order or a field skipped,
+//! when a map of the decoded value may have dropped a key written twice. Only that last case
+//! needs a second look at a producer's record (`Registry::whole`, with [`Plan::check`]).
 //!
 //! The plan decodes exactly what its schema says and fails, cheaply and without a message,
 //! on anything else (a bad union index, a short read, invalid UTF-8, a block count larger
@@ -30,6 +31,22 @@ use serde::forward_to_deserialize_any;
 use crate::resolve::Names;
 
 mod write;
+
+/// How a body was written, from the most to the least like apache-avro's writer; a body is
+/// the worst of what it holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Form {
+    /// What apache-avro's writer writes for the decoded value.
+    Canonical,
+    /// Valid Avro another writer may write for the same value: a varint longer than it needs
+    /// to be, an array or map in several blocks, a block with a negative count and its size.
+    /// Every byte was read into the value.
+    Valid,
+    /// Map keys not in strictly increasing order (a Go map is written in random order), or a
+    /// field the type has no place for skipped: a key written twice would be in the value
+    /// once, so whether one was is for [`Plan::check`] to say.
+    Unsure,
+}
 
 /// Why the fast path gave up; the general path says why in words.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,12 +116,25 @@ impl Plan {
         })
     }
 
-    /// `T` decoded from all of `body`, and whether `body` was its canonical encoding; `None`
-    /// if the fast path cannot (see the module documentation) or bytes are left over.
-    pub(crate) fn decode<T: DeserializeOwned>(&self, body: &[u8]) -> Option<(T, bool)> {
+    /// `T` decoded from all of `body`, and how `body` was written; `None` if the fast path
+    /// cannot (see the module documentation) or bytes are left over.
+    pub(crate) fn decode<T: DeserializeOwned>(&self, body: &[u8]) -> Option<(T, Form)> {
         let mut input = Input::new(body);
         let value = T::deserialize(self.value(&mut input, 0)).ok()?;
-        input.buf.is_empty().then_some((value, input.canonical))
+        input.buf.is_empty().then_some((value, input.form))
+    }
+
+    /// Reads all of `body` as one record, strictly, as [`Plan::decode`] does: `Err` if it is
+    /// not one (cut short, bytes left over, anything the plan does not read); else the first
+    /// key some map of it holds more than once, if any.
+    pub(crate) fn check(&self, body: &[u8]) -> Result<Option<String>, Fail> {
+        let mut input = Input::new(body);
+        let mut twice = None;
+        self.walk(&mut input, 0, Some(&mut twice))?;
+        if !input.buf.is_empty() {
+            return Err(Fail);
+        }
+        Ok(twice.map(str::to_owned))
     }
 
     fn node(&self, id: NodeId) -> &Node {
@@ -122,7 +152,18 @@ impl Plan {
 
     /// Reads past one value of node `id`; what is skipped would not be encoded again.
     fn skip(&self, input: &mut Input<'_>, id: NodeId) -> Step<()> {
-        input.canonical = false;
+        input.note(Form::Unsure);
+        self.walk(input, id, None)
+    }
+
+    /// Reads past one value of node `id`, noting in `twice` (when given) the first key a map
+    /// holds more than once.
+    fn walk<'a>(
+        &self,
+        input: &mut Input<'a>,
+        id: NodeId,
+        mut twice: Option<&mut Option<&'a str>>,
+    ) -> Step<()> {
         match self.node(id) {
             Node::Null => {}
             Node::Boolean => {
@@ -148,7 +189,7 @@ impl Plan {
             }
             Node::Record(fields) => {
                 for &(_, field) in fields {
-                    self.skip(input, field)?;
+                    self.walk(input, field, twice.as_deref_mut())?;
                 }
             }
             Node::Enum(symbols) => {
@@ -157,19 +198,29 @@ impl Plan {
             Node::Array(item) => {
                 let mut blocks = Blocks::default();
                 while blocks.next_item(input)? {
-                    self.skip(input, *item)?;
+                    self.walk(input, *item, twice.as_deref_mut())?;
                 }
             }
             Node::Map(value) => {
                 let mut blocks = Blocks::default();
+                let mut keys = Vec::new();
                 while blocks.next_item(input)? {
-                    input.bytes()?;
-                    self.skip(input, *value)?;
+                    let key = input.str()?;
+                    if twice.is_some() {
+                        keys.push(key);
+                    }
+                    self.walk(input, *value, twice.as_deref_mut())?;
+                }
+                if let Some(twice) = twice
+                    && twice.is_none()
+                {
+                    keys.sort_unstable();
+                    *twice = keys.windows(2).find(|w| w[0] == w[1]).map(|w| w[0]);
                 }
             }
             Node::Union(branches) => {
                 let branch = *input.index(branches)?;
-                self.skip(input, branch)?;
+                self.walk(input, branch, twice)?;
             }
         }
         Ok(())
@@ -254,16 +305,21 @@ impl Compiler<'_> {
 /// What is left of the body.
 struct Input<'a> {
     buf: &'a [u8],
-    /// Nothing read so far was encoded other than the encoder would (module documentation).
-    canonical: bool,
+    /// How what was read so far was written.
+    form: Form,
 }
 
 impl<'a> Input<'a> {
     fn new(buf: &'a [u8]) -> Input<'a> {
         Input {
             buf,
-            canonical: true,
+            form: Form::Canonical,
         }
+    }
+
+    /// Notes that something read was written in `form`.
+    fn note(&mut self, form: Form) {
+        self.form = self.form.max(form);
     }
 
     fn take(&mut self, n: usize) -> Step<&'a [u8]> {
@@ -290,7 +346,7 @@ impl<'a> Input<'a> {
     }
 
     /// A zig-zag varint of at most 64 bits. One ending in a zero byte (after others) is
-    /// longer than it needs to be: not canonical.
+    /// longer than it needs to be: valid, not canonical.
     fn long(&mut self) -> Step<i64> {
         let mut n: u64 = 0;
         let mut shift = 0;
@@ -302,7 +358,7 @@ impl<'a> Input<'a> {
             n |= u64::from(b & 0x7f) << shift;
             if b & 0x80 == 0 {
                 if b == 0 && shift > 0 {
-                    self.canonical = false;
+                    self.note(Form::Valid);
                 }
                 break;
             }
@@ -326,14 +382,14 @@ impl<'a> Input<'a> {
     }
 
     /// The item count of the next block of an array or map (0 at the end). A negative count
-    /// is followed by the block's size in bytes, which is not needed (and not canonical). A
+    /// is followed by the block's size in bytes, which is not needed (valid, not canonical). A
     /// count larger than the bytes left is refused even where items could take no bytes, so
     /// a corrupt count cannot make a loop of billions of steps.
     fn block(&mut self) -> Step<usize> {
         let mut n = self.long()?;
         if n < 0 {
             self.long()?;
-            self.canonical = false;
+            self.note(Form::Valid);
             n = n.checked_neg().ok_or(Fail)?;
         }
         usize::try_from(n)
@@ -519,7 +575,7 @@ struct Items<'a, 'i, 'p> {
 struct Blocks {
     /// Items left in the current block.
     left: usize,
-    /// Non-empty blocks read: more than one is not canonical.
+    /// Non-empty blocks read: more than one is valid, not canonical.
     read: u32,
     /// The empty block that ends the array or map was read.
     ended: bool,
@@ -540,7 +596,7 @@ impl Blocks {
             }
             self.read += 1;
             if self.read > 1 {
-                input.canonical = false;
+                input.note(Form::Valid);
             }
         }
         self.left -= 1;
@@ -571,7 +627,8 @@ struct Entries<'a, 'i, 'p> {
     value: NodeId,
     blocks: Blocks,
     /// The last key read: keys in strictly increasing order are what encoding a `BTreeMap`
-    /// gives; any other order may hide a duplicate, which the decoded map would drop.
+    /// gives; any other order may hide a key written twice, which the decoded map would hold
+    /// once.
     last: Option<&'a str>,
 }
 
@@ -584,7 +641,7 @@ impl<'a> de::MapAccess<'a> for Entries<'a, '_, '_> {
         }
         let key = self.input.str()?;
         if self.last.is_some_and(|last| last >= key) {
-            self.input.canonical = false;
+            self.input.note(Form::Unsure);
         }
         self.last = Some(key);
         seed.deserialize(de::value::BorrowedStrDeserializer::new(key))
@@ -705,14 +762,15 @@ mod tests {
         ]);
         body.extend([varint(2)[0], varint(2)[0], b'h', b'i']);
         body.extend([varint(4)[0], b'l', b'a', b's', b't']);
-        let (value, canonical) = plan.decode::<Last>(&body).expect("decodes");
+        let (value, form) = plan.decode::<Last>(&body).expect("decodes");
         assert_eq!(
             value,
             Last {
                 last: "last".into()
             }
         );
-        assert!(!canonical, "skipped fields would not be encoded again");
+        assert_eq!(form, Form::Unsure, "a skipped map may hold a key twice");
+        assert_eq!(plan.check(&body), Ok(None), "the body is one record");
         // One byte short, one byte over, a union index past its branches.
         assert!(plan.decode::<Last>(&body[..body.len() - 1]).is_none());
         let mut over = body.clone();
@@ -786,21 +844,18 @@ mod tests {
     }
 
     #[test]
-    fn what_an_encoder_would_not_write_is_not_canonical() {
-        let canonical = |bytes: &[u8], read: fn(&mut Input<'_>) -> Step<()>| {
+    fn what_another_encoder_writes_is_valid_and_keys_out_of_order_unsure() {
+        let form = |bytes: &[u8], read: fn(&mut Input<'_>) -> Step<()>| {
             let mut i = input(bytes);
             read(&mut i).unwrap();
             assert!(i.buf.is_empty(), "{bytes:02x?} read whole");
-            i.canonical
+            i.form
         };
         let long: fn(&mut Input<'_>) -> Step<()> = |i| i.long().map(drop);
-        assert!(canonical(&[0x00], long));
-        assert!(canonical(&[0x80, 0x01], long));
-        assert!(
-            !canonical(&[0x80, 0x00], long),
-            "64 in two bytes is 0 in two"
-        );
-        assert!(!canonical(&[0x82, 0x80, 0x00], long), "1 in three bytes");
+        assert_eq!(form(&[0x00], long), Form::Canonical);
+        assert_eq!(form(&[0x80, 0x01], long), Form::Canonical);
+        assert_eq!(form(&[0x80, 0x00], long), Form::Valid, "0 in two bytes");
+        assert_eq!(form(&[0x82, 0x80, 0x00], long), Form::Valid, "1 in three");
         // Blocks: one non-empty block then the end; an empty array; two blocks; a negative
         // count with its size.
         let blocks: fn(&mut Input<'_>) -> Step<()> = |i| {
@@ -808,9 +863,53 @@ mod tests {
             while b.next_item(i)? {}
             Ok(())
         };
-        assert!(canonical(&[0x02, 0x00], blocks));
-        assert!(canonical(&[0x00], blocks));
-        assert!(!canonical(&[0x02, 0x02, 0x00], blocks));
-        assert!(!canonical(&[0x01, 0x02, 0x00], blocks));
+        assert_eq!(form(&[0x02, 0x00], blocks), Form::Canonical);
+        assert_eq!(form(&[0x00], blocks), Form::Canonical);
+        assert_eq!(form(&[0x02, 0x02, 0x00], blocks), Form::Valid);
+        assert_eq!(form(&[0x01, 0x02, 0x00], blocks), Form::Valid);
+        // Map keys: in order; out of order; twice.
+        #[derive(Debug, serde::Deserialize)]
+        struct M {
+            #[allow(dead_code)]
+            m: std::collections::BTreeMap<String, i64>,
+        }
+        let plan = plan(
+            r#"{"type": "record", "name": "R", "fields": [
+                {"name": "m", "type": {"type": "map", "values": "long"}}
+            ]}"#,
+        );
+        let map = |keys: &[u8]| {
+            let mut body = varint(keys.len() as i64);
+            for &k in keys {
+                body.extend([varint(1)[0], k, varint(7)[0]]);
+            }
+            body.push(0);
+            body
+        };
+        let decoded = |body: &[u8]| plan.decode::<M>(body).map(|(m, f)| (m.m.len(), f));
+        assert_eq!(decoded(&map(b"ab")), Some((2, Form::Canonical)));
+        assert_eq!(decoded(&map(b"ba")), Some((2, Form::Unsure)));
+        assert_eq!(decoded(&map(b"aba")), Some((2, Form::Unsure)));
+        assert_eq!(plan.check(&map(b"ba")), Ok(None));
+        assert_eq!(plan.check(&map(b"bab")), Ok(Some("b".to_owned())));
+        // The same in a negative-count block, as hamba/avro writes it: valid, then unsure.
+        let blocked = |keys: &[u8]| {
+            let mut body = varint(-(keys.len() as i64));
+            body.extend(varint(3 * keys.len() as i64));
+            for &k in keys {
+                body.extend([varint(1)[0], k, varint(7)[0]]);
+            }
+            body.push(0);
+            body
+        };
+        assert_eq!(decoded(&blocked(b"ab")), Some((2, Form::Valid)));
+        assert_eq!(decoded(&blocked(b"ba")), Some((2, Form::Unsure)));
+        assert_eq!(plan.check(&blocked(b"aa")), Ok(Some("a".to_owned())));
+        // Cut short or with a byte over: not one record.
+        let whole = map(b"ab");
+        assert_eq!(plan.check(&whole[..whole.len() - 1]), Err(Fail));
+        let mut over = whole.clone();
+        over.push(0);
+        assert_eq!(plan.check(&over), Err(Fail));
     }
 }

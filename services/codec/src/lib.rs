@@ -34,6 +34,7 @@ pub use registry::{
     SourceError, TOP_LEVEL, current_self_contained, union_self_contained,
 };
 
+use crate::fast::Form;
 use crate::resolve::Resolver;
 
 /// Most bytes a single decoded string, bytes or collection may claim; protects against a
@@ -170,16 +171,16 @@ impl Registry {
 
     /// The fast path for records written with the current schema: straight from the bytes,
     /// no intermediate value tree (the compiled plan of the `fast` module, else apache-avro's serde
-    /// reader), and whether `body` is known to be the value's canonical encoding (then it is
-    /// whole: see [`Registry::whole`]). `None` when it does not fully succeed (bad input,
-    /// trailing bytes); the general path then decodes or names the problem.
-    fn decode_direct<T: Record>(writer: &SchemaEntry, body: &[u8]) -> Option<(T, bool)> {
+    /// reader), and how `body` was written (unless [`Form::Unsure`], it is all of the value:
+    /// see [`Registry::whole`]). `None` when it does not fully succeed (bad input, trailing
+    /// bytes); the general path then decodes or names the problem.
+    fn decode_direct<T: Record>(writer: &SchemaEntry, body: &[u8]) -> Option<(T, Form)> {
         if let Some(plan) = &writer.plan {
             return plan.decode(body);
         }
         let mut cursor = body;
         let v = writer.reader.read_deser::<T>(&mut cursor).ok()?;
-        cursor.is_empty().then_some((v, false))
+        cursor.is_empty().then_some((v, Form::Unsure))
     }
 
     /// Whether `value` encodes on the fast path (for tests and benchmarks).
@@ -229,14 +230,13 @@ impl Registry {
         };
         if fast
             && writer.fingerprint == reader.fingerprint
-            && let Some((v, canonical)) = Self::decode_direct::<T>(writer, body)
+            && let Some((v, form)) = Self::decode_direct::<T>(writer, body)
         {
-            // The plan reads strictly: what it decodes from a canonical encoding is all of
-            // it, and encoding it again would only say so.
-            return if canonical {
-                Ok(v)
-            } else {
-                Self::whole(writer, body, v)
+            // The plan reads strictly: every byte of a body it decodes is in the value, unless
+            // a map's keys came out of order (one may be there twice) or a field was skipped.
+            return match form {
+                Form::Canonical | Form::Valid => Ok(v),
+                Form::Unsure => Self::whole(writer, body, v),
             };
         }
         let mut cursor = body;
@@ -275,27 +275,43 @@ impl Registry {
     /// `v`, decoded from `body` with the current schema, if it is all of `body`.
     /// apache-avro reads a `["null", T]` union whose value is cut short as null, so a
     /// record cut inside a trailing optional field (a JobRequest's `traceparent`) decoded
-    /// as if the field were absent; its encoding is then shorter than the body. Records from
-    /// producers are checked so, except those the fast path read as canonical encodings (it
-    /// reads strictly, and encoding them again would give the body's length); the journal,
-    /// which only ksched writes (in transactions), is not, to keep replays at full speed.
-    /// Valid Avro that is not canonical (an array in two blocks, a map with a key twice) is
-    /// refused here too, when what it decodes to encodes shorter.
+    /// as if the field were absent. Records from producers are read again strictly by the
+    /// schema's plan ([`Plan::check`](fast::Plan::check)), except those the plan itself
+    /// decoded with every byte in the value ([`Form`]); the journal, which only ksched writes
+    /// (in transactions), is not, to keep replays at full speed.
+    ///
+    /// Valid Avro that apache-avro would write otherwise is read (another library's blocks
+    /// with their sizes, map entries in any order: hamba/avro in Go writes both), but a map
+    /// that holds a key twice is refused: Avro readers disagree on which value wins, and the
+    /// journal, the policy and the worker must all see the one the producer meant.
     fn whole<T: Record>(writer: &SchemaEntry, body: &[u8], v: T) -> Result<T> {
         if T::NAME == "io.ksched.JournalEntry" {
             return Ok(v);
         }
-        let mut again = Vec::with_capacity(body.len());
-        match writer.writer.write_ser(&mut again, &v) {
-            Ok(_) if again.len() == body.len() => Ok(v),
-            _ => Err(Error::Malformed {
-                schema: writer.name.clone(),
-                detail: format!(
+        let malformed = |detail: String| Error::Malformed {
+            schema: writer.name.clone(),
+            detail,
+        };
+        let Some(plan) = &writer.plan else {
+            let mut again = Vec::with_capacity(body.len());
+            return match writer.writer.write_ser(&mut again, &v) {
+                Ok(_) if again.len() == body.len() => Ok(v),
+                _ => Err(malformed(format!(
                     "the body ({} bytes) is not one whole record: what it decodes to takes {} bytes (cut short inside a field?)",
                     body.len(),
                     again.len()
-                ),
-            }),
+                ))),
+            };
+        };
+        match plan.check(body) {
+            Ok(None) => Ok(v),
+            Ok(Some(key)) => Err(malformed(format!(
+                "a map holds the key {key:?} more than once (Avro readers disagree on which value wins)"
+            ))),
+            Err(_) => Err(malformed(format!(
+                "the body ({} bytes) is not one whole record (cut short inside a field?)",
+                body.len()
+            ))),
         }
     }
 }
