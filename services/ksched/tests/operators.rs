@@ -434,6 +434,8 @@ fn metrics(c: &RunningScheduler) {
         "{build}"
     );
     assert_eq!(text.matches("\nksched_build_info{").count(), 1);
+    // Every fast Avro write of this (debug) run agreed with apache-avro's.
+    assert_eq!(value("ksched_codec_fast_writer_off"), 0.0);
     assert!(value("process_resident_memory_bytes") > 1e6);
     assert!(value("process_open_fds") > 3.0);
     assert!(value("ksched_events_total{event=\"JobAccepted\"}") >= 6.0);

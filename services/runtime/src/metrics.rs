@@ -440,14 +440,28 @@ pub const BUILD: BuildInfo = BuildInfo {
     rustc: env!("KSCHED_RUSTC_VERSION"),
 };
 
+/// `ksched_codec_fast_writer_off`: 1 once the fast Avro writer was turned off in this
+/// process (a record it wrote differed from apache-avro's, `ksched_codec::fast_writer_off`).
+fn fast_writer_off() -> &'static IntGauge {
+    static GAUGE: std::sync::OnceLock<IntGauge> = std::sync::OnceLock::new();
+    GAUGE.get_or_init(|| {
+        IntGauge::new(
+            "ksched_codec_fast_writer_off",
+            "1 once a record the fast Avro writer wrote differed from apache-avro's and the fast writer was turned off (a bug to report); 0 otherwise.",
+        )
+        .unwrap_or_else(|e| unreachable!("{e}"))
+    })
+}
+
 /// Series of the whole process, rendered once whatever the shard count:
-/// `ksched_build_info` (1, labelled with [`BUILD`]) and the standard `process_*` series
-/// (CPU seconds, resident and virtual memory, open and maximum file descriptors, threads,
-/// start time; read from /proc).
+/// `ksched_build_info` (1, labelled with [`BUILD`]), `ksched_codec_fast_writer_off` and the
+/// standard `process_*` series (CPU seconds, resident and virtual memory, open and maximum
+/// file descriptors, threads, start time; read from /proc).
 fn process_registry() -> &'static prometheus::Registry {
     static REGISTRY: std::sync::OnceLock<prometheus::Registry> = std::sync::OnceLock::new();
     REGISTRY.get_or_init(|| {
         let r = prometheus::Registry::new();
+        let _ = r.register(Box::new(fast_writer_off().clone()));
         let info = IntGaugeVec::new(
             Opts::new(
                 "ksched_build_info",
@@ -472,6 +486,7 @@ fn process_registry() -> &'static prometheus::Registry {
 /// The metrics of several shards in one exposition: the series of each family together,
 /// under one HELP and TYPE, as the text format requires; the process's own series once.
 pub fn render_all<'a>(metrics: impl IntoIterator<Item = &'a Metrics>) -> String {
+    fast_writer_off().set(i64::from(ksched_codec::fast_writer_off()));
     let mut families: BTreeMap<String, prometheus::proto::MetricFamily> = BTreeMap::new();
     for family in process_registry().gather() {
         families.insert(family.name().to_owned(), family);
