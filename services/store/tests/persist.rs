@@ -472,3 +472,100 @@ fn history_runs_read_back_with_their_replacements() {
     }
     assert!(store.history("c").unwrap().is_empty());
 }
+
+/// Where [`a_rebuild_killed_mid_way_leaves_whole_checkpoints`] has its child process write.
+const REBUILD_CHILD_DIR: &str = "KSCHED_TEST_REBUILD_CHILD_DIR";
+
+/// Payloads per checkpoint of the child, and their size: 64 KiB a checkpoint fills the
+/// payloads' 64 MiB memtable in about a thousand checkpoints, and RocksDB flushes it.
+const PAYLOADS_PER_CHECKPOINT: usize = 16;
+const PAYLOAD_BYTES: usize = 4096;
+
+/// The child of [`a_rebuild_killed_mid_way_leaves_whole_checkpoints`]: writes checkpoints
+/// 1, 2, ... into a rebuild's store (no write-ahead log) until it is killed, printing each
+/// hundredth. Checkpoint `k` writes its payloads `p<k>-<i>`, the entry count `k` and the
+/// watermark `k`. Does nothing unless started by that test.
+#[test]
+#[ignore = "a child process of a_rebuild_killed_mid_way_leaves_whole_checkpoints"]
+fn rebuild_child_writes_checkpoints_until_killed() {
+    let Ok(dir) = std::env::var(REBUILD_CHILD_DIR) else {
+        return;
+    };
+    let store = Store::open_for_rebuild(std::path::Path::new(&dir), 0).unwrap();
+    let mut s = State::tracking_changes();
+    for k in 1..=1_000_000i64 {
+        s.entries = k as u64;
+        let mut dirty = ksched_core::state::Dirty::default();
+        for i in 0..PAYLOADS_PER_CHECKPOINT {
+            dirty
+                .payloads
+                .insert(format!("p{k}-{i}"), vec![(k % 251) as u8; PAYLOAD_BYTES]);
+        }
+        store.persist(&s, dirty, Some(k)).unwrap();
+        if k % 100 == 0 {
+            println!("checkpoint {k}");
+        }
+    }
+}
+
+/// A rebuild's store keeps no write-ahead log, so what a SIGKILL leaves is what RocksDB had
+/// flushed; its column families flush together (atomic flush), so that is whole
+/// checkpoints: the watermark, the counters and every record of the same checkpoint, and
+/// nothing of a later one. (Without atomic flush, the payloads' full memtable was flushed
+/// alone: payloads of checkpoint 1 on, and no watermark at all.)
+#[test]
+fn a_rebuild_killed_mid_way_leaves_whole_checkpoints() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "rebuild_child_writes_checkpoints_until_killed",
+            "--include-ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(REBUILD_CHILD_DIR, dir.path())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Past the first flush (about checkpoint 1,000), then killed mid-way.
+    let mut last = 0;
+    for line in std::io::BufReader::new(child.stdout.take().unwrap()).lines() {
+        if let Some(k) = line.unwrap().strip_prefix("checkpoint ") {
+            last = k.parse::<i64>().unwrap();
+            if last >= 2_500 {
+                break;
+            }
+        }
+    }
+    assert!(last >= 2_500, "the child stopped at checkpoint {last}");
+    child.kill().unwrap();
+    child.wait().unwrap();
+
+    let store = Store::open_for_rebuild(dir.path(), 0).unwrap();
+    let w = store.watermark().unwrap().unwrap_or(0);
+    for k in w + 1..=last + 100 {
+        assert_eq!(
+            store.payload(&format!("p{k}-0")).unwrap(),
+            None,
+            "checkpoint {k} is past the watermark {w}"
+        );
+    }
+    assert!(w >= 900, "flushed up to checkpoint {w} only");
+    assert_eq!(
+        store.load_state().unwrap().entries,
+        w as u64,
+        "counters of {w}"
+    );
+    for k in [1, w / 2, w] {
+        for i in 0..PAYLOADS_PER_CHECKPOINT {
+            let p = store.payload(&format!("p{k}-{i}")).unwrap();
+            assert_eq!(
+                p.as_deref().map(|p| (p.len(), p[0])),
+                Some((PAYLOAD_BYTES, (k % 251) as u8)),
+                "payload {i} of checkpoint {k} (watermark {w})"
+            );
+        }
+    }
+}
