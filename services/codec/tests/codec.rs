@@ -8,6 +8,7 @@ use apache_avro::{Schema, types::Value, writer::datum::GenericDatumWriter};
 use ksched_codec::{AnyRecord, Error, Record, Registry, TOP_LEVEL, decode, decode_any, encode};
 use ksched_core::events::{Cause, JournalEntry};
 use ksched_core::records::JobRequest;
+use samples::map;
 
 fn round_trip<T: Record + PartialEq + Debug>(value: T) {
     let bytes = encode(&value).unwrap_or_else(|e| panic!("encode {}: {e}", T::NAME));
@@ -325,13 +326,6 @@ fn written_by_hamba(name: &str) -> Vec<u8> {
     body
 }
 
-fn map(pairs: &[(&str, &str)]) -> std::collections::BTreeMap<String, String> {
-    pairs
-        .iter()
-        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-        .collect()
-}
-
 fn strings(items: &[&str]) -> Vec<String> {
     items.iter().map(|s| (*s).to_owned()).collect()
 }
@@ -402,21 +396,14 @@ fn records_written_by_hamba_avro_decode() {
         request,
         "the general path reads it too"
     );
+    // The sample's pool, loads, free memory and partitions; the rest as the Go side wrote.
     let heartbeat = Heartbeat {
         worker_id: "go-worker-1".into(),
-        pool: "default".into(),
-        active_jobs: 1,
-        max_parallel_jobs: 4,
-        cpu_load: 12.5,
-        gpu_utilization: 0.0,
-        memory_load: 40.0,
-        memory_free_bytes: Some(1 << 30),
         capabilities: strings(&["linux", "x86", "shell.exec"]),
         labels: map(&[("zone", "eu-1"), ("rack", "r7")]),
-        owned_partitions: vec![0, 3],
         active_job_ids: strings(&["job-go-1"]),
-        draining: false,
         sent_at: 1_764_000_000_500,
+        ..samples::heartbeat()
     };
     let bytes = framed(encode(&heartbeat).unwrap(), written_by_hamba("Heartbeat"));
     assert_eq!(decode::<Heartbeat>(&bytes).unwrap(), heartbeat);

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use ksched_core::events::*;
 use ksched_core::records::*;
 
-fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+pub(crate) fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
     pairs
         .iter()
         .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
