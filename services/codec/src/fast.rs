@@ -381,21 +381,25 @@ impl<'a> Input<'a> {
         std::str::from_utf8(self.bytes()?).map_err(|_| Fail)
     }
 
-    /// The item count of the next block of an array or map (0 at the end). A negative count
-    /// is followed by the block's size in bytes, which is not needed (valid, not canonical). A
-    /// count larger than the bytes left is refused even where items could take no bytes, so
-    /// a corrupt count cannot make a loop of billions of steps.
-    fn block(&mut self) -> Step<usize> {
+    /// The item count of the next block of an array or map (0 at the end), and, when the
+    /// writer gave the block's size, how many bytes are left once the block is read. A
+    /// negative count is followed by that size in bytes (valid, not canonical; the block's
+    /// items must fill it exactly). A count larger than the bytes left is refused even where
+    /// items could take no bytes, so a corrupt count cannot make a loop of billions of steps.
+    fn block(&mut self) -> Step<(usize, Option<usize>)> {
         let mut n = self.long()?;
+        let mut end = None;
         if n < 0 {
-            self.long()?;
+            let size = usize::try_from(self.long()?).map_err(|_| Fail)?;
+            end = Some(self.buf.len().checked_sub(size).ok_or(Fail)?);
             self.note(Form::Valid);
             n = n.checked_neg().ok_or(Fail)?;
         }
-        usize::try_from(n)
+        let n = usize::try_from(n)
             .ok()
             .filter(|&n| n <= self.buf.len())
-            .ok_or(Fail)
+            .ok_or(Fail)?;
+        Ok((n, end))
     }
 
     /// An index into `items` (a union's branch, an enum's symbol).
@@ -579,6 +583,8 @@ struct Blocks {
     read: u32,
     /// The empty block that ends the array or map was read.
     ended: bool,
+    /// Where the current block ends (bytes left after it), if its writer gave its size.
+    end: Option<usize>,
 }
 
 impl Blocks {
@@ -586,10 +592,15 @@ impl Blocks {
     /// is used up); it is then counted as read.
     fn next_item(&mut self, input: &mut Input<'_>) -> Step<bool> {
         if self.left == 0 {
+            // A block that came with its size ends exactly there: a size that lies is not
+            // valid Avro (a reader skipping by it would read something else).
+            if self.end.take().is_some_and(|end| end != input.buf.len()) {
+                return Err(Fail);
+            }
             if self.ended {
                 return Ok(false);
             }
-            self.left = input.block()?;
+            (self.left, self.end) = input.block()?;
             if self.left == 0 {
                 self.ended = true;
                 return Ok(false);
@@ -837,8 +848,9 @@ mod tests {
         billion.extend([0, 0]);
         assert_eq!(input(&billion).block(), Err(Fail));
         assert_eq!(input(&billion).long(), Ok(1_000_000_000));
-        // A negative count carries the block's size in bytes.
-        assert_eq!(input(&[0x03, 0x04, 0, 0]).block(), Ok(2));
+        // A negative count carries the block's size in bytes: no more than is left.
+        assert_eq!(input(&[0x03, 0x04, 0, 0]).block(), Ok((2, Some(0))));
+        assert_eq!(input(&[0x03, 0x06, 0, 0]).block(), Err(Fail));
         assert_eq!(input(&[0x04, 0xff, 0xfe]).str(), Err(Fail), "not UTF-8");
         assert_eq!(input(&[0x04, b'o', b'k']).str(), Ok("ok"));
     }
@@ -866,7 +878,10 @@ mod tests {
         assert_eq!(form(&[0x02, 0x00], blocks), Form::Canonical);
         assert_eq!(form(&[0x00], blocks), Form::Canonical);
         assert_eq!(form(&[0x02, 0x02, 0x00], blocks), Form::Valid);
-        assert_eq!(form(&[0x01, 0x02, 0x00], blocks), Form::Valid);
+        assert_eq!(form(&[0x01, 0x00, 0x00], blocks), Form::Valid);
+        // These items take no bytes: a block that claims one is not filled by them.
+        let mut lying = input(&[0x01, 0x02, 0x00]);
+        assert_eq!(blocks(&mut lying), Err(Fail));
         // Map keys: in order; out of order; twice.
         #[derive(Debug, serde::Deserialize)]
         struct M {
@@ -905,6 +920,14 @@ mod tests {
         assert_eq!(decoded(&blocked(b"ab")), Some((2, Form::Valid)));
         assert_eq!(decoded(&blocked(b"ba")), Some((2, Form::Unsure)));
         assert_eq!(plan.check(&blocked(b"aa")), Ok(Some("a".to_owned())));
+        // A block size one byte short or over: not valid, whichever way it is read.
+        for wrong in [5, 7] {
+            let mut body = blocked(b"ab");
+            assert_eq!(body[1], varint(6)[0], "the block's size");
+            body[1] = varint(wrong)[0];
+            assert_eq!(decoded(&body), None, "size {wrong}");
+            assert_eq!(plan.check(&body), Err(Fail), "size {wrong}");
+        }
         // Cut short or with a byte over: not one record.
         let whole = map(b"ab");
         assert_eq!(plan.check(&whole[..whole.len() - 1]), Err(Fail));
