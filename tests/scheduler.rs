@@ -456,6 +456,25 @@ async fn jobs_decided_while_the_batch_before_commits_see_its_effects() {
     // from the store written since).
     assert_eq!(s.status.metrics.recoveries.get(), 0, "the processor failed");
     w.stop().await;
+    // Stopped, its last batch written: the projection is what a replay of the journal in
+    // its order makes of it, and its watermark is the journal's last entry.
+    let mut s = s;
+    s.stop();
+    let journal = s.journal();
+    let mut replay = ksched_core::state::State::new();
+    for (_, e) in &journal {
+        ksched_core::apply_entry(&mut replay, e);
+    }
+    let stored = s.store.jobs().unwrap();
+    assert_eq!(stored.len(), replay.jobs.len());
+    for (id, job) in stored {
+        assert_eq!(Some(&job), replay.jobs.get(&id), "job {id}");
+    }
+    assert_eq!(
+        s.store.watermark().unwrap(),
+        journal.last().map(|(o, _)| *o),
+        "the store's watermark"
+    );
 }
 
 /// A job accepted in one batch and dispatched in the next, decided while the first is still
