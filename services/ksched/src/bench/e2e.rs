@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use ksched_core::events::{Event, JournalEntry};
+use ksched_core::events::{Event, Input, JournalEntry};
 use ksched_core::records::JobRequest;
 use ksched_runtime::status::Shards;
 use ksched_runtime::{Config, Scheduler};
@@ -70,7 +70,8 @@ pub(super) struct Level {
 /// batch formed and the decision was made); `committing`, from there until the tailer saw
 /// it committed (the rest of the transaction, the markers, the tailer's fetch). Percentiles
 /// of each part, and the mean of each part over the slowest 1 % of jobs: what the p99 is
-/// made of.
+/// made of. And when the slowest 1 % were sent: spread over the level (a steady tail) or
+/// bunched in a few moments (stalls, which one level's p99 may or may not meet).
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub(super) struct DispatchParts {
     pub to_log_ms: Percentiles,
@@ -79,23 +80,55 @@ pub(super) struct DispatchParts {
     /// Means over the jobs at or above the p99 of submit -> dispatch: to_log, deciding,
     /// committing.
     pub slowest_1pct_ms: [f64; 3],
+    /// In how many of the level's [`SEND_WINDOW_MS`] windows the slowest 1 % were sent, and
+    /// the share of them sent in the window that holds most.
+    pub slowest_1pct_windows: usize,
+    pub slowest_1pct_top_window_share: f64,
+    /// Jobs dispatched on a later input than their submission (a result, a heartbeat, a
+    /// Tick): no worker had a free slot when they were submitted, so they waited in the
+    /// queue, and their *to the log* runs to that later input.
+    pub queued: usize,
+}
+
+/// The windows the slowest 1 % are counted in, by the time they were sent.
+pub(super) const SEND_WINDOW_MS: f64 = 100.0;
+
+/// One job of a latency level: when it was sent, its submit -> dispatch, and its three
+/// parts (all ms).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Job {
+    pub sent: f64,
+    pub total: f64,
+    pub parts: [f64; 3],
+    /// Dispatched on a later input than its submission.
+    pub queued: bool,
 }
 
 impl DispatchParts {
-    /// `jobs`: per job, the total and its three parts.
-    fn of(jobs: &[(f64, [f64; 3])]) -> DispatchParts {
+    fn of(jobs: &[Job]) -> DispatchParts {
         if jobs.is_empty() {
             return DispatchParts::default();
         }
-        let part = |i: usize| Percentiles::of(jobs.iter().map(|j| j.1[i]).collect());
-        let p99 = Percentiles::of(jobs.iter().map(|j| j.0).collect()).p99;
-        let slow: Vec<&[f64; 3]> = jobs.iter().filter(|j| j.0 >= p99).map(|j| &j.1).collect();
-        let mean = |i: usize| slow.iter().map(|p| p[i]).sum::<f64>() / slow.len().max(1) as f64;
+        let part = |i: usize| Percentiles::of(jobs.iter().map(|j| j.parts[i]).collect());
+        let p99 = Percentiles::of(jobs.iter().map(|j| j.total).collect()).p99;
+        let slow: Vec<&Job> = jobs.iter().filter(|j| j.total >= p99).collect();
+        let mean =
+            |i: usize| slow.iter().map(|j| j.parts[i]).sum::<f64>() / slow.len().max(1) as f64;
+        let mut windows: BTreeMap<i64, usize> = BTreeMap::new();
+        for j in &slow {
+            *windows
+                .entry((j.sent / SEND_WINDOW_MS).floor() as i64)
+                .or_default() += 1;
+        }
+        let top = windows.values().copied().max().unwrap_or(0);
         DispatchParts {
             to_log_ms: part(0),
             deciding_ms: part(1),
             committing_ms: part(2),
             slowest_1pct_ms: [mean(0), mean(1), mean(2)],
+            slowest_1pct_windows: windows.len(),
+            slowest_1pct_top_window_share: top as f64 / slow.len().max(1) as f64,
+            queued: jobs.iter().filter(|j| j.queued).count(),
         }
     }
 
@@ -103,13 +136,16 @@ impl DispatchParts {
     pub(super) fn figures(&self) -> String {
         let [a, b, c] = self.slowest_1pct_ms;
         format!(
-            "to the log {:.1} / {:.1}, deciding {:.1} / {:.1}, committing {:.1} / {:.1} ms; slowest 1 %: {a:.1} + {b:.1} + {c:.1} ms",
+            "to the log {:.1} / {:.1}, deciding {:.1} / {:.1}, committing {:.1} / {:.1} ms; slowest 1 %: {a:.1} + {b:.1} + {c:.1} ms, sent in {} windows of {SEND_WINDOW_MS} ms ({:.0} % in one); {} jobs waited in the queue for a worker slot",
             self.to_log_ms.p50,
             self.to_log_ms.p99,
             self.deciding_ms.p50,
             self.deciding_ms.p99,
             self.committing_ms.p50,
             self.committing_ms.p99,
+            self.slowest_1pct_windows,
+            100.0 * self.slowest_1pct_top_window_share,
+            self.queued,
         )
     }
 }
@@ -203,9 +239,10 @@ impl Saturation {
 struct Times {
     sent: HashMap<String, f64>,
     dispatched: HashMap<String, f64>,
-    /// For each first dispatch: when the input it was decided on was appended, and when its
-    /// journal record was created (ms on the same clock as `sent`).
-    dispatch_marks: HashMap<String, (f64, f64)>,
+    /// For each first dispatch: when the input it was decided on was appended, when its
+    /// journal record was created (ms on the same clock as `sent`), and whether that input
+    /// was a later one than the job's submission (it waited in the queue).
+    dispatch_marks: HashMap<String, (f64, f64, bool)>,
     completed: HashMap<String, f64>,
 }
 
@@ -238,16 +275,24 @@ fn wall_ms() -> f64 {
         .map_or(0.0, |d| d.as_secs_f64() * 1000.0)
 }
 
+/// The SDK workers of a rig: how many, and how many jobs each runs at once.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Fleet {
+    pub workers: usize,
+    pub slots: usize,
+}
+
 impl Rig {
-    /// Starts the scheduler (on `config`, whose data directory may hold history), `workers`
-    /// SDK workers (at least one per pool, spread over the pools) and the journal tailer
-    /// (every shard's journal partition).
+    /// Starts the scheduler (on `config`, whose data directory may hold history), the
+    /// fleet's SDK workers (at least one per pool, spread over the pools) and the journal
+    /// tailer (every shard's journal partition).
     pub(super) fn start(
         config: Config,
         client: ClientConfig,
-        workers: usize,
+        fleet: Fleet,
         label: &str,
     ) -> Result<Rig> {
+        let workers = fleet.workers;
         let settings = config.settings.clone();
         let topics = ksched_runtime::topics_of(&config);
         let rt = tokio::runtime::Builder::new_multi_thread()
@@ -288,7 +333,7 @@ impl Rig {
                 let mut cfg = WorkerConfig::new(&bootstrap, &format!("{label}-worker-{i}"), pool)
                     .with_properties(settings.kafka.properties.clone());
                 cfg.topic_prefix = settings.topics.prefix.clone();
-                cfg.max_parallel_jobs = 64;
+                cfg.max_parallel_jobs = fleet.slots;
                 cfg.heartbeat_interval = Duration::from_secs(1);
                 cfg.report_host_load = false;
                 let worker = Worker::new(cfg)?;
@@ -560,8 +605,13 @@ impl Rig {
             let sent = t.sent[id];
             if let Some(d) = t.dispatched.get(id) {
                 dispatch.push(d - sent);
-                if let Some((logged, created)) = t.dispatch_marks.get(id) {
-                    parts.push((d - sent, [logged - sent, created - logged, d - created]));
+                if let Some((logged, created, queued)) = t.dispatch_marks.get(id) {
+                    parts.push(Job {
+                        sent,
+                        total: d - sent,
+                        parts: [logged - sent, created - logged, d - created],
+                        queued: *queued,
+                    });
                 }
             }
             if let Some(c) = t.completed.get(id) {
@@ -630,7 +680,10 @@ fn tail(
                     if let Some(created) = m.timestamp().to_millis() {
                         let logged = entry.log_time as f64 - epoch_wall;
                         let created = created as f64 - epoch_wall;
-                        t.dispatch_marks.insert(d.job_id.clone(), (logged, created));
+                        let queued =
+                            !matches!(&entry.input, Input::Submit(r) if r.job_id == d.job_id);
+                        t.dispatch_marks
+                            .insert(d.job_id.clone(), (logged, created, queued));
                     }
                 }
                 Event::JobSucceeded(s) => {
@@ -674,4 +727,42 @@ fn per_batch_ms(
             (k.clone(), 1000.0 * d / batches)
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// 1,000 jobs sent every 10 ms, each a little slower than the one before (no ties), of
+    /// which those `slow` says took 100 ms more: the slowest 1 % when they are 11.
+    fn level(slow: impl Fn(usize) -> bool) -> Vec<Job> {
+        (0..1_000)
+            .map(|i| {
+                let total = 20.0 + i as f64 / 1_000.0 + if slow(i) { 100.0 } else { 0.0 };
+                Job {
+                    sent: i as f64 * 10.0,
+                    total,
+                    parts: [total / 4.0, total / 4.0, total / 2.0],
+                    queued: slow(i),
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_slowest_jobs_of_one_stall_are_in_one_window() {
+        let parts = DispatchParts::of(&level(|i| (500..511).contains(&i)));
+        // Sent from 5,000 to 5,100 ms: the windows of 5,000 and 5,100.
+        assert_eq!(parts.slowest_1pct_windows, 2, "{parts:?}");
+        assert!((parts.slowest_1pct_top_window_share - 10.0 / 11.0).abs() < 1e-9);
+        assert!((parts.slowest_1pct_ms[2] - (120.505 / 2.0)).abs() < 1e-9);
+        assert_eq!(parts.queued, 11);
+    }
+
+    #[test]
+    fn a_steady_tail_is_spread_over_the_level() {
+        let parts = DispatchParts::of(&level(|i| i % 91 == 0));
+        assert_eq!(parts.slowest_1pct_windows, 11, "{parts:?}");
+        assert!((parts.slowest_1pct_top_window_share - 1.0 / 11.0).abs() < 1e-9);
+    }
 }

@@ -54,6 +54,12 @@ pub(crate) struct BenchArgs {
     /// SDK workers in the end-to-end runs.
     #[arg(long, default_value_t = 4)]
     pub workers: usize,
+    /// Jobs each SDK worker runs at once (`max_parallel_jobs`). Enough that the fleet does
+    /// not cap the scheduler: with 64 (the default before 2026-12-05) the four workers' 256
+    /// slots, not the processor, set the saturation figure and each shard's batch size, and
+    /// jobs queued for a slot at 50 % load (docs/performance.md, twenty-first steps).
+    #[arg(long, default_value_t = 1024)]
+    pub worker_slots: usize,
     /// Only the small-history phases (baseline and saturation turns, latency levels): skip
     /// the large history, recovery and failover (minutes of set-up).
     #[arg(long)]
@@ -61,6 +67,10 @@ pub(crate) struct BenchArgs {
     /// Run the processor pipelined (`processor.pipelined: true`), to compare.
     #[arg(long)]
     pub pipelined: bool,
+    /// `processor.max_batch` (most input records per transaction), to compare; the
+    /// scheduler's default otherwise.
+    #[arg(long, value_name = "N")]
+    pub max_batch: Option<usize>,
     /// Journal every heartbeat (`processor.coalesce_heartbeats: false`), to compare.
     #[arg(long)]
     pub keep_heartbeats: bool,
@@ -149,6 +159,9 @@ struct Report {
     /// `processor.pipelined`, `processor.coalesce_heartbeats` and
     /// `processor.transactional_producers` in this run.
     pipelined: bool,
+    /// The SDK workers of the end-to-end runs and the jobs each runs at once.
+    workers: usize,
+    worker_slots: usize,
     coalesce_heartbeats: bool,
     transactional_producers: u8,
     group_offsets_interval_ms: u64,
@@ -356,10 +369,23 @@ fn phase(name: &str) {
     eprintln!("bench: {name}");
 }
 
+impl BenchArgs {
+    /// The SDK workers of the end-to-end runs.
+    fn fleet(&self) -> e2e::Fleet {
+        e2e::Fleet {
+            workers: self.workers,
+            slots: self.worker_slots,
+        }
+    }
+}
+
 /// The processor settings the bench's flags switch, for comparison runs.
 fn tune(args: &BenchArgs, config: &mut Config) {
     let p = &mut config.settings.processor;
     p.pipelined = args.pipelined;
+    if let Some(n) = args.max_batch {
+        p.max_batch = n;
+    }
     p.coalesce_heartbeats = !args.keep_heartbeats;
     if let Some(n) = args.transactional_producers {
         p.transactional_producers = n;
@@ -468,7 +494,7 @@ fn bench(args: BenchArgs) -> Result<()> {
         }
         last = Some(rate);
     }
-    let mut rig = e2e::Rig::start(small_cfg, client.clone(), args.workers, "e2e")?;
+    let mut rig = e2e::Rig::start(small_cfg, client.clone(), args.fleet(), "e2e")?;
     rig.saturation((sizes.saturation_jobs / 10).max(50))?;
     let mut pipes = Vec::new();
     let mut saturations = Vec::new();
@@ -555,6 +581,8 @@ fn bench(args: BenchArgs) -> Result<()> {
         ratio,
         commit_interval_ms: defaults.commit_interval_ms,
         pipelined: args.pipelined,
+        workers: args.workers,
+        worker_slots: args.worker_slots,
         coalesce_heartbeats: !args.keep_heartbeats,
         transactional_producers,
         group_offsets_interval_ms,
@@ -624,7 +652,7 @@ fn large_phases(
     phase("end to end: saturation with the large history");
     let mut large_no_http = large_cfg.clone();
     large_no_http.settings.http.enabled = false;
-    let mut rig = e2e::Rig::start(large_no_http, client.clone(), args.workers, "e2e-large")?;
+    let mut rig = e2e::Rig::start(large_no_http, client.clone(), args.fleet(), "e2e-large")?;
     rig.saturation((sizes.saturation_jobs / 10).max(50))?;
     let saturation_large = rig.saturation(sizes.saturation_jobs)?;
     eprintln!(
@@ -694,9 +722,11 @@ fn print_table(r: &Report) {
     let l = |i: usize| &r.levels[i];
     println!();
     println!(
-        "ksched bench ({} build{}{}{}{}{}) on {}",
+        "ksched bench ({} build{}, {} workers x {} slots{}{}{}{}) on {}",
         r.build,
         if r.smoke { ", smoke sizes" } else { "" },
+        r.workers,
+        r.worker_slots,
         if r.pipelined {
             ", pipelined processor"
         } else {
@@ -900,7 +930,7 @@ fn shards_only(args: &BenchArgs, counts: &[u32]) -> Result<()> {
                 *n,
             );
             tune(args, &mut config);
-            let r = shards::run(config, &client, *n, args.workers, sizes.saturation_jobs)?;
+            let r = shards::run(config, &client, *n, args.fleet(), sizes.saturation_jobs)?;
             eprintln!(
                 "        {:.0} jobs/s, processor CPU {:.0} us/job, process CPU {:.0} us/job",
                 r.saturation.jobs_per_sec,
@@ -912,13 +942,15 @@ fn shards_only(args: &BenchArgs, counts: &[u32]) -> Result<()> {
     }
     println!();
     println!(
-        "ksched bench --shards ({} build{}) on {}",
+        "ksched bench --shards ({} build{}, {} workers, at least one per shard, x {} slots) on {}",
         if cfg!(debug_assertions) {
             "debug"
         } else {
             "release"
         },
         if args.smoke { ", smoke sizes" } else { "" },
+        args.workers,
+        args.worker_slots,
         machine()
     );
     println!();

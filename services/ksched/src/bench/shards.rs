@@ -13,7 +13,7 @@ use ksched_runtime::settings::KafkaSettings;
 use rdkafka::ClientConfig;
 use serde::Serialize;
 
-use super::e2e::{Rig, Saturation};
+use super::e2e::{Fleet, Rig, Saturation};
 
 #[derive(Debug, Serialize)]
 pub(super) struct ShardRun {
@@ -55,7 +55,7 @@ pub(super) fn run(
     config: Config,
     client: &ClientConfig,
     shards: u32,
-    workers: usize,
+    fleet: Fleet,
     jobs: u64,
 ) -> Result<ShardRun> {
     let rt = tokio::runtime::Runtime::new()?;
@@ -66,8 +66,11 @@ pub(super) fn run(
     drop(rt);
     // The same workers whatever the shard count (at least one per pool), spread over the
     // pools: every count carries the same fleet, and only the processors differ.
-    let workers = workers.max(shards as usize);
-    let mut rig = Rig::start(config, client.clone(), workers, &format!("shards-{shards}"))?;
+    let fleet = Fleet {
+        workers: fleet.workers.max(shards as usize),
+        ..fleet
+    };
+    let mut rig = Rig::start(config, client.clone(), fleet, &format!("shards-{shards}"))?;
     rig.saturation((jobs / 10).max(50))?;
     // Give the warm-up's stragglers (heartbeats, ticks) a moment to settle.
     std::thread::sleep(Duration::from_millis(500));
