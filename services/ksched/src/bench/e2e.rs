@@ -276,7 +276,7 @@ fn wall_ms() -> f64 {
 }
 
 /// The SDK workers of a rig: how many, and how many jobs each runs at once.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, serde::Serialize)]
 pub(super) struct Fleet {
     pub workers: usize,
     pub slots: usize,

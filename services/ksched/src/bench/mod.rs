@@ -160,8 +160,9 @@ struct Report {
     /// `processor.transactional_producers` in this run.
     pipelined: bool,
     /// The SDK workers of the end-to-end runs and the jobs each runs at once.
-    workers: usize,
-    worker_slots: usize,
+    fleet: e2e::Fleet,
+    /// `processor.max_batch` in this run.
+    max_batch: usize,
     coalesce_heartbeats: bool,
     transactional_producers: u8,
     group_offsets_interval_ms: u64,
@@ -581,8 +582,8 @@ fn bench(args: BenchArgs) -> Result<()> {
         ratio,
         commit_interval_ms: defaults.commit_interval_ms,
         pipelined: args.pipelined,
-        workers: args.workers,
-        worker_slots: args.worker_slots,
+        fleet: args.fleet(),
+        max_batch: args.max_batch.unwrap_or(defaults.max_batch),
         coalesce_heartbeats: !args.keep_heartbeats,
         transactional_producers,
         group_offsets_interval_ms,
@@ -722,11 +723,16 @@ fn print_table(r: &Report) {
     let l = |i: usize| &r.levels[i];
     println!();
     println!(
-        "ksched bench ({} build{}, {} workers x {} slots{}{}{}{}) on {}",
+        "ksched bench ({} build{}, {} workers x {} slots{}{}{}{}{}) on {}",
         r.build,
         if r.smoke { ", smoke sizes" } else { "" },
-        r.workers,
-        r.worker_slots,
+        r.fleet.workers,
+        r.fleet.slots,
+        if r.max_batch == Settings::default().processor.max_batch {
+            String::new()
+        } else {
+            format!(", max_batch {}", r.max_batch)
+        },
         if r.pipelined {
             ", pipelined processor"
         } else {
@@ -942,7 +948,7 @@ fn shards_only(args: &BenchArgs, counts: &[u32]) -> Result<()> {
     }
     println!();
     println!(
-        "ksched bench --shards ({} build{}, {} workers, at least one per shard, x {} slots) on {}",
+        "ksched bench --shards ({} build{}, {} workers, at least one per shard, x {} slots{}{}) on {}",
         if cfg!(debug_assertions) {
             "debug"
         } else {
@@ -951,6 +957,10 @@ fn shards_only(args: &BenchArgs, counts: &[u32]) -> Result<()> {
         if args.smoke { ", smoke sizes" } else { "" },
         args.workers,
         args.worker_slots,
+        if args.pipelined { ", pipelined" } else { "" },
+        args.max_batch
+            .map(|n| format!(", max_batch {n}"))
+            .unwrap_or_default(),
         machine()
     );
     println!();
