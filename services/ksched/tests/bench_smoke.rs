@@ -54,6 +54,19 @@ fn the_smoke_benchmark_measures_every_phase() {
     positive(&["ratio"]);
     positive(&["of_physical_limit"]);
     positive(&["turns", "0", "physical_limit_jobs_per_sec"]);
+    // The machine's share is read from Linux's /proc: busy cores, the scheduler's own
+    // threads (by name) and its deciding threads' wait for a core.
+    if cfg!(target_os = "linux") {
+        positive(&["saturation_small_history", "machine", "busy_cores"]);
+        positive(&["saturation_small_history", "machine", "scheduler_cores"]);
+        positive(&["saturation_small_history", "machine", "deciding_cores"]);
+        positive(&["turns", "0", "pipe_busy_cores"]);
+        assert!(
+            stdout.contains("| the machine at saturation: busy cores;"),
+            "{stdout}"
+        );
+        assert!(stdout.contains("| the machine at 50 % load |"), "{stdout}");
+    }
     let levels = r["levels"].as_array().unwrap();
     assert_eq!(levels.len(), 3);
     for l in levels {

@@ -22,6 +22,8 @@ pub(super) struct Baseline {
     pub seconds: f64,
     /// Input records/s of every run, of which this is the median.
     pub runs_records_per_sec: Vec<f64>,
+    /// How many of the machine's cores were busy meanwhile (every process; Linux only).
+    pub machine_busy_cores: Option<f64>,
 }
 
 impl Baseline {
@@ -153,5 +155,6 @@ pub(super) fn run(
         record_bytes,
         seconds,
         runs_records_per_sec: vec![records as f64 / seconds],
+        machine_busy_cores: None,
     })
 }

@@ -61,6 +61,8 @@ pub(super) struct Level {
     pub mean_batch_ms: f64,
     /// Mean ms per batch in each phase.
     pub phase_ms_per_batch: BTreeMap<String, f64>,
+    /// The machine and the scheduler's threads during the level (Linux only).
+    pub machine: Option<super::machine::Usage>,
 }
 
 /// Submit -> dispatch in three parts, from timestamps on one clock (the bench and the broker
@@ -190,6 +192,8 @@ pub(super) struct Saturation {
     pub per_job_by_topic: BTreeMap<String, PerJob>,
     /// Mean ms per batch in each phase (`ksched_batch_phase_seconds_total`).
     pub phase_ms_per_batch: BTreeMap<String, f64>,
+    /// The machine and the scheduler's threads during the run (Linux only).
+    pub machine: Option<super::machine::Usage>,
 }
 
 /// The phases of a batch, as the processor times them: on the processor thread decide,
@@ -516,9 +520,11 @@ impl Rig {
         let topics0 = self.by_topic();
         let phases0 = self.phases();
         let process0 = process_cpu_seconds();
+        let machine0 = super::machine::read();
         let t0 = now_ms(self.epoch);
         let ids = self.submit(jobs, None)?;
         self.wait_completed(&ids, Duration::from_secs(600))?;
+        let machine = super::machine::Usage::between(&machine0, &super::machine::read());
         let t = self.times.lock().map_err(|_| anyhow::anyhow!("poisoned"))?;
         let last = ids
             .iter()
@@ -538,6 +544,7 @@ impl Rig {
             processor_cpu_us_per_job: per_job_us(cpu1 - cpu0),
             process_cpu_us_per_job: per_job_us(process_cpu_seconds() - process0),
             phase_ms_per_batch: per_batch_ms(&phases0, &self.phases(), batches),
+            machine,
             per_job_by_topic: self
                 .by_topic()
                 .into_iter()
@@ -593,9 +600,11 @@ impl Rig {
         let n = (rate * seconds).ceil().max(1.0) as u64;
         let (b0, n0, c0, _) = self.batch_totals();
         let phases0 = self.phases();
+        let machine0 = super::machine::read();
         let t0 = now_ms(self.epoch);
         let ids = self.submit(n, Some(rate))?;
         self.wait_completed(&ids, Duration::from_secs(600))?;
+        let machine = super::machine::Usage::between(&machine0, &super::machine::read());
         let t = self.times.lock().map_err(|_| anyhow::anyhow!("poisoned"))?;
         let mut dispatch = Vec::new();
         let mut parts = Vec::new();
@@ -623,6 +632,7 @@ impl Rig {
         let batches = (n1 - n0).max(1) as f64;
         Ok(Level {
             phase_ms_per_batch: per_batch_ms(&phases0, &self.phases(), batches),
+            machine,
             mean_batch: (b1 - b0) / batches,
             mean_batch_ms: 1000.0 * (c1 - c0) / batches,
             load,

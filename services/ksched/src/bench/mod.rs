@@ -6,6 +6,7 @@ mod baseline;
 mod e2e;
 mod failover;
 mod history;
+mod machine;
 mod memory;
 mod recovery;
 mod shards;
@@ -190,6 +191,9 @@ struct Turn {
     physical_limit_jobs_per_sec: f64,
     jobs_per_sec: f64,
     of_physical_limit: f64,
+    /// Cores busy on the machine during the pipe run and during the saturation run.
+    pipe_busy_cores: Option<f64>,
+    saturation_busy_cores: Option<f64>,
 }
 
 fn median_of(mut v: Vec<f64>) -> f64 {
@@ -466,7 +470,8 @@ fn bench(args: BenchArgs) -> Result<()> {
         let pipe_in = format!("{run}.baseline-{name}.in");
         let pipe_out = format!("{run}.baseline-{name}.out");
         rt.block_on(create_topics(&client, &[(&pipe_in, 4), (&pipe_out, 1)]))?;
-        baseline::run(
+        let machine0 = machine::read();
+        let mut b = baseline::run(
             &client,
             &pipe_in,
             &pipe_out,
@@ -474,7 +479,10 @@ fn bench(args: BenchArgs) -> Result<()> {
             record_bytes,
             defaults.max_batch,
             Duration::from_millis(defaults.commit_interval_ms),
-        )
+        )?;
+        b.machine_busy_cores =
+            machine::Usage::between(&machine0, &machine::read()).map(|m| m.busy_cores);
+        Ok(b)
     };
     phase("warm-up: the raw pipe and the scheduler, not measured");
     // A broker just started runs the pipe several times slower at first (measured: 8k, 16k,
@@ -515,6 +523,17 @@ fn bench(args: BenchArgs) -> Result<()> {
             s.mean_batch_ms,
             s.jobs_per_sec / b.physical_limit_jobs_per_sec()
         );
+        if let Some(m) = &s.machine {
+            let (machine, scheduler) = m.per_job_us(s.jobs);
+            eprintln!(
+                "        machine busy {:.2} of {} cores during the pipe, {:.2} during the scheduler's run: {machine:.0} us per job, the scheduler's own threads {scheduler:.0} us; at most {} jobs/s if those cost nothing",
+                b.machine_busy_cores.unwrap_or(f64::NAN),
+                m.cores,
+                m.busy_cores,
+                m.free_scheduler_ceiling(s.jobs)
+                    .map_or("-".to_owned(), |c| format!("{c:.0}"))
+            );
+        }
         pipes.push(b);
         saturations.push(s);
     }
@@ -526,6 +545,8 @@ fn bench(args: BenchArgs) -> Result<()> {
             physical_limit_jobs_per_sec: b.physical_limit_jobs_per_sec(),
             jobs_per_sec: s.jobs_per_sec,
             of_physical_limit: s.jobs_per_sec / b.physical_limit_jobs_per_sec(),
+            pipe_busy_cores: b.machine_busy_cores,
+            saturation_busy_cores: s.machine.as_ref().map(|m| m.busy_cores),
         })
         .collect();
     let baseline = baseline::Baseline::median(pipes);
@@ -548,6 +569,9 @@ fn bench(args: BenchArgs) -> Result<()> {
             "        dispatch parts p50 / p99: {}",
             l.dispatch_parts.figures()
         );
+        if let Some(m) = &l.machine {
+            eprintln!("        {}", m.level_figures());
+        }
         levels.push(l);
     }
     phase("an idle fleet: no jobs, the workers heartbeating");
@@ -795,6 +819,21 @@ fn print_table(r: &Report) {
             .join(", "),
         r.of_physical_limit
     );
+    if r.turns.iter().any(|t| t.pipe_busy_cores.is_some()) {
+        let cores = |c: Option<f64>| c.map_or("-".to_owned(), |c| format!("{c:.2}"));
+        println!(
+            "| cores busy on the machine per turn: during the pipe / during the scheduler's saturation run | {} |",
+            r.turns
+                .iter()
+                .map(|t| format!(
+                    "{} / {}",
+                    cores(t.pipe_busy_cores),
+                    cores(t.saturation_busy_cores)
+                ))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
     println!(
         "| ratio (jobs/s x records/job) / baseline | {:.2} |",
         r.ratio
@@ -847,6 +886,35 @@ fn print_table(r: &Report) {
         r.saturation_small_history.processor_cpu_us_per_job,
         r.saturation_small_history.process_cpu_us_per_job
     );
+    if let Some(m) = &r.saturation_small_history.machine {
+        let jobs = r.saturation_small_history.jobs;
+        let (machine, scheduler) = m.per_job_us(jobs);
+        let limit = median_of(
+            r.turns
+                .iter()
+                .map(|t| t.physical_limit_jobs_per_sec)
+                .collect(),
+        );
+        println!(
+            "| the machine at saturation: busy cores; CPU per job of every process / of the scheduler's own threads; the most it could carry if those threads cost nothing (share of the median physical limit) | {:.2} of {}; {machine:.0} us / {scheduler:.0} us; {} |",
+            m.busy_cores,
+            m.cores,
+            m.free_scheduler_ceiling(jobs)
+                .map_or("-".to_owned(), |c| format!(
+                    "{c:.0} jobs/s ({:.2})",
+                    c / limit.max(1e-9)
+                ))
+        );
+    }
+    for l in &r.levels {
+        if let Some(m) = &l.machine {
+            println!(
+                "| the machine at {:.0} % load | {} |",
+                100.0 * l.load,
+                m.level_figures()
+            );
+        }
+    }
     for (i, name) in ["25 %", "50 %", "80 %"].iter().enumerate() {
         println!(
             "| submit -> dispatch at {name} load (p50 / p99 / p999) | {:.1} / {:.1} / {:.1} ms |",
