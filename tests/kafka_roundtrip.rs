@@ -209,3 +209,47 @@ fn a_quiet_tail_after_commit_and_abort_markers_keeps_its_consumer_and_skips_abor
     // passes the markers and the aborted records, and so does the tail's.
     assert_eq!(tail.next_offset(), 7);
 }
+
+/// What the processor's input consumer and the SDK's dispatch consumer rely on to let an
+/// idle fetch wait long (500 ms, `INPUT_FETCH_WAIT_MS`, `DISPATCH_FETCH_WAIT_MS`): a
+/// read_committed fetch parked at the broker is answered as soon as a transaction commits,
+/// not when its wait runs out. Measured here with a 20 s wait, so that a broker that waited
+/// instead would miss the 5 s bound by far (the bound is for a loaded CI machine; the
+/// answer takes about a millisecond).
+#[test]
+fn a_parked_read_committed_fetch_is_answered_when_the_transaction_commits() {
+    let bootstrap = bootstrap_servers().unwrap_or_else(|e| panic!("{e}"));
+    let topic = unique("parked-fetch");
+    let producer = transactional(&bootstrap, &topic);
+    let consumer: BaseConsumer = client_config(&bootstrap)
+        .set("group.id", unique("parked-fetch"))
+        .set("isolation.level", "read_committed")
+        .set("enable.auto.commit", "false")
+        .set("fetch.wait.max.ms", "20000")
+        .set("socket.timeout.ms", "60000")
+        .create()
+        .unwrap();
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    tpl.add_partition_offset(&topic, 0, rdkafka::Offset::Beginning)
+        .unwrap();
+    consumer.assign(&tpl).unwrap();
+    // The first fetch finds nothing and is parked.
+    assert!(consumer.poll(Duration::from_millis(1500)).is_none());
+    for round in 0..3 {
+        std::thread::sleep(Duration::from_millis(300));
+        let value = format!("committed-{round}");
+        transaction(&producer, &topic, &[&value], true);
+        let committed = std::time::Instant::now();
+        let got = match consumer.poll(Duration::from_secs(30)) {
+            Some(Ok(m)) => String::from_utf8_lossy(m.payload().unwrap_or_default()).into_owned(),
+            Some(Err(e)) => panic!("{e}"),
+            None => panic!("round {round}: nothing within 30 s of the commit"),
+        };
+        let waited = committed.elapsed();
+        assert_eq!(got, value);
+        assert!(
+            waited < Duration::from_secs(5),
+            "round {round}: the record came {waited:?} after its commit; a parked read_committed fetch waited out fetch.wait.max.ms"
+        );
+    }
+}

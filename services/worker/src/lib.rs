@@ -131,6 +131,32 @@ impl std::fmt::Debug for Worker {
     }
 }
 
+/// How long the broker may hold a dispatch fetch that finds nothing new, unless the
+/// properties set `fetch.wait.max.ms` (Kafka's default). A dispatch still arrives as soon as
+/// the scheduler's transaction commits: the broker answers a read_committed fetch when the
+/// last stable offset moves. This only bounds how often an idle worker asks: at the 10 ms it
+/// had before, every idle worker sent the broker 100 empty fetches a second.
+const DISPATCH_FETCH_WAIT_MS: &str = "500";
+
+/// The dispatch consumer's settings: the pool's group, read_committed, offsets committed
+/// for the jobs taken.
+fn dispatch_consumer_config(config: &WorkerConfig, group: &str) -> rdkafka::ClientConfig {
+    let mut c = config.client();
+    if c.get("fetch.wait.max.ms").is_none() {
+        c.set("fetch.wait.max.ms", DISPATCH_FETCH_WAIT_MS);
+    }
+    c.set("group.id", group)
+        .set("client.id", format!("ksched-worker-{}", config.worker_id))
+        .set("enable.auto.commit", "true")
+        .set("auto.commit.interval.ms", "500")
+        .set("enable.auto.offset.store", "false")
+        .set("auto.offset.reset", "earliest")
+        .set("isolation.level", "read_committed")
+        .set("session.timeout.ms", "10000")
+        .set("reconnect.backoff.max.ms", RECONNECT_BACKOFF_MAX_MS);
+    c
+}
+
 impl Worker {
     pub fn new(config: WorkerConfig) -> Result<Worker> {
         if config.worker_id.is_empty() || config.pool.is_empty() {
@@ -152,18 +178,7 @@ impl Worker {
             .group_id
             .clone()
             .unwrap_or_else(|| format!("{}workers.{}", config.topic_prefix, config.pool));
-        let consumer: StreamConsumer = config
-            .client()
-            .set("group.id", &group)
-            .set("client.id", format!("ksched-worker-{}", config.worker_id))
-            .set("enable.auto.commit", "true")
-            .set("auto.commit.interval.ms", "500")
-            .set("enable.auto.offset.store", "false")
-            .set("auto.offset.reset", "earliest")
-            .set("isolation.level", "read_committed")
-            .set("session.timeout.ms", "10000")
-            .set("fetch.wait.max.ms", "10")
-            .set("reconnect.backoff.max.ms", RECONNECT_BACKOFF_MAX_MS)
+        let consumer: StreamConsumer = dispatch_consumer_config(&config, &group)
             .create()
             .map_err(kafka("creating the dispatch consumer"))?;
         let mut producer = config.client();
@@ -596,6 +611,22 @@ mod tests {
 
     fn key(job: &str, attempt: i32) -> (String, i32) {
         (job.to_owned(), attempt)
+    }
+
+    /// An idle worker asks the broker twice a second, not a hundred times (before, 10 ms);
+    /// the properties still choose.
+    #[test]
+    fn an_idle_dispatch_fetch_waits_half_a_second_unless_the_properties_say() {
+        let mut cfg = WorkerConfig::new("127.0.0.1:9092", "w", "default");
+        let c = dispatch_consumer_config(&cfg, "g");
+        assert_eq!(c.get("fetch.wait.max.ms"), Some("500"));
+        assert_eq!(c.get("isolation.level"), Some("read_committed"));
+        cfg.properties
+            .insert("fetch.wait.max.ms".into(), "20".into());
+        assert_eq!(
+            dispatch_consumer_config(&cfg, "g").get("fetch.wait.max.ms"),
+            Some("20")
+        );
     }
 
     /// A worker whose broker is gone still stops when asked: its heartbeats and reports are

@@ -304,7 +304,10 @@ fn journal_from_end(
         .set("group.id", group)
         .set("isolation.level", "read_committed")
         .set("enable.auto.commit", "false")
-        .set("fetch.wait.max.ms", "5")
+        // An idle tail need not ask 200 times a second: the broker answers a read_committed
+        // fetch as soon as a commit moves the last stable offset (as the processor's and the
+        // workers' consumers, docs/performance.md, twenty-second steps).
+        .set("fetch.wait.max.ms", "500")
         .set("fetch.queue.backoff.ms", "1")
         .create()?;
     let mut tpl = TopicPartitionList::new();
