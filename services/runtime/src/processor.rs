@@ -1602,10 +1602,10 @@ const PROCESSOR_LINGER_MS: &str = "2";
 /// How long the broker may hold an input fetch that finds nothing new, unless
 /// `kafka.properties` sets `fetch.wait.max.ms`. Kafka's own default. It costs no latency: with
 /// `fetch.min.bytes` 1 the broker answers as soon as a record is there, a read_committed fetch
-/// as soon as a commit's markers move the last stable offset (docs/performance.md,
-/// twenty-second steps: p50 at 25 % load the same with 10 and 500 ms). It bounds only how
+/// as soon as a commit's markers move the last stable offset (a parked fetch was answered
+/// 0.5 ms after the commit: docs/performance.md, twenty-second steps). It bounds only how
 /// often an idle shard asks: at the 10 ms it had before, 100 empty fetches a second each.
-pub(crate) const INPUT_FETCH_WAIT_MS: &str = "500";
+const INPUT_FETCH_WAIT_MS: &str = "500";
 
 /// The input consumer's settings: offsets only (the partitions are assigned by hand, every
 /// shard reading the heartbeats and control topics whole, and the shard's transactional id,
@@ -1879,20 +1879,24 @@ mod tests {
         assert!(started.elapsed() < Duration::from_secs(2));
     }
 
-    /// The processor's producer lingers 2 ms unless the client properties say otherwise
-    /// (before, its `linger.ms` could not be changed: the processor set it after the
-    /// properties).
+    /// Settings whose `kafka.properties` are `props`.
+    fn settings_with(props: &[(&str, &str)]) -> Settings {
+        let mut settings = Settings::default();
+        for (k, v) in props {
+            settings
+                .kafka
+                .properties
+                .insert((*k).to_owned(), (*v).to_owned());
+        }
+        settings
+    }
+
+    /// An idle input fetch waits 500 ms at the broker unless the client properties say
+    /// otherwise (before, 10 ms, and the processor set it after the properties).
     #[test]
     fn an_idle_input_fetch_waits_half_a_second_unless_the_properties_say() {
         let wait = |props: &[(&str, &str)]| {
-            let mut settings = Settings::default();
-            for (k, v) in props {
-                settings
-                    .kafka
-                    .properties
-                    .insert((*k).to_owned(), (*v).to_owned());
-            }
-            let cfg = input_consumer_config(&settings, "g");
+            let cfg = input_consumer_config(&settings_with(props), "g");
             assert_eq!(cfg.get("isolation.level"), Some("read_committed"));
             assert_eq!(cfg.get("group.id"), Some("g"));
             cfg.get("fetch.wait.max.ms").map(str::to_owned)
@@ -1901,16 +1905,13 @@ mod tests {
         assert_eq!(wait(&[("fetch.wait.max.ms", "50")]), Some("50".to_owned()));
     }
 
+    /// The processor's producer lingers 2 ms unless the client properties say otherwise
+    /// (before, its `linger.ms` could not be changed: the processor set it after the
+    /// properties).
     #[test]
     fn the_transactional_producer_lingers_as_the_properties_say() {
         let linger = |props: &[(&str, &str)]| {
-            let mut settings = Settings::default();
-            for (k, v) in props {
-                settings
-                    .kafka
-                    .properties
-                    .insert((*k).to_owned(), (*v).to_owned());
-            }
+            let settings = settings_with(props);
             let cfg = transactional_producer_config(&settings, "ksched-journal-0", "c");
             (
                 cfg.get("linger.ms").map(str::to_owned),
