@@ -196,6 +196,11 @@ struct Turn {
     saturation_busy_cores: Option<f64>,
 }
 
+/// A figure with `decimals` decimals, or "-" where it was not measured.
+fn or_dash(v: Option<f64>, decimals: usize) -> String {
+    v.map_or("-".to_owned(), |v| format!("{v:.decimals$}"))
+}
+
 fn median_of(mut v: Vec<f64>) -> f64 {
     if v.is_empty() {
         return 0.0;
@@ -529,12 +534,11 @@ fn bench(args: BenchArgs) -> Result<()> {
         if let Some(m) = &s.machine {
             let (machine, scheduler) = m.per_job_us(s.jobs);
             eprintln!(
-                "        machine busy {:.2} of {} cores during the pipe, {:.2} during the scheduler's run: {machine:.0} us per job, the scheduler's own threads {scheduler:.0} us; at most {} jobs/s if those cost nothing",
-                b.machine_busy_cores.unwrap_or(f64::NAN),
+                "        machine busy {} of {} cores during the pipe, {:.2} during the scheduler's run: {machine:.0} us per job, the scheduler's own threads {scheduler:.0} us; at most {} jobs/s if those cost nothing",
+                or_dash(b.machine_busy_cores, 2),
                 m.cores,
                 m.busy_cores,
-                m.free_scheduler_ceiling(s.jobs)
-                    .map_or("-".to_owned(), |c| format!("{c:.0}"))
+                or_dash(m.free_scheduler_ceiling(s.jobs), 0)
             );
         }
         pipes.push(b);
@@ -823,15 +827,14 @@ fn print_table(r: &Report) {
         r.of_physical_limit
     );
     if r.turns.iter().any(|t| t.pipe_busy_cores.is_some()) {
-        let cores = |c: Option<f64>| c.map_or("-".to_owned(), |c| format!("{c:.2}"));
         println!(
             "| cores busy on the machine per turn: during the pipe / during the scheduler's saturation run | {} |",
             r.turns
                 .iter()
                 .map(|t| format!(
                     "{} / {}",
-                    cores(t.pipe_busy_cores),
-                    cores(t.saturation_busy_cores)
+                    or_dash(t.pipe_busy_cores, 2),
+                    or_dash(t.saturation_busy_cores, 2)
                 ))
                 .collect::<Vec<_>>()
                 .join(", ")
