@@ -9,7 +9,9 @@ use crate::events::*;
 use crate::reason::{AttemptError, DlqReason};
 use crate::records::{JobRequest, Millis};
 use crate::rules::Rules;
-use crate::state::{ActiveConfig, Breaker, IdempotencyEntry, Job, Line, SagaStep, State, Worker};
+use crate::state::{
+    ActiveConfig, Breaker, IdempotencyEntry, Job, Line, SagaStep, State, Worker, saga_key_of,
+};
 
 /// What an event is applied with besides itself: the entry it belongs to.
 #[derive(Debug, Clone, Copy)]
@@ -47,6 +49,12 @@ pub(crate) fn begin_entry(state: &mut State, log_time: Millis, input: &Input) {
         state.watermark = state.watermark.max(t.watermark.unwrap_or(log_time));
     }
 }
+
+/// Most reason codes dead letters are counted by; the codes beyond count as
+/// [`OTHER_REASONS`].
+pub const MAX_COUNTED_REASONS: usize = 256;
+/// Where dead letters of reason codes beyond [`MAX_COUNTED_REASONS`] are counted.
+pub const OTHER_REASONS: &str = "other";
 
 /// Records a pool result in its breaker window (true = failure).
 fn breaker_result(state: &mut State, pool: &str, failure: bool, rules_window: usize) {
@@ -363,10 +371,15 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
         }
         Event::DeadLettered(e) => {
             let dl = &e.dead_letter;
-            *state
-                .dead_letters_by_reason
-                .entry(dl.reason_code.clone())
-                .or_default() += 1;
+            // Workers choose their own error codes: past a bound, new ones count together.
+            let counted = if state.dead_letters_by_reason.len() >= MAX_COUNTED_REASONS
+                && !state.dead_letters_by_reason.contains_key(&dl.reason_code)
+            {
+                OTHER_REASONS.to_owned()
+            } else {
+                dl.reason_code.clone()
+            };
+            *state.dead_letters_by_reason.entry(counted).or_default() += 1;
             if !dl.job_id.is_empty() && dl.reason_code != DlqReason::DuplicateJobId.as_str() {
                 state.update_job_logged(&dl.job_id, Some(line(event, at)), |j| {
                     j.dlq_reason = Some(dl.reason_code.clone());
@@ -423,6 +436,13 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
                         inflight: Default::default(),
                     },
                 );
+            }
+            let pool_before = state
+                .workers
+                .get(&e.worker_id)
+                .map(|w| w.heartbeat.pool.clone());
+            if let Some(before) = pool_before {
+                state.move_worker(&before, &hb.pool);
             }
             if let Some(w) = state.workers.get_mut(&e.worker_id) {
                 if e.joined {
@@ -487,9 +507,10 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
             state.mark_breaker(&e.pool);
         }
         Event::SagaStepRecorded(e) => {
+            let key = crate::state::step_saga_key(e, at.format);
             state
                 .sagas
-                .entry(e.workflow_id.clone())
+                .entry(key.clone())
                 .or_default()
                 .stack
                 .push(SagaStep {
@@ -497,27 +518,53 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
                     tenant_id: e.tenant_id.clone(),
                     principal_id: e.principal_id.clone(),
                     compensation: (*e.compensation).clone(),
+                    topic: e.topic.clone(),
                 });
-            state.mark_saga(&e.workflow_id);
+            state.mark_saga(&key);
         }
         Event::SagaRollbackStarted(e) => {
-            let s = state.sagas.entry(e.workflow_id.clone()).or_default();
+            let key = saga_key_of(e.tenant_id.as_deref(), &e.workflow_id);
+            let s = state.sagas.entry(key.clone()).or_default();
             s.failed_job_id = Some(e.failed_job_id.clone());
-            state.mark_saga(&e.workflow_id);
+            state.mark_saga(&key);
         }
         Event::SagaCompensationSubmitted(e) => {
-            if let Some(s) = state.sagas.get_mut(&e.workflow_id) {
+            let key = saga_key_of(e.tenant_id.as_deref(), &e.workflow_id);
+            if let Some(s) = state.sagas.get_mut(&key) {
                 s.stack.pop();
                 s.running = Some(e.job_id.clone());
                 s.compensations_submitted += 1;
-                state.mark_saga(&e.workflow_id);
+                // A step that succeeded after the rollback ended opens it again.
+                s.outcome = None;
+                state.mark_saga(&key);
             }
         }
+        Event::SagaCompensationEnded(e) => {
+            let key = saga_key_of(e.tenant_id.as_deref(), &e.workflow_id);
+            if let Some(s) = state.sagas.get_mut(&key) {
+                if s.running.as_deref() == Some(e.job_id.as_str()) {
+                    s.running = None;
+                }
+                if !e.succeeded {
+                    s.compensations_failed += 1;
+                }
+                state.mark_saga(&key);
+            }
+        }
+        Event::QueueScanned(e) => match e.resume_after() {
+            Some(k) => {
+                state.scan_from.insert(e.pool.clone(), k);
+            }
+            None => {
+                state.scan_from.remove(&e.pool);
+            }
+        },
         Event::SagaFinished(e) => {
-            if let Some(s) = state.sagas.get_mut(&e.workflow_id) {
+            let key = saga_key_of(e.tenant_id.as_deref(), &e.workflow_id);
+            if let Some(s) = state.sagas.get_mut(&key) {
                 s.outcome = Some(e.outcome);
                 s.running = None;
-                state.mark_saga(&e.workflow_id);
+                state.mark_saga(&key);
             }
         }
         Event::IdempotencyPruned(e) => {

@@ -260,6 +260,30 @@ impl Event {
                     s.workflow_id, s.outcome, s.detail
                 )?;
             }
+            Event::QueueScanned(q) => match &q.resume_job_id {
+                Some(id) => write!(
+                    out,
+                    "pool {}: the pass stopped at its bound after {id}; the next goes on from there",
+                    q.pool
+                )?,
+                None => write!(
+                    out,
+                    "pool {}: the queue was looked at to its end; the next pass starts at its head",
+                    q.pool
+                )?,
+            },
+            Event::SagaCompensationEnded(s) => write!(
+                out,
+                "workflow {}: compensation {} {}: {}",
+                s.workflow_id,
+                s.job_id,
+                if s.succeeded {
+                    "succeeded"
+                } else {
+                    "did not succeed"
+                },
+                s.detail
+            )?,
             Event::IdempotencyPruned(p) => write!(
                 out,
                 "idempotency keys first seen before {} forgotten",

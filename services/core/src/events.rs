@@ -541,10 +541,14 @@ pub struct CircuitChanged {
 pub struct SagaStepRecorded {
     pub workflow_id: String,
     pub job_id: String,
-    /// Tenant and principal the compensation job will run as (the step's own).
+    /// Tenant and principal the compensation job will run as (the step's own). From
+    /// decision format 3 the saga is the tenant's: keyed by (tenant, workflow).
     pub tenant_id: String,
     pub principal_id: Option<String>,
     pub compensation: Box<JobTemplate>,
+    /// The step's topic, the only one its compensation may run on; None in journals
+    /// written before it was recorded.
+    pub topic: Option<String>,
 }
 
 /// A workflow step failed fatally: its compensations run, last first.
@@ -553,22 +557,68 @@ pub struct SagaRollbackStarted {
     pub workflow_id: String,
     pub failed_job_id: String,
     pub steps: i32,
+    /// The tenant whose saga it is; None: a saga keyed by its workflow alone (journals
+    /// written before sagas were the tenant's).
+    pub tenant_id: Option<String>,
 }
 
-/// The next compensation was submitted as a new job (its JobAccepted follows).
+/// The next compensation was submitted as a new job (its JobAccepted follows, or the
+/// dead letter that refused it and its `SagaCompensationEnded`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SagaCompensationSubmitted {
     pub workflow_id: String,
     pub job_id: String,
     /// The step whose compensation this is.
     pub for_job_id: String,
+    /// As in [`SagaRollbackStarted::tenant_id`].
+    pub tenant_id: Option<String>,
 }
 
-/// The workflow's rollback ended.
+/// The workflow's rollback ended (again, when a step that succeeded after it was
+/// compensated too).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SagaFinished {
     pub workflow_id: String,
     pub outcome: SagaOutcome,
+    pub detail: String,
+    /// As in [`SagaRollbackStarted::tenant_id`].
+    pub tenant_id: Option<String>,
+}
+
+/// A scheduling pass over a pool's queue reached `limits.max_scan_per_entry` jobs it could
+/// not place: the next pass goes on after `resume_after` (or, when it is None, the queue was
+/// looked at to its end and the next pass starts over at the head).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct QueueScanned {
+    pub pool: String,
+    /// The last job looked at: its priority rank, when it was queued, its id.
+    pub resume_rank: Option<i32>,
+    pub resume_queued_at: Option<Millis>,
+    pub resume_job_id: Option<String>,
+}
+
+impl QueueScanned {
+    /// Where the next pass goes on, if anywhere but the head.
+    pub fn resume_after(&self) -> Option<crate::state::QueueKey> {
+        Some(crate::state::QueueKey {
+            rank: u8::try_from(self.resume_rank?).ok()?,
+            queued_at: self.resume_queued_at?,
+            job_id: self.resume_job_id.clone()?,
+        })
+    }
+}
+
+/// A compensation reached a terminal state, or was refused before it became a job; the
+/// next one follows.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SagaCompensationEnded {
+    pub workflow_id: String,
+    /// As in [`SagaRollbackStarted::tenant_id`].
+    pub tenant_id: Option<String>,
+    pub job_id: String,
+    /// It succeeded; otherwise the saga ends COMPENSATION_FAILED.
+    pub succeeded: bool,
+    /// How it ended (its state, or why it was refused).
     pub detail: String,
 }
 
@@ -654,6 +704,8 @@ pub enum Event {
     ClockGap(ClockGap),
     WorkerForgotten(WorkerForgotten),
     JobRedriven(JobRedriven),
+    SagaCompensationEnded(SagaCompensationEnded),
+    QueueScanned(QueueScanned),
 }
 
 impl Event {
@@ -688,6 +740,8 @@ impl Event {
             Event::SagaRollbackStarted(_) => "SagaRollbackStarted",
             Event::SagaCompensationSubmitted(_) => "SagaCompensationSubmitted",
             Event::SagaFinished(_) => "SagaFinished",
+            Event::SagaCompensationEnded(_) => "SagaCompensationEnded",
+            Event::QueueScanned(_) => "QueueScanned",
             Event::IdempotencyPruned(_) => "IdempotencyPruned",
             Event::ConfigApplied(_) => "ConfigApplied",
             Event::BreakerCounted(_) => "BreakerCounted",
@@ -724,12 +778,14 @@ impl Event {
             Event::SagaStepRecorded(e) => &e.job_id,
             Event::SagaRollbackStarted(e) => &e.failed_job_id,
             Event::SagaCompensationSubmitted(e) => &e.job_id,
+            Event::SagaCompensationEnded(e) => &e.job_id,
             Event::BreakerCounted(e) => &e.job_id,
             Event::JobRedriven(e) => &e.job_id,
             Event::WorkerUpdated(_)
             | Event::WorkerLost(_)
             | Event::CircuitChanged(_)
             | Event::SagaFinished(_)
+            | Event::QueueScanned(_)
             | Event::IdempotencyPruned(_)
             | Event::ConfigApplied(_)
             | Event::ClockGap(_)
@@ -759,7 +815,9 @@ impl Event {
 /// scheduler that wrote them had:
 /// 1. the first format: `apply` counted attempt ends in the circuit breaker itself.
 /// 2. `decide` journals every count as a `BreakerCounted` event.
-pub const DECISION_FORMAT: i32 = 2;
+/// 3. a saga is its tenant's: `SagaStepRecorded` keys it by (tenant, workflow), where
+///    format 2 keyed it by the workflow alone.
+pub const DECISION_FORMAT: i32 = 3;
 
 /// One processed input and what it caused: the unit of the journal.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -796,17 +854,18 @@ impl JournalEntry {
         e
     }
 
-    /// Jobs and workflows whose records `apply` reads or changes for this entry: what a
-    /// partial state must hold before the entry is applied.
+    /// Jobs and sagas (by [`crate::state::saga_key`]) whose records `apply` reads or
+    /// changes for this entry: what a partial state must hold before the entry is applied.
     ///
     /// A job the entry accepts, before any other event of the entry names it, is not among
     /// them: `JobAccepted` writes the whole record, and it is only ever decided for an id the
     /// shard does not hold (the decision loaded the id and found nothing, or it would have
     /// been a `JobDuplicate`), so there is nothing to read. A replay folds a submit without a
     /// store lookup that could only miss.
-    pub fn touched(&self) -> (Vec<&str>, Vec<&str>) {
+    pub fn touched(&self) -> (Vec<&str>, Vec<String>) {
+        use crate::state::saga_key_of;
         let mut jobs: Vec<&str> = Vec::new();
-        let mut workflows: Vec<&str> = Vec::new();
+        let mut workflows: Vec<String> = Vec::new();
         let mut accepted: Vec<&str> = Vec::new();
         for e in &self.events {
             // An entry's events mostly follow one job: its next event needs no search.
@@ -823,10 +882,21 @@ impl JournalEntry {
                 Event::WorkerUpdated(u) => {
                     jobs.extend(u.heartbeat.active_job_ids.iter().map(String::as_str))
                 }
-                Event::SagaStepRecorded(s) => workflows.push(&s.workflow_id),
-                Event::SagaRollbackStarted(s) => workflows.push(&s.workflow_id),
-                Event::SagaCompensationSubmitted(s) => workflows.push(&s.workflow_id),
-                Event::SagaFinished(s) => workflows.push(&s.workflow_id),
+                Event::SagaStepRecorded(s) => {
+                    workflows.push(crate::state::step_saga_key(s, self.format))
+                }
+                Event::SagaRollbackStarted(s) => {
+                    workflows.push(saga_key_of(s.tenant_id.as_deref(), &s.workflow_id))
+                }
+                Event::SagaCompensationSubmitted(s) => {
+                    workflows.push(saga_key_of(s.tenant_id.as_deref(), &s.workflow_id))
+                }
+                Event::SagaFinished(s) => {
+                    workflows.push(saga_key_of(s.tenant_id.as_deref(), &s.workflow_id))
+                }
+                Event::SagaCompensationEnded(s) => {
+                    workflows.push(saga_key_of(s.tenant_id.as_deref(), &s.workflow_id))
+                }
                 Event::JobRedriven(r) => jobs.push(&r.new_job_id),
                 _ => {}
             }

@@ -18,6 +18,8 @@ pub struct PolicyDecision {
     pub reasons: Vec<String>,
     /// What the policy set; unset fields fall back to the job's budget and the config.
     pub constraints: Constraints,
+    /// The evaluation was stopped at its step or memory limit (the verdict is then Deny).
+    pub limit_exceeded: bool,
 }
 
 impl PolicyDecision {
@@ -26,6 +28,7 @@ impl PolicyDecision {
             verdict: Verdict::Allow,
             reasons: Vec::new(),
             constraints: Constraints::default(),
+            limit_exceeded: false,
         }
     }
 }
@@ -35,11 +38,15 @@ impl PolicyDecision {
 pub struct OutputDecision {
     pub quarantine: bool,
     pub reasons: Vec<String>,
+    /// The evaluation was stopped at its step or memory limit (the job is then quarantined).
+    pub limit_exceeded: bool,
 }
 
 /// Evaluates policies. Implementations must be deterministic: same bundle and input, same
 /// answer. A policy that fails to evaluate must fail closed (deny / quarantine, with the error
-/// as the reason), so a broken policy never lets work through.
+/// as the reason), so a broken policy never lets work through. Every evaluation is bounded by
+/// the limits of the rules in the bundle (`limits.policy_max_steps`,
+/// `limits.policy_max_memory_bytes`); one stopped at a limit says so (`limit_exceeded`).
 pub trait PolicyEngine {
     fn evaluate_input(&self, bundle: &Reconfigure, input: &Value) -> PolicyDecision;
     fn evaluate_output(&self, bundle: &Reconfigure, input: &Value) -> OutputDecision;

@@ -93,6 +93,10 @@ codes! {
         /// up: the schema registry was down or slow (or lookups were rate-limited). Nothing is
         /// wrong with the record; produce it again once the registry answers.
         SchemaUnavailable = "schema_unavailable",
+        /// Evaluating the input or output policy on the job took more steps or memory than
+        /// `limits.policy_max_steps` / `limits.policy_max_memory_bytes` allow. The job is
+        /// not run (fail closed); the policy, not the job, is usually what to fix.
+        PolicyLimitExceeded = "policy_limit_exceeded",
     }
 }
 

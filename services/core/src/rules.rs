@@ -205,6 +205,26 @@ pub struct Limits {
     /// Most PENDING jobs queued for one tenant (a tenant's own `max_pending_jobs` overrides
     /// it); none: no limit. Default none.
     pub max_pending_per_tenant: Option<i64>,
+    /// Interpreter steps one evaluation of the input or output policy may take; beyond it
+    /// the evaluation stops and the job is dead-lettered `policy_limit_exceeded`. Counted,
+    /// not timed, so a replay or `audit verify` decides the same. Default 1000000.
+    pub policy_max_steps: u32,
+    /// Bytes one evaluation of a policy may allocate beyond what the process held when it
+    /// began; beyond it the evaluation stops (`policy_limit_exceeded`). Enforced where the
+    /// binary counts its allocations (`ksched` does); measured, not counted, so `audit
+    /// verify` may disagree with a recorded stop (docs/audit.md). Default 67108864 (64 MiB).
+    pub policy_max_memory_bytes: i64,
+    /// Most worker records one pool holds (alive, or lost and not yet forgotten); a
+    /// heartbeat from a new worker id beyond it is refused (`invalid_heartbeat`), so a
+    /// producer of heartbeats cannot grow memory without end. Default 10000.
+    pub max_workers_per_pool: u32,
+    /// Most jobs a heartbeat may list as running (`active_job_ids`). Default 10000.
+    pub max_active_job_ids: u32,
+    /// Most queued jobs one scheduling pass looks at in a pool without placing them (jobs
+    /// held by their tenant's limit or labels no worker has): half from the head of the
+    /// queue, half from where the last bounded pass stopped, so every job is reached within
+    /// a few passes while no input does work that grows with the backlog. Default 1000.
+    pub max_scan_per_entry: u32,
 }
 
 impl Default for Limits {
@@ -218,6 +238,11 @@ impl Default for Limits {
             max_work_per_entry: 100,
             max_pending_per_pool: 1_000_000,
             max_pending_per_tenant: None,
+            policy_max_steps: 1_000_000,
+            policy_max_memory_bytes: 64 * 1024 * 1024,
+            max_workers_per_pool: 10_000,
+            max_active_job_ids: 10_000,
+            max_scan_per_entry: 1_000,
         }
     }
 }
@@ -233,6 +258,12 @@ pub struct Rules {
     /// take another's ids: with Kafka ACLs letting each tenant write only its own topics, the
     /// topic is the tenant's identity. A topic not listed carries any tenant.
     pub topic_tenants: BTreeMap<String, Vec<String>>,
+    /// Job topic -> the principal that produces it (its Kafka identity, which the topic's
+    /// ACL lets write it alone): a job on it names that principal as its submitter, or names
+    /// none and is given it; a job naming another is refused. What four eyes compares an
+    /// approver with. Left out of the journaled rules when empty.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub topic_principals: BTreeMap<String, String>,
     pub pools: BTreeMap<String, PoolRules>,
     pub tenants: BTreeMap<String, TenantRules>,
     pub timing: Timing,
@@ -243,6 +274,11 @@ pub struct Rules {
     /// Pool -> partitions of its dispatch topic, as the runtime found them at start: a
     /// heartbeat claiming a partition outside is refused. Empty: not checked.
     pub dispatch_partitions: BTreeMap<String, i32>,
+    /// The number of shards (journal partitions) the rules were put in force with: what
+    /// tells, at the next start, which shard took which job topic then. None in rules
+    /// journaled before it was recorded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shards: Option<u32>,
     /// Four eyes: an approval or rejection by the principal that submitted the job is
     /// refused (`four_eyes`), whichever way the control record came. The runtime sets it
     /// from `http.four_eyes` (default on); rules journaled before it existed read as off.
@@ -282,6 +318,18 @@ impl Rules {
             if let Some(t) = tenants.iter().find(|t| !valid_tenant_id(t)) {
                 return err(format!(
                     "topic {topic}: tenant {t:?} must be non-empty and must not contain ':' or '*'"
+                ));
+            }
+        }
+        for (topic, principal) in &self.topic_principals {
+            if !self.topics.contains_key(topic) {
+                return err(format!(
+                    "topic {topic} names a principal but maps to no pool"
+                ));
+            }
+            if principal.trim().is_empty() || principal.chars().any(char::is_control) {
+                return err(format!(
+                    "topic {topic}: principal {principal:?} must be non-empty, without control characters"
                 ));
             }
         }
@@ -355,6 +403,18 @@ impl Rules {
                 "limits: sizes and counts must not be negative; max_entry_bytes, max_work_per_entry and the pending limits must be at least 1"
                     .into(),
             );
+        }
+        if l.max_workers_per_pool < 1 {
+            return err("limits.max_workers_per_pool must be at least 1".into());
+        }
+        if l.max_scan_per_entry < 2 {
+            return err("limits.max_scan_per_entry must be at least 2".into());
+        }
+        if l.policy_max_steps < 1 || l.policy_max_memory_bytes < 1024 * 1024 {
+            return err(format!(
+                "limits.policy_max_steps must be at least 1 and limits.policy_max_memory_bytes at least 1 MiB, got {} and {}",
+                l.policy_max_steps, l.policy_max_memory_bytes
+            ));
         }
         for (pool, n) in &self.dispatch_partitions {
             if *n < 1 {
@@ -449,6 +509,26 @@ impl Rules {
                 "job ids on topic {topic} are namespaced by tenant: {job_id:?} must start with \"{tenant}:\""
             )
         })
+    }
+
+    /// The principal a job on `topic` is submitted by, if the topic names one, or why the
+    /// job may not claim the principal it names.
+    pub fn bound_principal(
+        &self,
+        topic: &str,
+        claimed: Option<&str>,
+    ) -> Result<Option<&str>, String> {
+        let Some(bound) = self.topic_principals.get(topic) else {
+            return Ok(None);
+        };
+        match claimed {
+            None => Ok(Some(bound)),
+            Some(c) if c == bound => Ok(Some(bound)),
+            Some(c) => Err(format!(
+                "topic {topic} is produced by principal {bound}; a job on it may not name {:?} as its submitter",
+                crate::records::truncate_for_display(c, 64)
+            )),
+        }
     }
 
     /// Whether `worker_id` may heartbeat for `pool` (its `workers` patterns).

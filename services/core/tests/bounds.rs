@@ -371,3 +371,165 @@ fn a_submission_is_journaled_once() {
         Some("job.default")
     );
 }
+
+/// A heartbeat's record stays in memory while the worker is known: every part a producer
+/// chooses is bounded, and a heartbeat past a bound is refused with the reason.
+#[test]
+fn heartbeats_larger_than_the_limits_are_refused() {
+    let mut sim = Sim::new();
+    let refused = |sim: &mut Sim, hb: Heartbeat, why: &str| {
+        let ev = sim.heartbeat(hb);
+        let r = rejected(&ev);
+        assert_eq!(r.reason_code, "invalid_heartbeat");
+        assert!(r.reason.contains(why), "{why}: {}", r.reason);
+    };
+    refused(
+        &mut sim,
+        hb(&"w".repeat(10_000), "default"),
+        "worker_id must be at most",
+    );
+    refused(
+        &mut sim,
+        hb("w\u{7}1", "default"),
+        "without control characters",
+    );
+    let mut many = hb("w1", "default");
+    many.labels = (0..1_000).map(|i| (format!("k{i}"), "v".into())).collect();
+    refused(&mut sim, many, "labels");
+    let mut caps = hb("w1", "default");
+    caps.capabilities = (0..1_000).map(|i| format!("c{i}")).collect();
+    refused(&mut sim, caps, "capabilities");
+    let mut long = hb("w1", "default");
+    long.labels.insert("k".into(), "v".repeat(100_000));
+    refused(&mut sim, long, "limits.max_entry_bytes");
+    let mut jobs = hb("w1", "default");
+    jobs.active_job_ids = (0..20_000).map(|i| format!("j{i}")).collect();
+    refused(&mut sim, jobs, "limits.max_active_job_ids");
+    assert!(sim.state.workers.is_empty());
+    // Within the limits it is taken.
+    let ev = sim.worker("w1", "default");
+    assert!(names(&ev).contains(&"WorkerUpdated"));
+}
+
+/// A producer of heartbeats cannot grow the worker records without end: past
+/// `max_workers_per_pool` a new worker id is refused, known ones go on.
+#[test]
+fn a_pool_holds_at_most_max_workers_per_pool_worker_records() {
+    let mut rules = rules();
+    rules.limits.max_workers_per_pool = 3;
+    let mut sim = Sim::with_rules(rules);
+    for i in 0..3 {
+        sim.worker(&format!("w{i}"), "default");
+    }
+    let ev = sim.worker("w3", "default");
+    assert!(
+        rejected(&ev).reason.contains("limits.max_workers_per_pool"),
+        "{}",
+        rejected(&ev).reason
+    );
+    assert!(!sim.state.workers.contains_key("w3"));
+    let ev = sim.worker("w0", "default");
+    assert!(
+        names(&ev).contains(&"WorkerUpdated"),
+        "a known worker goes on"
+    );
+    // Another pool has room of its own; a worker moving into the full pool is refused.
+    sim.worker("a0", "a");
+    let ev = sim.worker("a0", "default");
+    assert_eq!(rejected(&ev).reason_code, "invalid_heartbeat");
+    assert_eq!(sim.state.workers["a0"].heartbeat.pool, "a");
+    assert_eq!(sim.state.workers_by_pool["default"], 3);
+    assert_eq!(sim.state.workers_by_pool["a"], 1);
+}
+
+/// Workers name their own error codes; the counts of dead letters by reason keep at most
+/// `MAX_COUNTED_REASONS` codes, the rest together, and an absurd code is not taken at all.
+#[test]
+fn worker_error_codes_cannot_grow_the_counts_without_end() {
+    let mut rules = rules();
+    rules.retry.max_retries = 0;
+    // The failures must not open the circuit: every job is dispatched and fails.
+    rules.breaker.consecutive_failures = 1_000_000;
+    rules.breaker.window = 1_000_000;
+    let mut sim = Sim::with_rules(rules);
+    sim.heartbeat(Heartbeat {
+        max_parallel_jobs: 1_000,
+        ..hb("w1", "default")
+    });
+    let n = ksched_core::apply::MAX_COUNTED_REASONS + 10;
+    for i in 0..n {
+        let id = format!("j{i}");
+        sim.submit(job(&id));
+        sim.result_with(
+            &id,
+            1,
+            "w1",
+            ResultStatus::FailedFatal,
+            Some(&format!("code-{i}")),
+        );
+    }
+    assert_eq!(
+        sim.state.dead_letters_by_reason.len(),
+        ksched_core::apply::MAX_COUNTED_REASONS + 1
+    );
+    assert!(sim.state.dead_letters_by_reason[ksched_core::apply::OTHER_REASONS] >= 10);
+    sim.submit(job("long"));
+    let ev = sim.result_with(
+        "long",
+        1,
+        "w1",
+        ResultStatus::FailedFatal,
+        Some(&"x".repeat(10_000)),
+    );
+    assert_eq!(dead_lettered(&ev).reason_code, "failed_fatal");
+}
+
+/// Jobs held by their tenant's limit fill the head of a queue: a pass looks at a bounded
+/// number of them (half at the head, half from where the last pass stopped, journaled), so
+/// a placeable job of another tenant behind them is reached within a few passes, and no
+/// pass looks at the whole queue.
+#[test]
+fn a_pass_over_many_blocked_jobs_is_bounded_and_still_reaches_the_jobs_behind_them() {
+    let mut rules = rules();
+    rules.limits.max_scan_per_entry = 10;
+    rules.tenants.insert(
+        "acme".into(),
+        ksched_core::rules::TenantRules {
+            max_concurrent_jobs: Some(1),
+            max_pending_jobs: None,
+        },
+    );
+    let mut sim = Sim::with_rules(rules);
+    sim.heartbeat(Heartbeat {
+        max_parallel_jobs: 100,
+        ..hb("w1", "default")
+    });
+    sim.submit(job("acme-0"));
+    let mut scanned = 0;
+    for i in 1..=60 {
+        let ev = sim.submit(job(&format!("acme-{i}")));
+        scanned += names(&ev).iter().filter(|n| **n == "QueueScanned").count();
+    }
+    assert!(scanned > 0, "passes stopped at their bound");
+    // Far more blocked jobs ahead of it than a pass looks at from the head (5).
+    let mut other = job("globex-1");
+    other.tenant_id = "globex".into();
+    sim.submit(other);
+    let mut passes = 0;
+    while sim.job_state("globex-1") == JobState::Pending {
+        passes += 1;
+        assert!(passes <= 15, "globex-1 not reached after {passes} passes");
+        sim.tick_after(100);
+    }
+    // Every pass left at most the bound in place: no entry holds more than one
+    // QueueScanned, and the blocked jobs stay queued in order.
+    for e in &sim.journal {
+        let scans = e
+            .events
+            .iter()
+            .filter(|e| matches!(e, Event::QueueScanned(_)))
+            .count();
+        assert!(scans <= 1);
+    }
+    assert_eq!(sim.job_state("acme-1"), JobState::Pending);
+}

@@ -275,3 +275,40 @@ fn new_rules_reset_every_breaker() {
     let ev = sim.submit(job("after"));
     assert!(names(&ev).contains(&"JobDispatched"), "{:?}", names(&ev));
 }
+
+/// While half-open, only the probes' ends count: jobs that were already running when the
+/// circuit opened, and end now, say nothing about whether the pool recovered.
+#[test]
+fn while_half_open_only_the_probes_count() {
+    let mut sim = Sim::with_rules(no_retries());
+    sim.keep_alive(&[("w1", "default")]);
+    sim.heartbeat(Heartbeat {
+        max_parallel_jobs: 100,
+        ..hb("w1", "default")
+    });
+    for id in ["x0", "x1"] {
+        sim.submit(job(id));
+        sim.started(id, 1, "w1");
+    }
+    for i in 0..5 {
+        run(&mut sim, &format!("f{i}"), ResultStatus::FailedFatal);
+    }
+    assert_eq!(sim.state.breakers["default"].state, CircuitState::Open);
+    sim.submit(job("q0"));
+    sim.advance(31_000);
+    assert_eq!(sim.state.breakers["default"].state, CircuitState::HalfOpen);
+    assert!(sim.state.breakers["default"].probes.contains("q0"));
+    for id in ["x0", "x1"] {
+        let ev = sim.result(id, 1, "w1", ResultStatus::Succeeded);
+        assert!(
+            !names(&ev).contains(&"BreakerCounted"),
+            "{id} is no probe: {ev:?}"
+        );
+        assert!(circuit(&ev).is_none(), "{ev:?}");
+    }
+    assert_eq!(sim.state.breakers["default"].state, CircuitState::HalfOpen);
+    assert_eq!(sim.state.breakers["default"].probe_successes, 0);
+    let ev = sim.result("q0", 1, "w1", ResultStatus::Succeeded);
+    assert!(names(&ev).contains(&"BreakerCounted"), "the probe counts");
+    assert_eq!(sim.state.breakers["default"].probe_successes, 1);
+}

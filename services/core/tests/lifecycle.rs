@@ -4,7 +4,7 @@
 mod support;
 
 use ksched_core::events::*;
-use ksched_core::records::ResultStatus;
+use ksched_core::records::{JobProgress, ResultStatus};
 use support::*;
 
 #[test]
@@ -159,14 +159,33 @@ fn reports_for_older_attempts_are_recorded_and_ignored() {
     assert_eq!(rejected(&ev).reason_code, "unknown_attempt");
 }
 
+/// A start that agrees with the job (its worker reported progress first, or started it
+/// twice) is no refusal: nothing happens and nothing is journaled against it.
 #[test]
-fn a_duplicate_started_is_rejected() {
+fn a_start_after_progress_or_a_second_start_changes_nothing_and_refuses_nothing() {
     let mut sim = Sim::new();
     sim.worker("w1", "default");
     sim.submit(job("j1"));
-    sim.started("j1", 1, "w1");
-    let ev = sim.started("j1", 1, "w1");
-    assert_eq!(rejected(&ev).reason_code, "duplicate");
+    sim.input(
+        "ksched.results",
+        Input::Progress(JobProgress {
+            job_id: "j1".into(),
+            attempt: 1,
+            worker_id: "w1".into(),
+            progress: 0.5,
+            message: None,
+            sent_at: 0,
+        }),
+    );
+    assert_eq!(sim.job_state("j1"), JobState::Running);
+    for _ in 0..2 {
+        let ev = sim.started("j1", 1, "w1");
+        assert!(ev.is_empty(), "{ev:?}");
+    }
+    assert_eq!(sim.job_state("j1"), JobState::Running);
+    // From another worker it is still refused.
+    let ev = sim.started("j1", 1, "w2");
+    assert_eq!(rejected(&ev).reason_code, "not_assigned_worker");
 }
 
 #[test]

@@ -96,16 +96,19 @@ fn policy() -> ScriptPolicy {
         let risk = doc["job"]["labels"]["risk"].as_str()?;
         Some(match risk {
             "deny" => PolicyDecision {
+                limit_exceeded: false,
                 verdict: Verdict::Deny,
                 reasons: vec!["no".into()],
                 constraints: Constraints::default(),
             },
             "approve" => PolicyDecision {
+                limit_exceeded: false,
                 verdict: Verdict::RequireApproval,
                 reasons: vec!["human".into()],
                 constraints: Constraints::default(),
             },
             _ => PolicyDecision {
+                limit_exceeded: false,
                 verdict: Verdict::Allow,
                 reasons: vec![],
                 constraints: Constraints {
@@ -118,6 +121,7 @@ fn policy() -> ScriptPolicy {
     }));
     p.output.push(Box::new(|doc| {
         (doc["job"]["labels"]["risk"].as_str() == Some("pii")).then(|| OutputDecision {
+            limit_exceeded: false,
             quarantine: true,
             reasons: vec!["pii".into()],
         })

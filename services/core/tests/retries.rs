@@ -297,3 +297,38 @@ fn the_deadline_counts_from_acceptance_in_every_non_terminal_state() {
         assert_eq!(dead_lettered(&ev).reason_code, "deadline_exceeded");
     }
 }
+
+/// The policy's runtime limit does not loosen a tighter one the job set (the smaller wins,
+/// as for deadlines); nor does the job's loosen the policy's.
+#[test]
+fn the_tighter_of_the_jobs_and_the_policys_runtime_limit_applies() {
+    for (job_limit, policy_limit, want) in [
+        (Some(5_000), Some(60_000), Some(5_000)),
+        (Some(60_000), Some(5_000), Some(5_000)),
+        (None, Some(5_000), Some(5_000)),
+        (Some(5_000), None, Some(5_000)),
+    ] {
+        let mut policy = ScriptPolicy::default();
+        policy.input.push(Box::new(move |_| {
+            Some(ksched_core::policy::PolicyDecision {
+                limit_exceeded: false,
+                verdict: Verdict::Allow,
+                reasons: vec![],
+                constraints: ksched_core::records::Constraints {
+                    max_runtime_ms: policy_limit,
+                    ..Default::default()
+                },
+            })
+        }));
+        let mut sim = Sim::with_policy(rules(), policy);
+        sim.worker("w1", "default");
+        let mut r = job("j1");
+        r.budget.max_runtime_ms = job_limit;
+        sim.submit(r);
+        assert_eq!(
+            sim.job("j1").constraints.max_runtime_ms,
+            want,
+            "job {job_limit:?}, policy {policy_limit:?}"
+        );
+    }
+}

@@ -18,6 +18,7 @@ fn policy() -> ScriptPolicy {
     let mut p = ScriptPolicy::default();
     p.input.push(Box::new(|doc| {
         label_is(doc, "risk", "deny").then(|| PolicyDecision {
+            limit_exceeded: false,
             verdict: Verdict::Deny,
             reasons: vec!["risk=deny is never allowed".into()],
             constraints: Constraints::default(),
@@ -25,6 +26,7 @@ fn policy() -> ScriptPolicy {
     }));
     p.input.push(Box::new(|doc| {
         label_is(doc, "risk", "high").then(|| PolicyDecision {
+            limit_exceeded: false,
             verdict: Verdict::RequireApproval,
             reasons: vec!["high risk needs a human".into()],
             constraints: Constraints {
@@ -35,6 +37,7 @@ fn policy() -> ScriptPolicy {
     }));
     p.input.push(Box::new(|doc| {
         label_is(doc, "risk", "limited").then(|| PolicyDecision {
+            limit_exceeded: false,
             verdict: Verdict::Allow,
             reasons: vec![],
             constraints: Constraints {
@@ -48,6 +51,7 @@ fn policy() -> ScriptPolicy {
     }));
     p.output.push(Box::new(|doc| {
         (doc["result"]["labels"]["contains_pii"].as_str() == Some("true")).then(|| OutputDecision {
+            limit_exceeded: false,
             quarantine: true,
             reasons: vec!["output contains PII".into()],
         })
@@ -511,4 +515,97 @@ fn without_four_eyes_the_submitter_may_approve() {
         }),
     );
     assert!(names(&ev).contains(&"JobApproved"), "{:?}", names(&ev));
+}
+
+/// A policy evaluation stopped at its step or memory limit denies the job with its own
+/// reason code, so an operator tells a runaway policy from a denial.
+#[test]
+fn a_policy_stopped_at_a_limit_dead_letters_policy_limit_exceeded() {
+    let mut p = ScriptPolicy::default();
+    p.input.push(Box::new(|doc| {
+        label_is(doc, "risk", "runaway").then(|| PolicyDecision {
+            limit_exceeded: true,
+            verdict: Verdict::Deny,
+            reasons: vec![
+                "policy evaluation failed: the evaluation took more than 10 steps".into(),
+            ],
+            constraints: Constraints::default(),
+        })
+    }));
+    p.output.push(Box::new(|doc| {
+        label_is(doc, "risk", "runaway-output").then(|| OutputDecision {
+            limit_exceeded: true,
+            quarantine: true,
+            reasons: vec!["output policy evaluation failed: too many steps".into()],
+        })
+    }));
+    let mut sim = Sim::with_policy(rules(), p);
+    sim.worker("w1", "default");
+    let ev = sim.submit(risky("j1", "runaway"));
+    assert_eq!(dead_lettered(&ev).reason_code, "policy_limit_exceeded");
+    assert_eq!(sim.job_state("j1"), JobState::Denied);
+    sim.submit(risky("j2", "runaway-output"));
+    let ev = sim.result("j2", 1, "w1", ResultStatus::Succeeded);
+    assert_eq!(dead_lettered(&ev).reason_code, "policy_limit_exceeded");
+    assert_eq!(sim.job_state("j2"), JobState::OutputQuarantined);
+}
+
+/// Four eyes need to know who submitted a job: an approval of a job naming no submitter is
+/// refused, and a job that needs approval but names none is denied at once (nobody could
+/// approve it).
+#[test]
+fn four_eyes_refuse_what_they_cannot_tell_apart() {
+    let mut rules = rules();
+    rules.four_eyes = true;
+    let mut sim = Sim::with_policy(rules, policy());
+    sim.worker("w1", "default");
+    let mut anonymous = risky("j1", "high");
+    anonymous.principal_id = None;
+    let ev = sim.submit(anonymous);
+    assert_eq!(dead_lettered(&ev).reason_code, "safety_denied");
+    assert!(
+        dead_lettered(&ev).reason.contains("names no submitter"),
+        "{}",
+        dead_lettered(&ev).reason
+    );
+    assert_eq!(sim.job_state("j1"), JobState::Denied);
+}
+
+/// On a topic bound to its producer, a job is that principal's: one naming none is given
+/// it (so four eyes refuse its self-approval), one naming another is refused.
+#[test]
+fn a_topic_bound_to_a_principal_makes_its_jobs_that_principals() {
+    let mut rules = rules();
+    rules.four_eyes = true;
+    rules
+        .topic_principals
+        .insert("job.default".into(), "svc-acme".into());
+    let mut sim = Sim::with_policy(rules, policy());
+    sim.worker("w1", "default");
+    let mut j1 = risky("j1", "high");
+    j1.principal_id = None;
+    sim.submit(j1);
+    assert_eq!(
+        sim.job("j1").request.principal_id.as_deref(),
+        Some("svc-acme")
+    );
+    assert_eq!(sim.job_state("j1"), JobState::ApprovalRequired);
+    let job = sim.job("j1").clone();
+    let ev = sim.input(
+        "ksched.control",
+        Input::Approve(ApproveJob {
+            job_id: "j1".into(),
+            job_hash: job.job_hash.clone(),
+            policy_snapshot: "snap-1".into(),
+            approver: "svc-acme".into(),
+            comment: None,
+            requested_at: 0,
+        }),
+    );
+    assert_eq!(rejected(&ev).reason_code, "four_eyes");
+    let mut j2 = risky("j2", "high");
+    j2.principal_id = Some("mallory".into());
+    let ev = sim.submit(j2);
+    assert_eq!(dead_lettered(&ev).reason_code, "tenant_not_allowed");
+    assert!(!sim.state.jobs.contains_key("j2"));
 }

@@ -33,6 +33,16 @@ use rocksdb::{
 use serde::{Serialize, de::DeserializeOwned};
 use thiserror::Error;
 
+/// Jobs a bounded scan found ([`Store::scan_jobs`]).
+#[derive(Debug, Clone, Default)]
+pub struct Scanned {
+    /// In job_id order.
+    pub jobs: Vec<(String, Job)>,
+    /// The last id looked at, when the scan stopped at its bound before the end: a caller
+    /// continues after it.
+    pub stopped_after: Option<String>,
+}
+
 /// Bumped whenever a stored value's encoding changes. A store of another version is moved
 /// aside and rebuilt from the journal ([`Store::open_or_rebuild`]).
 /// 2: breakers track their probes by job id; watermark and liveness floor in `meta`; job
@@ -41,7 +51,9 @@ use thiserror::Error;
 /// 4: a job names the job whose payload it runs (`payload_of`, redrive).
 /// 5: a job's history lines are stored by run (consecutive lines written together, one
 /// value: [`HistoryLines`]), not one value per line.
-pub const FORMAT_VERSION: u32 = 5;
+/// 6: sagas keyed by tenant and workflow, counting failed compensations; saga steps keep
+/// their topic; where each pool's bounded scheduling pass goes on (`scan_from`).
+pub const FORMAT_VERSION: u32 = 6;
 
 /// Most idempotency keys one write deletes when their retention passed; the rest follow in
 /// the next writes, so a prune never becomes one huge batch.
@@ -79,6 +91,7 @@ const META_CLOCK: &[u8] = b"clock";
 const META_ENTRIES: &[u8] = b"entries";
 const META_LAST_PRUNE: &[u8] = b"last_idempotency_prune";
 const META_DLQ_COUNTS: &[u8] = b"dlq_by_reason";
+const META_SCAN_FROM: &[u8] = b"scan_from";
 const META_DLQ_SEQ: &[u8] = b"dlq_seq";
 const META_CONFIG: &[u8] = b"config";
 const META_JOB_COUNTS: &[u8] = b"jobs_by_state";
@@ -439,6 +452,7 @@ impl Store {
         state.entries = self.get_meta(META_ENTRIES)?.unwrap_or(0);
         state.last_idempotency_prune = self.get_meta(META_LAST_PRUNE)?.unwrap_or(0);
         state.dead_letters_by_reason = self.get_meta(META_DLQ_COUNTS)?.unwrap_or_default();
+        state.scan_from = self.get_meta(META_SCAN_FROM)?.unwrap_or_default();
         state.jobs_by_state = self.get_meta(META_JOB_COUNTS)?.unwrap_or_default();
         state.watermark = self.get_meta(META_TICK_WATERMARK)?.unwrap_or(0);
         state.liveness_floor = self.get_meta(META_LIVENESS_FLOOR)?.unwrap_or(0);
@@ -597,6 +611,7 @@ impl Store {
             self.key(META_JOB_COUNTS),
             encode(&state.jobs_by_state),
         );
+        b.put_cf(meta, self.key(META_SCAN_FROM), encode(&state.scan_from));
         b.put_cf(
             meta,
             self.key(META_TICK_WATERMARK),
@@ -758,6 +773,36 @@ impl Store {
             .collect())
     }
 
+    /// Dead letters newest first, those `keep` passes, at most `limit` of them, looking at
+    /// no more than `max_scanned` (so that a filter matching few costs a bounded read, not
+    /// one of the whole history).
+    pub fn dead_letters_newest(
+        &self,
+        limit: usize,
+        max_scanned: usize,
+        mut keep: impl FnMut(&DeadLetter) -> bool,
+    ) -> Result<Vec<DeadLetter>> {
+        let prefix = self.partition.to_be_bytes();
+        let mut start = prefix.to_vec();
+        start.extend_from_slice(&[0xff; 17]);
+        let iter = self.db.iterator_cf(
+            self.cf(CF_DLQ),
+            IteratorMode::From(&start, Direction::Reverse),
+        );
+        let mut out = Vec::new();
+        for item in iter.take(max_scanned) {
+            let (k, v) = item?;
+            if !k.starts_with(&prefix) || out.len() >= limit {
+                break;
+            }
+            let d: DeadLetter = decode(CF_DLQ, &v)?;
+            if keep(&d) {
+                out.push(d);
+            }
+        }
+        Ok(out)
+    }
+
     /// Dead letters by reason code, as counted by the projection.
     pub fn dead_letter_counts(&self) -> Result<BTreeMap<String, u64>> {
         Ok(self.get_meta(META_DLQ_COUNTS)?.unwrap_or_default())
@@ -780,33 +825,73 @@ impl Store {
         Ok(out)
     }
 
-    /// Jobs in job_id order from `after` (exclusive), passing `keep`, at most `limit`.
+    /// Jobs in job_id order from `after` (exclusive), passing `keep`, at most `limit`,
+    /// looking at no more than `max_scanned` jobs. Also returns the last id looked at when
+    /// the bound stopped the scan (continue after it), so that a filter matching few jobs
+    /// costs a bounded read per call, not one of the whole history.
     pub fn scan_jobs(
         &self,
         after: Option<&str>,
         limit: usize,
+        max_scanned: usize,
+        keep: impl FnMut(&str, &Job) -> bool,
+    ) -> Result<Scanned> {
+        self.scan_ids(CF_JOBS, after, limit, max_scanned, keep, |_, v| {
+            decode(CF_JOBS, v).map(Some)
+        })
+    }
+
+    /// [`Store::scan_jobs`] over the non-terminal jobs (the `active` index).
+    pub fn scan_active_jobs(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+        max_scanned: usize,
+        keep: impl FnMut(&str, &Job) -> bool,
+    ) -> Result<Scanned> {
+        self.scan_ids(CF_ACTIVE, after, limit, max_scanned, keep, |id, _| {
+            self.job(id)
+        })
+    }
+
+    /// Walks `cf`, keyed by job id, from `after`; `load` gives the job of a key.
+    fn scan_ids(
+        &self,
+        cf: &str,
+        after: Option<&str>,
+        limit: usize,
+        max_scanned: usize,
         mut keep: impl FnMut(&str, &Job) -> bool,
-    ) -> Result<Vec<(String, Job)>> {
+        load: impl Fn(&str, &[u8]) -> Result<Option<Job>>,
+    ) -> Result<Scanned> {
         let prefix = self.partition.to_be_bytes();
         let start = self.key(after.unwrap_or("").as_bytes());
-        let mut out = Vec::new();
-        let iter = self.db.iterator_cf(
-            self.cf(CF_JOBS),
-            IteratorMode::From(&start, Direction::Forward),
-        );
+        let mut out = Scanned::default();
+        let iter = self
+            .db
+            .iterator_cf(self.cf(cf), IteratorMode::From(&start, Direction::Forward));
+        let mut scanned = 0usize;
+        let mut last: Option<String> = None;
         for item in iter {
             let (k, v) = item?;
-            if !k.starts_with(&prefix) || out.len() >= limit {
+            if !k.starts_with(&prefix) || out.jobs.len() >= limit {
                 break;
             }
             let id = String::from_utf8_lossy(&k[2..]).into_owned();
             if after.is_some_and(|a| a == id) {
                 continue;
             }
-            let job: Job = decode(CF_JOBS, &v)?;
-            if keep(&id, &job) {
-                out.push((id, job));
+            if scanned >= max_scanned {
+                out.stopped_after = last;
+                break;
             }
+            scanned += 1;
+            if let Some(job) = load(&id, &v)?
+                && keep(&id, &job)
+            {
+                out.jobs.push((id.clone(), job));
+            }
+            last = Some(id);
         }
         Ok(out)
     }

@@ -384,21 +384,25 @@ pub(crate) fn every_event() -> Vec<Event> {
             tenant_id: "acme".into(),
             principal_id: Some("alice".into()),
             compensation: Box::new(template()),
+            topic: Some("job.default".into()),
         }),
         Event::SagaRollbackStarted(SagaRollbackStarted {
             workflow_id: "wf-1".into(),
             failed_job_id: "job-3".into(),
             steps: 2,
+            tenant_id: Some("acme".into()),
         }),
         Event::SagaCompensationSubmitted(SagaCompensationSubmitted {
             workflow_id: "wf-1".into(),
             job_id: "wf-1~comp~1".into(),
             for_job_id: "job-1".into(),
+            tenant_id: None,
         }),
         Event::SagaFinished(SagaFinished {
             workflow_id: "wf-1".into(),
             outcome: SagaOutcome::Compensated,
             detail: "2 compensations succeeded".into(),
+            tenant_id: Some("acme".into()),
         }),
         Event::IdempotencyPruned(IdempotencyPruned {
             before: 1_699_000_000_000,
@@ -419,6 +423,25 @@ pub(crate) fn every_event() -> Vec<Event> {
             worker_id: "w-2".into(),
             pool: "default".into(),
             last_seen: 1_700_000_000_000,
+        }),
+        Event::JobRedriven(JobRedriven {
+            job_id: "job-1".into(),
+            new_job_id: "job-1.redrive".into(),
+            principal_id: "op".into(),
+            reason: Some("fixed".into()),
+        }),
+        Event::SagaCompensationEnded(SagaCompensationEnded {
+            workflow_id: "wf-1".into(),
+            tenant_id: Some("acme".into()),
+            job_id: "acme:wf-1~compensation~1".into(),
+            succeeded: false,
+            detail: "refused: a compensation runs on its step's topic".into(),
+        }),
+        Event::QueueScanned(QueueScanned {
+            pool: "default".into(),
+            resume_rank: Some(2),
+            resume_queued_at: Some(1_700_000_000_000),
+            resume_job_id: Some("job-7".into()),
         }),
     ]
 }

@@ -15,13 +15,19 @@ use crate::state::State;
 impl Decider<'_, '_> {
     /// The pool whose breaker the end of `job_id`'s current attempt counts against, if any:
     /// only an attempt that was dispatched or running, and not an end that says nothing
-    /// about the pool (worker lost, handed back). Read before the ending event is applied.
+    /// about the pool (worker lost, handed back). While the breaker is half-open, only its
+    /// probes count: a job placed before it opened says nothing about whether the pool
+    /// recovered. Read before the ending event is applied (which frees a probe's slot).
     pub(crate) fn breaker_pool(&self, job_id: &str, code: &str) -> Option<String> {
         let j = self.state().jobs.get(job_id)?;
         let executing = matches!(j.state, JobState::Dispatched | JobState::Running);
-        (executing && AttemptError::is_pool_failure(code))
-            .then(|| j.pool.clone())
-            .flatten()
+        let pool = j.pool.as_deref()?;
+        let not_a_probe = self
+            .state()
+            .breakers
+            .get(pool)
+            .is_some_and(|b| b.state == CircuitState::HalfOpen && !b.probes.contains(job_id));
+        (executing && AttemptError::is_pool_failure(code) && !not_a_probe).then(|| pool.to_owned())
     }
 
     /// Journals a count in `pool`'s window (if the end counts) and evaluates the breaker.

@@ -121,9 +121,9 @@ impl Decider<'_, '_> {
         }
         // The policy changed since approval was requested: ask it again (SPEC §6).
         let decision = self.evaluate_input_policy(&a.job_id);
-        match decision.verdict {
+        match decision.event.verdict {
             Verdict::Allow => {
-                self.emit(Event::PolicyEvaluated(decision));
+                self.emit(Event::PolicyEvaluated(decision.event));
                 self.emit(Event::JobApproved(JobApproved {
                     job_id: a.job_id.clone(),
                     approver: a.approver.clone(),
@@ -142,11 +142,20 @@ impl Decider<'_, '_> {
         }
     }
 
-    /// Why `approver` may not decide on the job, if four eyes forbid it: they submitted it.
+    /// Why `approver` may not decide on the job, if four eyes forbid it: they submitted it,
+    /// or, for an approval, nobody can tell who did (a rejection lets nothing run).
     fn own_job(&self, job_id: &str, approver: &str, verb: &str) -> Option<String> {
-        let submitter = self.state().jobs[job_id].request.principal_id.as_deref()?;
-        (self.rules().rules.four_eyes && submitter == approver)
-            .then(|| format!("{approver} submitted job {job_id} and may not {verb} it (four eyes)"))
+        if !self.rules().rules.four_eyes {
+            return None;
+        }
+        match submitter(&self.state().jobs[job_id].request) {
+            None if verb == "approve" => Some(unknown_submitter(job_id)),
+            None => None,
+            Some(s) if s == approver => Some(format!(
+                "{approver} submitted job {job_id} and may not {verb} it (four eyes)"
+            )),
+            Some(_) => None,
+        }
     }
 
     pub(super) fn reject(&mut self, r: &RejectJob) {
@@ -175,4 +184,17 @@ impl Decider<'_, '_> {
             Some(r.approver.clone()),
         );
     }
+}
+
+/// Who submitted a job, as far as the scheduler knows: the principal it names (its topic's
+/// producer on a topic bound to one, which fills it in).
+pub(super) fn submitter(r: &crate::records::JobRequest) -> Option<&str> {
+    r.principal_id.as_deref().filter(|p| !p.trim().is_empty())
+}
+
+/// Why a job without a known submitter cannot be approved under four eyes.
+pub(super) fn unknown_submitter(job_id: &str) -> String {
+    format!(
+        "job {job_id} names no submitter (principal_id), so four eyes cannot tell the submitter from an approver; bind its topic to its producer (pools.yaml `principal:`) or have producers name themselves"
+    )
 }

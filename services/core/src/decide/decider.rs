@@ -186,6 +186,27 @@ impl<'s, 'c> Decider<'s, 'c> {
         );
     }
 
+    /// Emits a DeadLettered event for a job a decision made that never became one (a saga
+    /// compensation refused at admission).
+    pub(crate) fn dead_letter_derived(
+        &mut self,
+        job_id: &str,
+        topic: &str,
+        tenant_id: &str,
+        reason_code: DlqReason,
+        reason: String,
+    ) {
+        self.dead_letter_record(
+            job_id,
+            topic.to_owned(),
+            tenant_id.to_owned(),
+            String::new(),
+            0,
+            reason_code.as_str(),
+            reason,
+        );
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn dead_letter_record(
         &mut self,

@@ -36,7 +36,7 @@ pub(crate) use decider::Decider;
 pub use placement::MAX_CANDIDATES;
 pub use reports::{HEARTBEAT_LOAD_STEP, redundant_heartbeat};
 pub use retry::backoff_ms;
-pub use saga::workflow_of;
+pub use saga::{compensation_id, saga_keys_of, workflow_of};
 
 /// What decisions may consult besides the state: the policy engine.
 #[derive(Clone, Copy)]

@@ -82,6 +82,18 @@ enum Decision {
     Blocked(Blocked),
 }
 
+/// How a walk over a queue ended.
+enum Walk {
+    /// No worker of the pool can take anything more.
+    Full,
+    /// The queue's end was reached.
+    End,
+    /// The entry's work budget is spent (a continuation goes on).
+    OutOfBudget,
+    /// `bound` jobs were left in place; the last one looked at.
+    Bounded(QueueKey),
+}
+
 /// How one pool fared for one job.
 #[derive(Default)]
 struct PoolOutcome {
@@ -90,31 +102,92 @@ struct PoolOutcome {
 }
 
 impl Decider<'_, '_> {
-    /// Runs a scheduling pass over each pool's queue, within the entry's work budget.
+    /// Runs a scheduling pass over each pool's queue, within the entry's work budget and
+    /// `limits.max_scan_per_entry` jobs left in place per pool: half of those from the head
+    /// of the queue, the other half from where the last bounded pass stopped, which moves on
+    /// (journaled, [`QueueScanned`]) until the queue's end is reached and it starts over. A
+    /// queue of many blocked jobs costs a bounded pass per input, and a job behind them is
+    /// reached within a few.
     pub(crate) fn schedule_pools(&mut self, pools: Vec<String>) {
         let pools: BTreeSet<String> = pools.into_iter().collect();
+        let bound = self.rules().rules.limits.max_scan_per_entry.max(2);
+        let head = bound / 2;
         for pool in pools {
             self.maybe_half_open(&pool);
-            // Walk the queue one key at a time (a placement removes the job from it, and a
-            // full pool ends the walk), so a long queue costs nothing while nothing fits.
-            let mut after: Option<QueueKey> = None;
-            loop {
-                if self.pool_is_full(&pool) {
-                    break;
+            let last = match self.walk(&pool, None, head) {
+                Walk::OutOfBudget => return,
+                Walk::End => {
+                    self.resume_scans_at_head(&pool);
+                    continue;
                 }
-                let next = self.state().queues.get(&pool).and_then(|q| match &after {
-                    None => q.iter().next().cloned(),
-                    Some(k) => q.range((Excluded(k), Unbounded)).next().cloned(),
-                });
-                let Some(key) = next else { break };
-                if !self.may_work() {
-                    return;
+                Walk::Full => continue,
+                Walk::Bounded(last) => last,
+            };
+            let from = self
+                .state()
+                .scan_from
+                .get(&pool)
+                .filter(|k| **k > last)
+                .cloned()
+                .unwrap_or(last);
+            match self.walk(&pool, Some(from), bound - head) {
+                Walk::OutOfBudget => return,
+                Walk::End => self.resume_scans_at_head(&pool),
+                Walk::Full => {}
+                Walk::Bounded(last) => {
+                    if self.state().scan_from.get(&pool) != Some(&last) {
+                        self.emit(Event::QueueScanned(QueueScanned {
+                            pool: pool.clone(),
+                            resume_rank: Some(i32::from(last.rank)),
+                            resume_queued_at: Some(last.queued_at),
+                            resume_job_id: Some(last.job_id),
+                        }));
+                    }
                 }
-                if self.try_place(&key.job_id) {
-                    self.spend();
-                }
-                after = Some(key);
             }
+        }
+    }
+
+    /// The queue was looked at to its end: the next bounded pass starts at its head.
+    fn resume_scans_at_head(&mut self, pool: &str) {
+        if self.state().scan_from.contains_key(pool) {
+            self.emit(Event::QueueScanned(QueueScanned {
+                pool: pool.to_owned(),
+                resume_rank: None,
+                resume_queued_at: None,
+                resume_job_id: None,
+            }));
+        }
+    }
+
+    /// Walks `pool`'s queue after `after` (from its head when None), one key at a time (a
+    /// placement removes the job from it), placing what fits, until the pool is full, the
+    /// queue ends, the entry's budget is spent or `bound` jobs were left in place.
+    fn walk(&mut self, pool: &str, mut after: Option<QueueKey>, bound: u32) -> Walk {
+        let mut left = 0;
+        loop {
+            if self.pool_is_full(pool) {
+                return Walk::Full;
+            }
+            let next = self.state().queues.get(pool).and_then(|q| match &after {
+                None => q.iter().next().cloned(),
+                Some(k) => q.range((Excluded(k), Unbounded)).next().cloned(),
+            });
+            let Some(key) = next else {
+                return Walk::End;
+            };
+            if !self.may_work() {
+                return Walk::OutOfBudget;
+            }
+            if self.try_place(&key.job_id) {
+                self.spend();
+            } else {
+                left += 1;
+                if left >= bound {
+                    return Walk::Bounded(key);
+                }
+            }
+            after = Some(key);
         }
     }
 

@@ -100,11 +100,9 @@ impl Decider<'_, '_> {
     pub(super) fn started(&mut self, s: &JobStarted) {
         match self.admit_report(&s.job_id, s.attempt, &s.worker_id) {
             Some(JobState::Dispatched) => self.start(&s.job_id, s.attempt, &s.worker_id),
-            Some(_) => self.refuse(
-                &s.job_id,
-                Rejection::Duplicate,
-                format!("attempt {} already started", s.attempt),
-            ),
+            // RUNNING on this worker already: its progress (or result) was read first. The
+            // start agrees with the job: nothing to do, and nothing to refuse.
+            Some(_) => {}
             None => {}
         }
     }
@@ -199,7 +197,12 @@ impl Decider<'_, '_> {
                 snapshot_id: config.raw.policy_snapshot.clone(),
                 reasons: verdict.reasons,
             }));
-            self.dead_letter(&r.job_id, DlqReason::OutputQuarantined.as_str(), reason);
+            let code = if verdict.limit_exceeded {
+                DlqReason::PolicyLimitExceeded
+            } else {
+                DlqReason::OutputQuarantined
+            };
+            self.dead_letter(&r.job_id, code.as_str(), reason);
         }
         self.saga_on_success(&r.job_id);
     }
@@ -208,7 +211,25 @@ impl Decider<'_, '_> {
         let config = self.rules();
         let partitions = config.rules.dispatch_partitions.get(&hb.pool).copied();
         let configured = config.rules.pools.contains_key(&hb.pool);
-        if let Some(why) = invalid_heartbeat(hb, configured, partitions) {
+        if let Some(why) = invalid_heartbeat(hb, configured, partitions, &config.rules.limits) {
+            self.refuse("", Rejection::InvalidHeartbeat, why);
+            return;
+        }
+        let max = config.rules.limits.max_workers_per_pool;
+        let known = self.state().workers.get(&hb.worker_id);
+        let joins_pool = known.is_none_or(|w| w.heartbeat.pool != hb.pool);
+        let in_pool = self
+            .state()
+            .workers_by_pool
+            .get(&hb.pool)
+            .copied()
+            .unwrap_or(0);
+        if joins_pool && in_pool >= max {
+            let why = format!(
+                "pool {} already holds {in_pool} workers (limits.max_workers_per_pool); a new worker {:?} is refused until lost ones are forgotten",
+                hb.pool,
+                crate::records::truncate_for_display(&hb.worker_id, 64)
+            );
             self.refuse("", Rejection::InvalidHeartbeat, why);
             return;
         }
@@ -294,6 +315,7 @@ pub fn redundant_heartbeat(state: &crate::state::State, hb: &Heartbeat, log_time
         hb,
         rules.pools.contains_key(&hb.pool),
         rules.dispatch_partitions.get(&hb.pool).copied(),
+        &rules.limits,
     )
     .is_none()
         && rules.worker_allowed(&hb.pool, &hb.worker_id);
@@ -301,20 +323,76 @@ pub fn redundant_heartbeat(state: &crate::state::State, hb: &Heartbeat, log_time
     idle && same && nothing_waits && valid && recent
 }
 
-/// A worker's own error code, when it gave one.
-// (see also `invalid_heartbeat`: a heartbeat must name a configured pool)
+/// Longest error code a worker may give, in bytes; a longer one (or one with control
+/// characters) is replaced by the scheduler's generic code.
+pub(crate) const MAX_ERROR_CODE_BYTES: usize = 128;
+
+/// A worker's own error code, when it gave a usable one.
 fn worker_code(code: &Option<String>) -> Option<&str> {
-    code.as_deref().filter(|c| !c.trim().is_empty())
+    code.as_deref().filter(|c| {
+        !c.trim().is_empty() && c.len() <= MAX_ERROR_CODE_BYTES && !c.chars().any(char::is_control)
+    })
 }
 
-/// Why a heartbeat cannot be taken as the worker's view, if it cannot: identity missing,
-/// loads that are not numbers (NaN would win every placement) or negative, negative counts,
-/// or dispatch partitions the pool's topic does not have (`partitions`, when known).
-fn invalid_heartbeat(hb: &Heartbeat, configured: bool, partitions: Option<i32>) -> Option<String> {
+/// Why a heartbeat cannot be taken as the worker's view, if it cannot: identity missing or
+/// oversized, loads that are not numbers (NaN would win every placement) or negative,
+/// negative counts, dispatch partitions the pool's topic does not have (`partitions`, when
+/// known), or more (or larger) labels, capabilities and running jobs than `limits` allow:
+/// the worker's record is kept in memory, so its size must be bounded.
+fn invalid_heartbeat(
+    hb: &Heartbeat,
+    configured: bool,
+    partitions: Option<i32>,
+    limits: &crate::rules::Limits,
+) -> Option<String> {
     if hb.worker_id.trim().is_empty() || hb.pool.trim().is_empty() {
         return Some("heartbeat without worker_id or pool".to_owned());
     }
     let who = crate::records::truncate_for_display(&hb.worker_id, 64);
+    if hb.worker_id.len() > super::submit::MAX_ID_BYTES
+        || hb.worker_id.chars().any(char::is_control)
+    {
+        return Some(format!(
+            "heartbeat of {who:?}: worker_id must be at most {} bytes without control characters",
+            super::submit::MAX_ID_BYTES
+        ));
+    }
+    let max_entries = usize::try_from(limits.max_labels).unwrap_or(0);
+    let entry_ok = |s: &str| s.len() as i64 <= limits.max_entry_bytes;
+    if hb.labels.len() > max_entries || hb.capabilities.len() > max_entries {
+        return Some(format!(
+            "heartbeat of {who}: {} labels and {} capabilities; at most {max_entries} of each (limits.max_labels)",
+            hb.labels.len(),
+            hb.capabilities.len()
+        ));
+    }
+    if !hb.labels.iter().all(|(k, v)| entry_ok(k) && entry_ok(v))
+        || !hb.capabilities.iter().all(|c| entry_ok(c))
+    {
+        return Some(format!(
+            "heartbeat of {who}: a label or capability is longer than {} bytes (limits.max_entry_bytes)",
+            limits.max_entry_bytes
+        ));
+    }
+    let max_jobs = usize::try_from(limits.max_active_job_ids).unwrap_or(0);
+    if hb.active_job_ids.len() > max_jobs
+        || hb
+            .active_job_ids
+            .iter()
+            .any(|id| id.len() > super::submit::MAX_ID_BYTES)
+    {
+        return Some(format!(
+            "heartbeat of {who}: it lists {} running jobs; at most {max_jobs} ids (limits.max_active_job_ids) of at most {} bytes",
+            hb.active_job_ids.len(),
+            super::submit::MAX_ID_BYTES
+        ));
+    }
+    if hb.owned_partitions.len() > max_jobs {
+        return Some(format!(
+            "heartbeat of {who}: it claims {} dispatch partitions",
+            hb.owned_partitions.len()
+        ));
+    }
     if !configured {
         return Some(format!(
             "heartbeat of {who}: pool {} is not configured (pools.yaml)",

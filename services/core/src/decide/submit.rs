@@ -24,6 +24,19 @@ impl Decider<'_, '_> {
             self.dead_letter_input(&request.job_id, &request.tenant_id, code, problem);
             return;
         }
+        if request.job_id.contains(super::saga::COMPENSATION_MARKER) {
+            let problem = format!(
+                "job ids holding {:?} are saga compensations' own; choose another",
+                super::saga::COMPENSATION_MARKER
+            );
+            self.dead_letter_input(
+                &request.job_id,
+                &request.tenant_id,
+                DlqReason::MalformedRecord,
+                problem,
+            );
+            return;
+        }
 
         if let Some(why) = self.rules().rules.tenant_not_allowed(
             &request.topic,
@@ -38,6 +51,28 @@ impl Decider<'_, '_> {
             );
             return;
         }
+
+        match self
+            .rules()
+            .rules
+            .bound_principal(&request.topic, request.principal_id.as_deref())
+        {
+            Ok(Some(bound)) if request.principal_id.is_none() => {
+                // Four eyes compares approvers with the topic's producer, not with a claim.
+                request.principal_id = Some(bound.to_owned());
+            }
+            Ok(_) => {}
+            Err(why) => {
+                self.dead_letter_input(
+                    &request.job_id,
+                    &request.tenant_id,
+                    DlqReason::TenantNotAllowed,
+                    why,
+                );
+                return;
+            }
+        }
+        let journal_request = journal_request || request.principal_id != input.principal_id;
 
         if let Some(existing) = self.state().jobs.get(&request.job_id) {
             let same = same_submission(existing, &request);
@@ -161,10 +196,16 @@ impl Decider<'_, '_> {
             return;
         }
         let new_id = r.new_job_id.trim();
-        if new_id.is_empty() || new_id.len() > MAX_ID_BYTES || new_id != r.new_job_id {
+        if new_id.is_empty()
+            || new_id.len() > MAX_ID_BYTES
+            || new_id != r.new_job_id
+            || new_id.chars().any(char::is_control)
+            || new_id.contains(super::saga::COMPENSATION_MARKER)
+        {
             let reason = format!(
-                "new job id {:?} must be 1 to {MAX_ID_BYTES} bytes without surrounding spaces",
-                crate::records::truncate_for_display(&r.new_job_id, 64)
+                "new job id {:?} must be 1 to {MAX_ID_BYTES} bytes without surrounding spaces or control characters, and not a saga compensation's (holding {:?})",
+                crate::records::truncate_for_display(&r.new_job_id, 64),
+                super::saga::COMPENSATION_MARKER
             );
             self.refuse(&r.job_id, Rejection::InvalidJobId, reason);
             return;
@@ -204,30 +245,52 @@ impl Decider<'_, '_> {
     }
 
     /// Asks the safety kernel about a job, with the effective constraints filled in.
-    pub(super) fn evaluate_input_policy(&mut self, job_id: &str) -> PolicyEvaluated {
+    pub(super) fn evaluate_input_policy(&mut self, job_id: &str) -> Judged {
         let config = self.rules();
         let job = &self.state().jobs[job_id];
         let tenant_active = self.state().tenant_active_jobs(&job.request.tenant_id);
         let doc = || input_document(&job.request, job.payload_len, tenant_active, &job.pools);
         let decision: PolicyDecision = self.ctx().policy.evaluate_input_lazily(&config.raw, &doc);
-        PolicyEvaluated {
-            job_id: job_id.to_owned(),
-            snapshot_id: config.raw.policy_snapshot.clone(),
-            verdict: decision.verdict,
-            reasons: decision.reasons,
-            constraints: effective_constraints(job, &decision.constraints, &config.rules),
+        Judged {
+            event: PolicyEvaluated {
+                job_id: job_id.to_owned(),
+                snapshot_id: config.raw.policy_snapshot.clone(),
+                verdict: decision.verdict,
+                reasons: decision.reasons,
+                constraints: effective_constraints(job, &decision.constraints, &config.rules),
+            },
+            limit_exceeded: decision.limit_exceeded,
         }
     }
 
     /// Journals a policy decision and acts on it.
-    pub(super) fn apply_policy_decision(&mut self, job_id: &str, decision: PolicyEvaluated) {
+    pub(super) fn apply_policy_decision(&mut self, job_id: &str, judged: Judged) {
+        let Judged {
+            event: decision,
+            limit_exceeded,
+        } = judged;
         let verdict = decision.verdict;
         let reasons = decision.reasons.clone();
         let snapshot = decision.snapshot_id.clone();
         self.emit(Event::PolicyEvaluated(decision));
         match verdict {
             Verdict::Allow => self.enqueue(job_id),
-            Verdict::Deny => self.deny(job_id, DlqReason::SafetyDenied, reasons, None),
+            Verdict::Deny => {
+                let code = if limit_exceeded {
+                    DlqReason::PolicyLimitExceeded
+                } else {
+                    DlqReason::SafetyDenied
+                };
+                self.deny(job_id, code, reasons, None)
+            }
+            Verdict::RequireApproval
+                if self.rules().rules.four_eyes
+                    && super::control::submitter(&self.state().jobs[job_id].request).is_none() =>
+            {
+                // Nobody could approve it: refuse it now rather than leave it waiting.
+                let why = super::control::unknown_submitter(job_id);
+                self.deny(job_id, DlqReason::SafetyDenied, vec![why], None)
+            }
             Verdict::RequireApproval => {
                 let job_hash = self.state().jobs[job_id].job_hash.clone();
                 self.emit(Event::ApprovalRequested(ApprovalRequested {
@@ -265,12 +328,20 @@ impl Decider<'_, '_> {
     }
 }
 
+/// The input policy's decision on a job, as journaled, and whether the evaluation was
+/// stopped at a limit (a denial then dead-letters `policy_limit_exceeded`).
+#[derive(Debug)]
+pub(super) struct Judged {
+    pub(super) event: PolicyEvaluated,
+    pub(super) limit_exceeded: bool,
+}
+
 /// Longest job or tenant id, in bytes (ids key records, logs and terminals).
 pub(super) const MAX_ID_BYTES: usize = 256;
 
 /// Why a decodable request still cannot be scheduled, if it cannot: `record_too_large` for
 /// what exceeds the configured limits, `malformed_record` for the rest.
-fn invalid_request(r: &JobRequest, limits: &Limits) -> Option<(DlqReason, String)> {
+pub(super) fn invalid_request(r: &JobRequest, limits: &Limits) -> Option<(DlqReason, String)> {
     let malformed = |m: String| Some((DlqReason::MalformedRecord, m));
     let too_large = |m: String| Some((DlqReason::RecordTooLarge, m));
     if r.job_id.trim().is_empty() {
@@ -279,7 +350,12 @@ fn invalid_request(r: &JobRequest, limits: &Limits) -> Option<(DlqReason, String
     if r.tenant_id.trim().is_empty() {
         return malformed(format!("job {}: tenant_id is empty", r.job_id));
     }
-    for (what, id) in [("job_id", &r.job_id), ("tenant_id", &r.tenant_id)] {
+    let workflow = r.workflow_id.as_deref().unwrap_or("");
+    for (what, id) in [
+        ("job_id", &*r.job_id),
+        ("tenant_id", &*r.tenant_id),
+        ("workflow_id", workflow),
+    ] {
         if id.len() > MAX_ID_BYTES || id.chars().any(char::is_control) {
             return malformed(format!(
                 "{what} {:?} must be at most {MAX_ID_BYTES} bytes without control characters",
@@ -334,7 +410,12 @@ fn invalid_request(r: &JobRequest, limits: &Limits) -> Option<(DlqReason, String
 }
 
 /// Why the job may not enter its pools' queues now (admission limits), if it may not.
-fn queue_full(state: &State, rules: &Rules, r: &JobRequest, pools: &[String]) -> Option<String> {
+pub(super) fn queue_full(
+    state: &State,
+    rules: &Rules,
+    r: &JobRequest,
+    pools: &[String],
+) -> Option<String> {
     let max_pool = rules.limits.max_pending_per_pool;
     if let Some(pool) = pools
         .iter()
@@ -435,7 +516,8 @@ pub(crate) fn route(rules: &crate::rules::Rules, r: &JobRequest) -> (Vec<String>
 }
 
 /// Policy constraints over the job's budget and the configured defaults (SPEC §5): the
-/// effective deadline is the smaller of the job's and the policy's.
+/// effective deadline, and the effective runtime limit, are the smaller of the job's and
+/// the policy's.
 fn effective_constraints(
     job: &Job,
     policy: &Constraints,
@@ -451,10 +533,14 @@ fn effective_constraints(
         max_concurrent_jobs: policy
             .max_concurrent_jobs
             .or_else(|| rules.max_concurrent_for_tenant(&job.request.tenant_id)),
-        max_runtime_ms: policy
-            .max_runtime_ms
-            .or(job.request.budget.max_runtime_ms)
-            .filter(|v| *v > 0),
+        // Like the deadline: the tighter of the job's own limit and the policy's.
+        max_runtime_ms: match (
+            policy.max_runtime_ms.filter(|v| *v > 0),
+            job.request.budget.max_runtime_ms.filter(|v| *v > 0),
+        ) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        },
         deadline_ms,
         labels: policy.labels.clone(),
     }

@@ -43,6 +43,7 @@ impl Decider<'_, '_> {
             self.maybe_half_open(&pool);
         }
         self.fire_due_timers(judged);
+        self.resume_sagas();
         self.forget_lost_workers(judged);
         self.prune_idempotency();
         let pools: Vec<String> = self.state().queues.keys().cloned().collect();

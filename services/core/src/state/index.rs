@@ -336,12 +336,32 @@ impl State {
     /// Adds a worker's record; it takes over the jobs already naming it.
     pub(crate) fn insert_worker(&mut self, id: &str, mut worker: Worker) {
         worker.inflight = self.orphans.remove(id).unwrap_or_default();
-        self.workers.insert(id.to_owned(), worker);
+        self.count_worker(&worker.heartbeat.pool, 1);
+        if let Some(old) = self.workers.insert(id.to_owned(), worker) {
+            self.count_worker(&old.heartbeat.pool, -1);
+        }
+    }
+
+    /// A worker's record names `to` from now on instead of `from`.
+    pub(crate) fn move_worker(&mut self, from: &str, to: &str) {
+        if from != to {
+            self.count_worker(from, -1);
+            self.count_worker(to, 1);
+        }
+    }
+
+    fn count_worker(&mut self, pool: &str, delta: i32) {
+        let n = self.workers_by_pool.entry(pool.to_owned()).or_default();
+        *n = n.saturating_add_signed(delta);
+        if *n == 0 {
+            self.workers_by_pool.remove(pool);
+        }
     }
 
     /// Drops a worker's record; jobs still naming it stay indexed as orphans.
     pub(crate) fn remove_worker(&mut self, id: &str) -> Option<Worker> {
         let mut w = self.workers.remove(id)?;
+        self.count_worker(&w.heartbeat.pool, -1);
         let inflight = std::mem::take(&mut w.inflight);
         if !inflight.is_empty() {
             self.orphans.insert(id.to_owned(), inflight);
@@ -402,8 +422,13 @@ impl State {
         self.tenant_active.clear();
         self.tenant_pending.clear();
         self.orphans.clear();
+        self.workers_by_pool.clear();
         for w in self.workers.values_mut() {
             w.inflight.clear();
+            *self
+                .workers_by_pool
+                .entry(w.heartbeat.pool.clone())
+                .or_default() += 1;
         }
         self.cold = (self.jobs.iter_any_order())
             .filter(|(_, j)| j.state.is_terminal())
@@ -443,6 +468,9 @@ impl State {
         }
         if rebuilt.orphans != self.orphans {
             problems.push("jobs of unknown workers disagree with job records".to_owned());
+        }
+        if rebuilt.workers_by_pool != self.workers_by_pool {
+            problems.push("worker counts per pool disagree with worker records".to_owned());
         }
         for (id, w) in &self.workers {
             if rebuilt.workers.get(id).map(|r| &r.inflight) != Some(&w.inflight) {

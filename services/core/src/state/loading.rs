@@ -9,7 +9,8 @@ use super::{IdempotencyEntry, Job, Saga, State};
 pub trait ColdStore {
     type Error;
     fn job(&self, id: &str) -> Result<Option<Job>, Self::Error>;
-    fn saga(&self, workflow_id: &str) -> Result<Option<Saga>, Self::Error>;
+    /// The saga under `key` ([`crate::state::saga_key`]).
+    fn saga(&self, key: &str) -> Result<Option<Saga>, Self::Error>;
     fn idempotency(&self, tenant: &str, key: &str)
     -> Result<Option<IdempotencyEntry>, Self::Error>;
 }
@@ -40,17 +41,23 @@ impl State {
         p
     }
 
-    /// The workflow whose saga a decision on `input` may read, once the input's job is loaded.
-    pub fn workflow_prerequisite(&self, input: &Input) -> Option<String> {
+    /// The sagas a decision on `input` may read, once the input's job is loaded: its
+    /// tenant's saga of its workflow (and one keyed by the workflow alone, begun before
+    /// sagas were the tenant's).
+    pub fn saga_prerequisites(&self, input: &Input) -> Vec<String> {
         let request = match input {
             Input::Submit(r) => r,
-            other => &self.jobs.get(other.job_id()?)?.request,
+            other => match other.job_id().and_then(|id| self.jobs.get(id)) {
+                Some(j) => &j.request,
+                None => return Vec::new(),
+            },
         };
-        crate::decide::workflow_of(request).map(str::to_owned)
+        crate::decide::saga_keys_of(request)
     }
 
     /// Loads from `store` everything deciding on `input` may read: its job, the owner of its
-    /// idempotency key, and the saga of its workflow.
+    /// idempotency key, the sagas of its workflow, and the job id their next compensation
+    /// would take (a compensation never takes an id a job has, cold or not).
     pub fn load_for_input<S: ColdStore>(
         &mut self,
         input: &Input,
@@ -70,8 +77,20 @@ impl State {
                 self.load_jobs(&[owner], store)?;
             }
         }
-        if let Some(wf) = self.workflow_prerequisite(input) {
-            self.load_sagas(&[wf], store)?;
+        let sagas = self.saga_prerequisites(input);
+        if !sagas.is_empty() {
+            self.load_sagas(&sagas, store)?;
+            let next: Vec<String> = sagas
+                .iter()
+                .filter_map(|k| {
+                    let s = self.sagas.get(k)?;
+                    Some(crate::decide::compensation_id(
+                        k,
+                        s.compensations_submitted + 1,
+                    ))
+                })
+                .collect();
+            self.load_jobs(&next, store)?;
         }
         Ok(())
     }
@@ -82,9 +101,9 @@ impl State {
         entry: &crate::events::JournalEntry,
         store: &S,
     ) -> Result<(), S::Error> {
-        let (jobs, workflows) = entry.touched();
+        let (jobs, sagas) = entry.touched();
         self.load_jobs(&jobs, store)?;
-        self.load_sagas(&workflows, store)
+        self.load_sagas(&sagas, store)
     }
 
     fn load_jobs<S: ColdStore>(

@@ -68,6 +68,12 @@ pub struct State {
     pub orphans: BTreeMap<String, BTreeSet<String>>,
     /// Derived: tenant -> its PENDING jobs in a queue (for the admission limit).
     pub tenant_pending: BTreeMap<String, i64>,
+    /// Derived: pool -> worker records naming it (for `limits.max_workers_per_pool`).
+    pub workers_by_pool: BTreeMap<String, u32>,
+    /// Pool -> where the last scheduling pass that reached its bound stopped
+    /// (`limits.max_scan_per_entry`): the next pass goes on after it, so that jobs behind
+    /// many blocked ones are reached too ([`crate::events::QueueScanned`]).
+    pub scan_from: BTreeMap<String, QueueKey>,
     /// Changed keys, when the owner tracks them (the runtime does; tests and audits need not).
     pub dirty: Option<Dirty>,
     /// Terminal jobs in memory, which [`State::evict_cold`] may drop (bookkeeping, like
@@ -91,6 +97,8 @@ impl PartialEq for State {
             && self.liveness_floor == other.liveness_floor
             && self.orphans == other.orphans
             && self.tenant_pending == other.tenant_pending
+            && self.workers_by_pool == other.workers_by_pool
+            && self.scan_from == other.scan_from
             && self.dead_letters_by_reason == other.dead_letters_by_reason
             && self.jobs_by_state == other.jobs_by_state
             && self.queues == other.queues

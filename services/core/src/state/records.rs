@@ -410,6 +410,8 @@ pub struct SagaStep {
     pub tenant_id: String,
     pub principal_id: Option<String>,
     pub compensation: JobTemplate,
+    /// The step's topic (None: recorded before it was kept).
+    pub topic: Option<String>,
 }
 
 /// A workflow's compensation stack and rollback progress.
@@ -421,6 +423,8 @@ pub struct Saga {
     /// The compensation job running now, during rollback.
     pub running: Option<String>,
     pub compensations_submitted: i32,
+    /// Compensations that did not succeed (ended another way, or were refused).
+    pub compensations_failed: i32,
     pub outcome: Option<SagaOutcome>,
 }
 
@@ -428,6 +432,34 @@ impl Saga {
     pub fn rolling_back(&self) -> bool {
         self.failed_job_id.is_some() && self.outcome.is_none()
     }
+}
+
+/// The key of a tenant's saga: its tenant and workflow, joined by a character neither may
+/// hold (a unit separator: ids with control characters are refused).
+pub fn saga_key(tenant: &str, workflow: &str) -> String {
+    let mut k = String::with_capacity(tenant.len() + workflow.len() + 1);
+    k.push_str(tenant);
+    k.push('\u{1f}');
+    k.push_str(workflow);
+    k
+}
+
+/// The key of the saga an event names: its tenant's, or the workflow's alone for a saga
+/// begun before sagas were keyed by tenant (`tenant` None).
+pub fn saga_key_of(tenant: Option<&str>, workflow: &str) -> String {
+    match tenant {
+        Some(t) => saga_key(t, workflow),
+        None => workflow.to_owned(),
+    }
+}
+
+/// The key of the saga a recorded step joins: by tenant from decision format 3, by
+/// workflow alone before.
+pub fn step_saga_key(e: &crate::events::SagaStepRecorded, format: i32) -> String {
+    saga_key_of(
+        (format >= 3).then_some(e.tenant_id.as_str()),
+        &e.workflow_id,
+    )
 }
 
 /// An idempotency key's owner.
@@ -438,7 +470,7 @@ pub struct IdempotencyEntry {
 }
 
 /// Position of a job in a pool's pending queue: priority, then age, then job_id.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct QueueKey {
     pub rank: u8,
     pub queued_at: Millis,

@@ -45,7 +45,7 @@ impl PolicyEngine for ScriptPolicy {
 pub(crate) const T0: i64 = 1_700_000_000_000;
 
 /// What the processor keeps on disk, as maps: the partial state loads from it.
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub(crate) struct ColdMap {
     pub jobs: BTreeMap<String, Job>,
     pub sagas: BTreeMap<String, Saga>,
