@@ -12,10 +12,9 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use cli::{Connection, DlqCommand, JobsCommand, finish};
 
-/// mimalloc instead of the system allocator: the processor allocates and frees per input
-/// (decoding, deciding, encoding); see docs/performance.md for what it changed.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+// The global allocator is mimalloc with regorus's allocation counters, installed by regorus
+// itself (feature `allocator-memory-limits`, through ksched-policy): the processor allocates
+// and frees per input, and the policy engine's per-evaluation memory limit reads the counts.
 use serde_json::json;
 
 /// An event-sourced job scheduler on Apache Kafka.
@@ -122,6 +121,10 @@ enum Command {
         #[command(flatten)]
         conn: Connection,
     },
+    /// The console's time travel and what-if, which `ksched run` starts in a child process
+    /// (a request on standard input, the answer on standard output).
+    #[command(hide = true, name = "replay-child")]
+    ReplayChild,
     /// Print a shell completion script, e.g. `ksched completions bash >
     /// /etc/bash_completion.d/ksched` or `ksched completions zsh > ~/.zfunc/_ksched`.
     Completions {
@@ -183,6 +186,9 @@ fn main() -> ExitCode {
             }
         }
         Command::Run(args) => run::main(args),
+        Command::ReplayChild => {
+            ExitCode::from(u8::try_from(ksched_runtime::audit::isolated::child_main()).unwrap_or(1))
+        }
         Command::Dev(args) => dev::main(args),
         Command::Bench(args) => bench::main(args),
         Command::Chaos(args) => chaos::main(args),

@@ -205,6 +205,11 @@ impl Service {
             .enable_all()
             .build()
             .context("starting the async runtime")?;
+        if !ksched_policy::memory_limits_enforced() {
+            warn!(
+                "this build does not count its allocations: policy evaluations are bounded in steps (limits.policy_max_steps), not in memory"
+            );
+        }
         let scheduler = rt.block_on(Scheduler::start(config))?;
         let settings = &scheduler.config.settings;
         if settings.http.enabled {

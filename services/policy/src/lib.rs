@@ -21,16 +21,32 @@
 //! quarantines nothing. Evaluation errors fail closed: the job is denied (or quarantined) with
 //! the error as the reason. Non-deterministic builtins (`time.now_ns`, `rand.intn`,
 //! `uuid.rfc4122`, `opa.runtime`) are refused at load, because a replay must decide the same.
+//!
+//! # Limits
+//! Every evaluation is bounded by the limits of the rules journaled beside the policy
+//! (`limits.policy_max_steps`, `limits.policy_max_memory_bytes`), so neither a policy nor a
+//! job can make one evaluation run or grow without end. Steps are the interpreter's own
+//! checkpoints (each rule, statement and loop iteration is one), counted: the same policy on
+//! the same input stops at the same step in every process, so a replay decides the same.
+//! Memory is what the process allocates during the evaluation, as counted by regorus's
+//! allocator (mimalloc with counters, which regorus installs as the global allocator;
+//! [`memory_limits_enforced`] says whether it is); a builtin that materializes a huge value (`numbers.range(1, 1e11)`) stops at the
+//! limit instead of taking the machine. An evaluation stopped at either limit fails closed
+//! and says so ([`PolicyDecision::limit_exceeded`]).
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::num::NonZeroU32;
 use std::path::Path;
 use std::sync::Mutex;
+use std::time::Duration;
 
 use ksched_core::events::{Reconfigure, Verdict};
 use ksched_core::hash::sha256_parts;
 use ksched_core::policy::{OutputDecision, PolicyDecision, PolicyEngine, constraints_from_json};
-use regorus::{Engine, Value};
+use ksched_core::rules::Rules;
+use regorus::utils::limits::ExecutionTimerConfig;
+use regorus::{Engine, LimitError, Value};
 use serde_json::Value as Json;
 use thiserror::Error;
 
@@ -131,8 +147,14 @@ impl PolicyBundle {
     }
 }
 
-/// Compiles a bundle into an engine, refusing non-deterministic builtins.
+/// Compiles a bundle into an engine, refusing non-deterministic builtins. Never while an
+/// evaluation's memory limit is set: regorus's parser checks that process-wide limit too,
+/// and a bundle that failed to compile for another's budget would stay failed.
 pub fn compile(bundle: &PolicyBundle) -> Result<Engine> {
+    memory::unlimited(|| compile_now(bundle))
+}
+
+fn compile_now(bundle: &PolicyBundle) -> Result<Engine> {
     let mut engine = Engine::new();
     for (name, text) in &bundle.modules {
         if let Some(b) = forbidden_builtin(text) {
@@ -292,6 +314,8 @@ impl<V: Clone> Memo<V> {
 #[derive(Default)]
 struct Inner {
     engines: HashMap<String, Compiled>,
+    /// The limits of each rule set seen, by rules id.
+    bounds: HashMap<String, Bounds>,
     input_memo: Memo<PolicyDecision>,
     output_memo: Memo<OutputDecision>,
     hits: u64,
@@ -357,12 +381,139 @@ impl RegoEngine {
     }
 }
 
+/// Why an evaluation gave no answer.
+#[derive(Debug, Clone, PartialEq)]
+enum Stop {
+    /// The policy failed (a builtin error, a conflict, an input that does not convert).
+    Failed(String),
+    /// It took more than `limits.policy_max_steps` steps (deterministic).
+    Steps(u32),
+    /// It allocated more than `limits.policy_max_memory_bytes` (measured).
+    Memory(u64),
+}
+
+impl Stop {
+    fn from_error(e: &anyhow::Error, bounds: Bounds) -> Stop {
+        match e.downcast_ref::<LimitError>() {
+            // The step budget is a zero time limit checked every `steps` steps (bounded()).
+            Some(LimitError::TimeLimitExceeded { .. }) => Stop::Steps(bounds.steps),
+            Some(LimitError::MemoryLimitExceeded { .. }) => Stop::Memory(bounds.memory),
+            _ => Stop::Failed(e.to_string()),
+        }
+    }
+
+    fn reason(&self) -> String {
+        match self {
+            Stop::Failed(e) => e.clone(),
+            Stop::Steps(n) => {
+                format!("the evaluation took more than {n} steps (limits.policy_max_steps)")
+            }
+            Stop::Memory(n) => format!(
+                "the evaluation allocated more than {n} bytes (limits.policy_max_memory_bytes)"
+            ),
+        }
+    }
+}
+
+/// What bounds one evaluation: the limits of the rules journaled beside the policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Bounds {
+    steps: u32,
+    memory: u64,
+}
+
+impl Bounds {
+    /// The limits in `rules_json`; a bundle without readable rules (a test's) gets the
+    /// defaults.
+    fn of(rules_json: &str) -> Bounds {
+        let limits = Rules::from_json(rules_json)
+            .map(|r| r.limits)
+            .unwrap_or_default();
+        Bounds {
+            steps: limits.policy_max_steps.max(1),
+            memory: u64::try_from(limits.policy_max_memory_bytes)
+                .unwrap_or(0)
+                .max(1),
+        }
+    }
+}
+
+/// Runs one evaluation of `engine` within `bounds`: at most `bounds.steps` interpreter steps
+/// and `bounds.memory` bytes allocated beyond what the process held at the start.
+fn bounded<T>(
+    engine: &mut Engine,
+    bounds: Bounds,
+    evaluate: impl FnOnce(&mut Engine) -> std::result::Result<T, anyhow::Error>,
+) -> std::result::Result<T, Stop> {
+    // regorus checks its timer at every step but reads the clock only every
+    // `check_interval` steps; with a limit of zero that first reading fails, at exactly
+    // `steps` steps. A step count, not a duration: the same in every process and replay.
+    engine.set_execution_timer_config(ExecutionTimerConfig {
+        limit: Duration::ZERO,
+        check_interval: NonZeroU32::new(bounds.steps).unwrap_or(NonZeroU32::MIN),
+    });
+    memory::within(bounds.memory, || evaluate(engine)).map_err(|e| Stop::from_error(&e, bounds))
+}
+
+/// Memory budgets per evaluation, on regorus's allocator-counted, process-wide limit.
+mod memory {
+    use std::sync::Mutex;
+
+    /// One budgeted evaluation at a time in the process, since the limit is process-wide.
+    /// (The scheduler evaluates on one engine, under its lock, anyway.)
+    static GATE: Mutex<()> = Mutex::new(());
+
+    /// Lifts the limit however the evaluation ends.
+    struct Lift;
+
+    impl Drop for Lift {
+        fn drop(&mut self) {
+            regorus::set_global_memory_limit(None);
+        }
+    }
+
+    /// Runs `evaluate` with at most `budget` bytes allocated beyond what the process holds
+    /// now. Other threads' allocations in the meantime count too: the budget is generous
+    /// against them, and a stop it causes is not memoized.
+    pub(crate) fn within<T>(budget: u64, evaluate: impl FnOnce() -> T) -> T {
+        let _gate = GATE.lock().unwrap_or_else(|p| p.into_inner());
+        // Publishes this thread's pending count first, so the base is current.
+        let live = regorus_mimalloc::global_allocation_stats_snapshot().allocated;
+        regorus::set_global_memory_limit(Some(live.saturating_add(budget)));
+        let _lift = Lift;
+        evaluate()
+    }
+
+    /// Runs `f` with no memory limit set, waiting for a limited evaluation to end first.
+    pub(crate) fn unlimited<T>(f: impl FnOnce() -> T) -> T {
+        let _gate = GATE.lock().unwrap_or_else(|p| p.into_inner());
+        f()
+    }
+
+    /// Whether allocations are counted: regorus's allocator is the process's global one.
+    pub(crate) fn counted() -> bool {
+        let before = regorus_mimalloc::global_allocation_stats_snapshot().allocated;
+        let probe: Vec<u8> = Vec::with_capacity(4 << 20);
+        let during = regorus_mimalloc::global_allocation_stats_snapshot().allocated;
+        drop(std::hint::black_box(probe));
+        during >= before.saturating_add(4 << 20)
+    }
+}
+
+/// Whether this process counts its allocations, so that `limits.policy_max_memory_bytes`
+/// is enforced. regorus installs its counting allocator (mimalloc) as the global allocator
+/// of every binary that links this crate; this says whether that held. Step limits hold
+/// either way.
+pub fn memory_limits_enforced() -> bool {
+    memory::counted()
+}
+
 /// Evaluates a whole package (`data.ksched.input`) for the current input: an object with the
 /// rules that are defined (undefined rules are absent).
-fn package(engine: &mut Engine, path: &str) -> std::result::Result<Json, String> {
-    let results = engine
-        .eval_query(path.to_owned(), false)
-        .map_err(|e| e.to_string())?;
+fn package(engine: &mut Engine, path: &str, bounds: Bounds) -> std::result::Result<Json, Stop> {
+    let results = bounded(engine, bounds, |engine| {
+        engine.eval_query(path.to_owned(), false)
+    })?;
     let value = results
         .result
         .first()
@@ -372,12 +523,12 @@ fn package(engine: &mut Engine, path: &str) -> std::result::Result<Json, String>
     if value == Value::Undefined {
         return Ok(Json::Object(Default::default()));
     }
-    serde_json::to_value(&value).map_err(|e| e.to_string())
+    serde_json::to_value(&value).map_err(|e| Stop::Failed(e.to_string()))
 }
 
 /// The input document as a Rego value, converted in memory (no JSON text in between).
-fn rego_input(doc: &Json) -> std::result::Result<Value, String> {
-    serde::Deserialize::deserialize(doc).map_err(|e: serde_json::Error| e.to_string())
+fn rego_input(doc: &Json) -> std::result::Result<Value, Stop> {
+    serde::Deserialize::deserialize(doc).map_err(|e: serde_json::Error| Stop::Failed(e.to_string()))
 }
 
 /// A set (or array) of reasons; `true` counts as one unnamed reason.
@@ -393,10 +544,14 @@ fn reasons(v: Option<&Json>, default: &str) -> Vec<String> {
     }
 }
 
-fn evaluate_input(engine: &mut Engine, doc: &Json) -> std::result::Result<PolicyDecision, String> {
+fn evaluate_input(
+    engine: &mut Engine,
+    doc: &Json,
+    bounds: Bounds,
+) -> std::result::Result<PolicyDecision, Stop> {
     let input = rego_input(doc)?;
     engine.set_input(input);
-    let pkg = package(engine, "data.ksched.input")?;
+    let pkg = package(engine, "data.ksched.input", bounds)?;
     let deny = reasons(pkg.get("deny"), "denied by policy");
     let constraints = pkg
         .get("constraints")
@@ -407,6 +562,7 @@ fn evaluate_input(engine: &mut Engine, doc: &Json) -> std::result::Result<Policy
             verdict: Verdict::Deny,
             reasons: deny,
             constraints,
+            limit_exceeded: false,
         });
     }
     let approval = reasons(pkg.get("require_approval"), "approval required by policy");
@@ -415,6 +571,7 @@ fn evaluate_input(engine: &mut Engine, doc: &Json) -> std::result::Result<Policy
             verdict: Verdict::RequireApproval,
             reasons: approval,
             constraints,
+            limit_exceeded: false,
         });
     }
     let allowed = pkg.get("allow") == Some(&Json::Bool(true));
@@ -423,24 +580,31 @@ fn evaluate_input(engine: &mut Engine, doc: &Json) -> std::result::Result<Policy
             verdict: Verdict::Allow,
             reasons: Vec::new(),
             constraints,
+            limit_exceeded: false,
         }
     } else {
         PolicyDecision {
             verdict: Verdict::Deny,
             reasons: vec!["not allowed: no allow rule matched (default deny)".into()],
             constraints,
+            limit_exceeded: false,
         }
     })
 }
 
-fn evaluate_output(engine: &mut Engine, doc: &Json) -> std::result::Result<OutputDecision, String> {
+fn evaluate_output(
+    engine: &mut Engine,
+    doc: &Json,
+    bounds: Bounds,
+) -> std::result::Result<OutputDecision, Stop> {
     let input = rego_input(doc)?;
     engine.set_input(input);
-    let pkg = package(engine, "data.ksched.output")?;
+    let pkg = package(engine, "data.ksched.output", bounds)?;
     let q = reasons(pkg.get("quarantine"), "quarantined by output policy");
     Ok(OutputDecision {
         quarantine: !q.is_empty(),
         reasons: q,
+        limit_exceeded: false,
     })
 }
 
@@ -466,20 +630,33 @@ impl RegoEngine {
     /// document until a miss.
     fn memo_key<'a>(
         bundle: &Reconfigure,
+        bounds: Bounds,
         compiled: &Compiled,
         doc: Doc<'a>,
     ) -> (String, Option<Cow<'a, Json>>) {
         let paths = compiled.input_paths.as_deref();
+        // A decision depends on the step limit too (one stopped at it would not be under
+        // a larger one).
+        let head = format!("{}\u{0}{}\u{0}", bundle.policy_snapshot, bounds.steps);
         if paths.is_some_and(<[_]>::is_empty) {
-            return (format!("{}\u{0}", bundle.policy_snapshot), None);
+            return (head, None);
         }
         let built = doc.get();
-        let key = format!(
-            "{}\u{0}{}",
-            bundle.policy_snapshot,
-            projection(&built, paths)
-        );
+        let key = format!("{head}{}", projection(&built, paths));
         (key, Some(built))
+    }
+
+    /// The limits of the rules in `bundle`, parsed once per rule set.
+    fn bounds(inner: &mut Inner, bundle: &Reconfigure) -> Bounds {
+        if let Some(b) = inner.bounds.get(&bundle.rules_id) {
+            return *b;
+        }
+        if inner.bounds.len() >= 64 {
+            inner.bounds.clear();
+        }
+        let b = Bounds::of(&bundle.rules_json);
+        inner.bounds.insert(bundle.rules_id.clone(), b);
+        b
     }
 
     /// Asks one of the two policies: its answer without a package, from the memo, or
@@ -490,21 +667,30 @@ impl RegoEngine {
                 // No package: nothing to evaluate, no document to build.
                 return (side.absent)();
             }
-            let (key, built) = Self::memo_key(bundle, compiled, doc);
+            let bounds = Self::bounds(inner, bundle);
+            let (key, built) = Self::memo_key(bundle, bounds, compiled, doc);
             if let Some(hit) = (side.memo)(inner).get(&key) {
                 inner.hits += 1;
                 return hit;
             }
             inner.misses += 1;
-            let decision = match (&mut compiled.engine, &compiled.error) {
-                (_, Some(e)) => (side.closed)(e),
+            let outcome = match (&mut compiled.engine, &compiled.error) {
+                (_, Some(e)) => Err(Stop::Failed(e.clone())),
                 (Some(engine), None) => {
                     let doc = built.unwrap_or_else(|| doc.get());
-                    (side.evaluate)(engine, &doc).unwrap_or_else(|e| (side.closed)(&e))
+                    (side.evaluate)(engine, &doc, bounds)
                 }
-                (None, None) => (side.closed)("no engine"),
+                (None, None) => Err(Stop::Failed("no engine".into())),
             };
-            (side.memo)(inner).put(key, decision.clone());
+            let decision = match &outcome {
+                Ok(d) => d.clone(),
+                Err(stop @ Stop::Failed(_)) => (side.closed)(&stop.reason(), false),
+                Err(stop) => (side.closed)(&stop.reason(), true),
+            };
+            // A memory stop is measured, not counted: the next evaluation may pass.
+            if !matches!(outcome, Err(Stop::Memory(_))) {
+                (side.memo)(inner).put(key, decision.clone());
+            }
             decision
         })
     }
@@ -516,8 +702,9 @@ struct Side<T> {
     present: fn(&Compiled) -> bool,
     memo: fn(&mut Inner) -> &mut Memo<T>,
     absent: fn() -> T,
-    closed: fn(&str) -> T,
-    evaluate: fn(&mut Engine, &Json) -> std::result::Result<T, String>,
+    /// The answer when evaluation gave none: the reason, and whether a limit stopped it.
+    closed: fn(&str, bool) -> T,
+    evaluate: fn(&mut Engine, &Json, Bounds) -> std::result::Result<T, Stop>,
 }
 
 const INPUT: Side<PolicyDecision> = Side {
@@ -562,18 +749,20 @@ impl PolicyEngine for RegoEngine {
     }
 }
 
-fn fail_closed(error: &str) -> PolicyDecision {
+fn fail_closed(error: &str, limit_exceeded: bool) -> PolicyDecision {
     PolicyDecision {
         verdict: Verdict::Deny,
         reasons: vec![format!("policy evaluation failed: {error}")],
         constraints: Default::default(),
+        limit_exceeded,
     }
 }
 
-fn quarantine_closed(error: &str) -> OutputDecision {
+fn quarantine_closed(error: &str, limit_exceeded: bool) -> OutputDecision {
     OutputDecision {
         quarantine: true,
         reasons: vec![format!("output policy evaluation failed: {error}")],
+        limit_exceeded,
     }
 }
 
