@@ -228,6 +228,7 @@ fn produce(p: &BaseProducer, topic: &str, id: &str, labels: &[(&str, &str)]) {
             job_id: id.into(),
             topic: topic.into(),
             tenant_id: "acme".into(),
+            principal_id: Some("producer".into()),
             labels: labels
                 .iter()
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))

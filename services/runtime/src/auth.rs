@@ -45,6 +45,9 @@ pub enum Action {
     Redrive,
     Decide,
     Checkpoint,
+    /// Time travel and what-if: replays of a shard's whole journal (an auditor's or an
+    /// operator's, not a viewer's: each one costs a core for minutes).
+    Replay,
 }
 
 /// The caller.
@@ -74,6 +77,7 @@ impl Identity {
             Action::Cancel | Action::Redrive => has(Role::Operator),
             Action::Decide => has(Role::Approver),
             Action::Checkpoint => has(Role::Admin),
+            Action::Replay => has(Role::Auditor) || has(Role::Operator),
         }
     }
 

@@ -608,6 +608,12 @@ impl Processor {
         if current == Some(&wanted) {
             return Ok(());
         }
+        crate::shard::check_moves(
+            &self.config.settings,
+            self.engine.state(),
+            &self.config.rules,
+            self.shard,
+        )?;
         info!(
             policy_snapshot = %wanted.policy_snapshot,
             rules_id = %wanted.rules_id,
@@ -618,7 +624,7 @@ impl Processor {
             partition: -1,
             offset: i64::try_from(self.engine.state().entries).unwrap_or(i64::MAX),
         };
-        let now = wall_clock_ms().max(self.engine.state().clock);
+        let now = reconfigure_time(self.engine.state());
         let mut recovery = Recovery::default();
         self.drain(&mut recovery)
             .and_then(|()| self.process_input(cause, now, Input::Reconfigure(wanted), None))
@@ -1752,6 +1758,13 @@ fn encode_or_fail<T: Record>(framing: &Framing, topic: &str, value: &T) -> Resul
     })
 }
 
+/// The log time a Reconfigure is decided at: the scheduler's own time (the last entry's),
+/// never a host's clock. A host clock ahead of the broker would otherwise move scheduler
+/// time forward and shift every timer judged after it.
+fn reconfigure_time(state: &ksched_core::state::State) -> i64 {
+    state.clock
+}
+
 pub(crate) fn wall_clock_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -1826,6 +1839,19 @@ impl<'a> Phase<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A Reconfigure is decided at scheduler time, never at the host's: a host clock ahead
+    /// of the broker would move every timer judged after it.
+    #[test]
+    fn a_reconfigure_is_decided_at_the_schedulers_time_not_the_hosts() {
+        let mut state = State::new();
+        state.clock = 1_000;
+        assert_eq!(reconfigure_time(&state), 1_000);
+        assert!(
+            wall_clock_ms() > 1_000_000,
+            "the host's clock is not what decides"
+        );
+    }
 
     /// The transaction's end waits until the reports catch up with the sends: not before
     /// (a record sent and not reported keeps it waiting until its deadline), and it is woken

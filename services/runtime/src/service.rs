@@ -89,6 +89,7 @@ impl Scheduler {
         config.framing = Arc::new(framing);
         config.rules.dispatch_partitions = dispatch_partitions(&settings, &topics)?;
         let count = settings.topics.journal_partitions;
+        config.rules.shards = Some(u32::try_from(count).unwrap_or(1));
         let shards = Shards::new(count);
         let stores: Vec<Store> = (0..count)
             .map(|s| store.for_partition(u16::try_from(s).unwrap_or(0)))

@@ -306,6 +306,18 @@ pub struct HttpSettings {
     pub jwt: Option<JwtSettings>,
     /// Serve the API over TLS. Default none (plain HTTP).
     pub tls: Option<TlsSettings>,
+    /// Most connections open at once; beyond it new ones wait to be accepted. Default 1024.
+    pub max_connections: usize,
+    /// A connection must send a request's headers within this long of connecting (or of
+    /// its previous response), and its body within this long of the headers; otherwise it
+    /// is closed. Default 10000 (10 s).
+    pub request_read_timeout_ms: u64,
+    /// The console's time travel and what-if run in a child process (`ksched
+    /// replay-child`), killed after this long. Default 300000 (5 min).
+    pub replay_timeout_ms: u64,
+    /// The child's resident memory limit, in bytes (it is killed beyond): a what-if holds
+    /// two projections of the shard in memory. Default 4294967296 (4 GiB).
+    pub replay_memory_limit_bytes: u64,
 }
 
 /// `http.jwt`: bearer JWTs an OIDC issuer signed.
@@ -371,6 +383,10 @@ impl Default for HttpSettings {
             max_body_bytes: 64 * 1024,
             jwt: None,
             tls: None,
+            max_connections: 1024,
+            request_read_timeout_ms: 10_000,
+            replay_timeout_ms: 300_000,
+            replay_memory_limit_bytes: 4 << 30,
         }
     }
 }
@@ -523,6 +539,11 @@ impl PoolsFile {
             .iter()
             .filter_map(|(t, p)| Some((t.clone(), p.tenants()?.to_vec())))
             .collect();
+        rules.topic_principals = self
+            .topics
+            .iter()
+            .filter_map(|(t, p)| Some((t.clone(), p.principal()?.to_owned())))
+            .collect();
         rules.pools = self.pools.clone();
         rules.tenants = self.tenants.clone();
     }
@@ -549,20 +570,26 @@ impl OneOrMany {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(
     untagged,
-    expecting = "a pool, a list of pools, or {pools: [...], tenants: [...]} (no other keys)"
+    expecting = "a pool, a list of pools, or {pools: [...], tenants: [...], principal: ...} (no other keys)"
 )]
 pub enum TopicRoute {
     Pools(OneOrMany),
     Bound(BoundTopic),
 }
 
-/// `{pools: [batch, default], tenants: [acme]}`.
+/// `{pools: [batch, default], tenants: [acme], principal: acme-producer}`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BoundTopic {
     pub pools: OneOrMany,
     /// Tenants whose jobs the topic carries; their job ids start with `<tenant_id>:`.
+    #[serde(default)]
     pub tenants: Vec<String>,
+    /// The principal that produces the topic (the only one its ACL lets write): its jobs are
+    /// that principal's (`principal_id` filled in; another is refused), so four eyes knows
+    /// who submitted them. Optional.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub principal: Option<String>,
 }
 
 impl TopicRoute {
@@ -575,7 +602,15 @@ impl TopicRoute {
     pub fn tenants(&self) -> Option<&[String]> {
         match self {
             TopicRoute::Pools(_) => None,
+            TopicRoute::Bound(b) if b.tenants.is_empty() => None,
             TopicRoute::Bound(b) => Some(&b.tenants),
+        }
+    }
+
+    pub fn principal(&self) -> Option<&str> {
+        match self {
+            TopicRoute::Pools(_) => None,
+            TopicRoute::Bound(b) => b.principal.as_deref(),
         }
     }
 }
@@ -970,6 +1005,17 @@ impl Settings {
             }
             if self.http.max_body_bytes == 0 {
                 return bad("http.max_body_bytes must be positive".into());
+            }
+            if self.http.max_connections == 0 || self.http.request_read_timeout_ms == 0 {
+                return bad(
+                    "http.max_connections and http.request_read_timeout_ms must be positive".into(),
+                );
+            }
+            if self.http.replay_timeout_ms == 0 || self.http.replay_memory_limit_bytes < 256 << 20 {
+                return bad(
+                    "http.replay_timeout_ms must be positive and http.replay_memory_limit_bytes at least 268435456 (256 MiB)"
+                        .into(),
+                );
             }
         }
         Ok(())

@@ -154,6 +154,177 @@ impl Shard {
     }
 }
 
+/// A job topic that another shard takes under new rules than under the rules in force.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Move {
+    pub topic: String,
+    pub pools: Vec<String>,
+    pub from: u32,
+    pub to: u32,
+}
+
+/// The job topics whose shard differs between `old` (the rules in force, as journaled) and
+/// `new` (with `count` shards), among those `shard` took or takes; none when `old` does not
+/// say how many shards it was put in force with.
+pub fn moves(old: &Rules, new: &Rules, count: u32, shard: u32) -> Vec<Move> {
+    let Some(old_count) = old.shards else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for topic in old.topics.keys() {
+        let (Some(from), Some(to)) = (
+            shard_of_topic(old, topic, old_count),
+            shard_of_topic(new, topic, count),
+        ) else {
+            continue;
+        };
+        if from != to && (from == shard || to == shard) {
+            out.push(Move {
+                topic: topic.clone(),
+                pools: new.topics.get(topic).cloned().unwrap_or_default(),
+                from,
+                to,
+            });
+        }
+    }
+    out
+}
+
+/// Refuses to put `new` in force on `shard` when that would run jobs twice or lose their
+/// results: a job topic moving away while this shard still holds unfinished jobs of it (its
+/// pools are no longer here to run them, their results would reach a shard that does not
+/// hold them); a job topic moving here while this shard's consumer group has no position on
+/// it as far as the other shard's (it would read the topic from the beginning and run every
+/// retained job again); a change of the shard count while jobs are out on workers (their
+/// results are answered on partitions another shard may read). The error names the topics,
+/// the pools and what to do.
+pub fn check_moves(
+    settings: &crate::settings::Settings,
+    state: &ksched_core::state::State,
+    new: &Rules,
+    shard: Shard,
+) -> crate::error::Result<()> {
+    let refuse = |detail: String| {
+        Err(crate::error::Error::Config {
+            source_name: "pools.yaml (shards)".into(),
+            detail,
+        })
+    };
+    let Some(current) = state.config.as_ref() else {
+        return Ok(());
+    };
+    let old = &current.rules;
+    for m in moves(old, new, shard.count, shard.id) {
+        if m.from == shard.id {
+            let unfinished = state
+                .jobs
+                .iter_any_order()
+                .filter(|(_, j)| !j.state.is_terminal() && j.request.topic == m.topic)
+                .count();
+            if unfinished > 0 {
+                return refuse(format!(
+                    "job topic {} (pools {}) would move from shard {} to shard {}, but shard {} still holds {unfinished} unfinished jobs of it, which only it can run and hear from; keep its pools on shard {} (pools.yaml `shard: {}`) until they end (`ksched jobs list --topic {} --state PENDING`, and RUNNING), stop producing to it, then move it",
+                    m.topic,
+                    m.pools.join(", "),
+                    m.from,
+                    m.to,
+                    m.from,
+                    m.from,
+                    m.from,
+                    m.topic
+                ));
+            }
+        } else if let Some(missing) = positions_behind(settings, &m)? {
+            let group = Shard::new(i32::try_from(m.to).unwrap_or(0), 1)
+                .input_group(&settings.processor.group_id);
+            return refuse(format!(
+                "job topic {} (pools {}) would move from shard {} to shard {}, whose consumer group {group} has no position on it as far as shard {}'s: it would read the topic from the beginning and run its retained jobs again. Once shard {} has no unfinished job of it and nothing is produced to it, hand the position over: {}",
+                m.topic,
+                m.pools.join(", "),
+                m.from,
+                m.to,
+                m.from,
+                m.from,
+                missing
+                    .iter()
+                    .map(|(p, o)| format!(
+                        "kafka-consumer-groups.sh --bootstrap-server {} --group {group} --topic {}:{p} --reset-offsets --to-offset {o} --execute",
+                        settings.kafka.bootstrap_servers, m.topic
+                    ))
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            ));
+        }
+    }
+    if let Some(before) = old.shards
+        && before != shard.count
+    {
+        let out = state
+            .jobs
+            .iter_any_order()
+            .filter(|(_, j)| j.state.is_active())
+            .count();
+        if out > 0 {
+            return refuse(format!(
+                "the shard count would change from {before} to {} (topics.journal_partitions) while shard {} has {out} jobs out on workers, whose results are answered on partitions another shard would read; let them end first (stop producing, wait for `ksched jobs list --state RUNNING` to be empty)",
+                shard.count, shard.id
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The partitions of a moving topic on which the joining shard's group has no committed
+/// position as far as the leaving shard's, with the offsets to hand over; None when it has
+/// them all.
+fn positions_behind(
+    settings: &crate::settings::Settings,
+    m: &Move,
+) -> crate::error::Result<Option<Vec<(i32, i64)>>> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let group_of = |id: u32| {
+        Shard::new(i32::try_from(id).unwrap_or(0), 1).input_group(&settings.processor.group_id)
+    };
+    let timeout = std::time::Duration::from_secs(10);
+    let committed = |group: String| -> crate::error::Result<BTreeMap<i32, i64>> {
+        let consumer: BaseConsumer = crate::topics::client_config(settings)
+            .set("group.id", &group)
+            .set("enable.auto.commit", "false")
+            .create()
+            .map_err(crate::error::kafka(
+                "creating a consumer to read group positions",
+            ))?;
+        let meta = consumer
+            .fetch_metadata(Some(&m.topic), timeout)
+            .map_err(crate::error::kafka("reading a job topic's partitions"))?;
+        let mut tpl = rdkafka::TopicPartitionList::new();
+        for t in meta.topics() {
+            for p in t.partitions() {
+                tpl.add_partition(&m.topic, p.id());
+            }
+        }
+        let offsets = consumer
+            .committed_offsets(tpl, timeout)
+            .map_err(crate::error::kafka("reading a consumer group's positions"))?;
+        Ok(offsets
+            .elements()
+            .iter()
+            .filter_map(|e| match e.offset() {
+                rdkafka::Offset::Offset(o) => Some((e.partition(), o)),
+                _ => None,
+            })
+            .collect())
+    };
+    let leaving = committed(group_of(m.from))?;
+    let joining = committed(group_of(m.to))?;
+    let missing: Vec<(i32, i64)> = leaving
+        .iter()
+        .filter(|(p, o)| joining.get(p).is_none_or(|j| j < o))
+        .map(|(p, o)| (*p, *o))
+        .collect();
+    Ok((!missing.is_empty()).then_some(missing))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -224,6 +395,36 @@ mod tests {
         let mut sorted = results.clone();
         sorted.sort();
         assert_eq!(sorted, vec![0, 1, 2, 3]);
+    }
+
+    #[test]
+    fn a_topic_whose_pool_moves_to_another_shard_is_found_by_both_shards() {
+        let mut old = rules();
+        old.shards = Some(2);
+        let mut new = rules();
+        new.pools.get_mut("b").unwrap().shard = Some(0);
+        let expect = vec![Move {
+            topic: "jobs-b".into(),
+            pools: vec!["b".into()],
+            from: 1,
+            to: 0,
+        }];
+        assert_eq!(moves(&old, &new, 2, 1), expect, "the shard it leaves");
+        assert_eq!(moves(&old, &new, 2, 0), expect, "the shard it joins");
+        assert!(moves(&old, &old, 2, 0).is_empty());
+        // Rules journaled before the shard count was recorded are not judged.
+        let mut unknown = old.clone();
+        unknown.shards = None;
+        assert!(moves(&unknown, &new, 2, 1).is_empty());
+        // A change of the shard count moves the topics of hashed pools.
+        let mut hashed = Rules::default();
+        for p in ["p0", "p1", "p2", "p3", "p4", "p5"] {
+            hashed.pools.insert(p.into(), PoolRules::default());
+            hashed.topics.insert(format!("t-{p}"), vec![p.into()]);
+        }
+        hashed.shards = Some(1);
+        let moved: usize = (0..3).map(|s| moves(&hashed, &hashed, 3, s).len()).sum();
+        assert!(moved > 0, "going from 1 to 3 shards moves some topics");
     }
 
     #[test]

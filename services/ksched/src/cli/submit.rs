@@ -29,6 +29,8 @@ pub(crate) struct SubmitArgs {
     /// Tenant (default: default).
     #[arg(long)]
     pub tenant: Option<String>,
+    /// Who submits it: what four eyes compare an approver with (default: the login name,
+    /// `$USER`; a topic bound to its producer names its own instead).
     #[arg(long)]
     pub principal: Option<String>,
     /// critical, interactive or batch (default: batch).
@@ -182,7 +184,11 @@ pub(crate) fn build(args: &SubmitArgs, now_ms: i64) -> Result<JobRequest, Failur
             .or(file.topic)
             .unwrap_or_else(|| "job.default".to_owned()),
         tenant_id,
-        principal_id: args.principal.clone().or(file.principal_id),
+        principal_id: args
+            .principal
+            .clone()
+            .or(file.principal_id)
+            .or_else(login_name),
         priority: prio,
         labels,
         env,
@@ -288,4 +294,13 @@ pub(crate) fn submit(t: &Target, args: SubmitArgs) -> CliResult {
         Format::Table => println!("{}", request.job_id),
     }
     Ok(())
+}
+
+/// The submitter when none is named: the user running the command.
+fn login_name() -> Option<String> {
+    ["USER", "LOGNAME"]
+        .iter()
+        .find_map(|k| std::env::var(k).ok())
+        .map(|u| u.trim().to_owned())
+        .filter(|u| !u.is_empty())
 }

@@ -35,6 +35,26 @@ mod console;
 
 /// Most jobs one list request returns.
 pub const MAX_LIMIT: usize = 10_000;
+/// Most jobs (or dead letters) one list request reads per shard: a filter that matches few
+/// returns a page with fewer than `limit` jobs and a `next_after` to continue from.
+pub const MAX_SCANNED: usize = 50_000;
+/// Reads that grow with the backlog or the journal (job lists, tenant usage, a job's
+/// journal window) at once; more wait for a turn, up to `HEAVY_READ_WAIT`.
+const HEAVY_READS: usize = 2;
+const HEAVY_READ_WAIT: Duration = Duration::from_secs(10);
+
+static HEAVY: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(HEAVY_READS);
+
+/// A turn for a heavy read, or 503 when none came within `HEAVY_READ_WAIT`.
+async fn heavy_read() -> ApiResult<tokio::sync::SemaphorePermit<'static>> {
+    match tokio::time::timeout(HEAVY_READ_WAIT, HEAVY.acquire()).await {
+        Ok(Ok(p)) => Ok(p),
+        _ => Err(ApiError(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too many large reads at once; try again in a moment".into(),
+        )),
+    }
+}
 /// Jobs a list request returns without `limit`.
 pub const DEFAULT_LIMIT: usize = 100;
 
@@ -60,6 +80,11 @@ pub struct Api {
     journal_client: rdkafka::ClientConfig,
     /// Served over TLS: the console's cookie is `Secure`, and its pages' origin `https`.
     secure_cookies: bool,
+    /// How the console's time travel and what-if run (a child process).
+    replays: crate::audit::isolated::ChildLimits,
+    /// `http.request_read_timeout_ms`.
+    read_timeout: Duration,
+    max_connections: usize,
 }
 
 impl std::fmt::Debug for Api {
@@ -107,6 +132,14 @@ impl Api {
             // The processor's principal reads the journal here: its group, not the auditors'.
             journal_client: crate::replay::reader_client(settings, "console"),
             secure_cookies: settings.http.tls.is_some(),
+            replays: crate::audit::isolated::ChildLimits {
+                // The `ksched` binary, which has the `replay-child` subcommand.
+                program: std::env::current_exe().unwrap_or_else(|_| "ksched".into()),
+                memory_limit_bytes: settings.http.replay_memory_limit_bytes,
+                timeout: Duration::from_millis(settings.http.replay_timeout_ms),
+            },
+            read_timeout: Duration::from_millis(settings.http.request_read_timeout_ms),
+            max_connections: settings.http.max_connections,
             kafka_ok: Mutex::new((None, false)),
             tick_stale_ms: i64::try_from(settings.processor.tick_interval_ms.saturating_mul(5))
                 .unwrap_or(i64::MAX)
@@ -167,6 +200,8 @@ fn require(id: &Identity, action: Action) -> ApiResult<()> {
                 Action::Redrive => "redrive dead-lettered jobs (role operator)",
                 Action::Decide => "approve or reject jobs (role approver)",
                 Action::Checkpoint => "take checkpoints (role admin)",
+                Action::Replay =>
+                    "replay the journal: time travel, what-if (role auditor or operator)",
             }
         )))
     }
@@ -202,6 +237,11 @@ pub fn router(api: Arc<Api>) -> Router {
             unless_stopped,
         ))
         .layer(axum::middleware::from_fn_with_state(api.clone(), guard))
+        .layer(axum::middleware::from_fn_with_state(
+            api.clone(),
+            read_body_in_time,
+        ))
+        .layer(axum::middleware::from_fn(secure_headers))
         .layer(DefaultBodyLimit::max(api.max_body_bytes))
         .with_state(api)
 }
@@ -251,6 +291,31 @@ async fn guard(
     }
 }
 
+/// Headers on every response: no MIME sniffing, no framing by another site (clickjacking of
+/// the console's forms), and nothing kept in caches (pages and answers show jobs and who
+/// may act on them).
+async fn secure_headers(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let mut r = next.run(req).await;
+    let h = r.headers_mut();
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        header::HeaderValue::from_static("nosniff"),
+    );
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        header::HeaderValue::from_static("frame-ancestors 'none'"),
+    );
+    h.insert(
+        header::X_FRAME_OPTIONS,
+        header::HeaderValue::from_static("DENY"),
+    );
+    h.insert(
+        header::CACHE_CONTROL,
+        header::HeaderValue::from_static("no-store"),
+    );
+    r
+}
+
 /// An instance that stopped for good (another took over) says so instead of answering from
 /// a projection that no longer moves; health and metrics stay up.
 async fn unless_stopped(
@@ -271,6 +336,12 @@ async fn unless_stopped(
 }
 
 /// Serves the API on `listen` until `shutdown` resolves, over TLS when `tls` is given.
+///
+/// Hostile clients get little: at most `http.max_connections` connections at once (the
+/// next ones wait in the listen backlog), and a connection that does not send a request's
+/// headers within `http.request_read_timeout_ms` of connecting or of its last response,
+/// or a body within as long after its headers, is closed ([`read_body_in_time`]). A TLS
+/// handshake has its own timeout.
 pub async fn serve(
     listen: &str,
     tls: Option<Arc<rustls::ServerConfig>>,
@@ -283,18 +354,23 @@ pub async fn serve(
         .map_err(crate::error::io(format!(
             "binding the HTTP API to {listen}"
         )))?;
-    let Some(tls) = tls else {
-        info!(listen, "HTTP API listening");
-        return axum::serve(listener, router(api))
-            .with_graceful_shutdown(shutdown)
-            .await
-            .map_err(crate::error::io("serving the HTTP API"));
-    };
-    info!(listen, "HTTP API listening over TLS");
-    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    match &tls {
+        Some(_) => info!(listen, "HTTP API listening over TLS"),
+        None => info!(listen, "HTTP API listening"),
+    }
+    let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
+    let read_timeout = api.read_timeout;
+    let slots = Arc::new(tokio::sync::Semaphore::new(api.max_connections));
     let app = router(api);
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
+        let slot = tokio::select! {
+            _ = &mut shutdown => return Ok(()),
+            slot = slots.clone().acquire_owned() => match slot {
+                Ok(s) => s,
+                Err(_) => return Ok(()),
+            },
+        };
         let (stream, peer) = tokio::select! {
             _ = &mut shutdown => return Ok(()),
             accepted = listener.accept() => match accepted {
@@ -309,29 +385,80 @@ pub async fn serve(
         };
         let (acceptor, app) = (acceptor.clone(), app.clone());
         tokio::spawn(async move {
-            let tls =
-                match tokio::time::timeout(crate::tls::HANDSHAKE_TIMEOUT, acceptor.accept(stream))
-                    .await
-                {
-                    Ok(Ok(s)) => s,
-                    Ok(Err(e)) => {
-                        debug!(%peer, error = %e, "TLS handshake refused");
-                        return;
-                    }
-                    Err(_) => {
-                        debug!(%peer, "TLS handshake timed out");
-                        return;
-                    }
-                };
-            let service = hyper_util::service::TowerToHyperService::new(app);
-            if let Err(e) = hyper::server::conn::http1::Builder::new()
-                .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
-                .await
+            let _slot = slot;
+            let Some(acceptor) = acceptor else {
+                return serve_connection(stream, app, read_timeout, peer).await;
+            };
+            match tokio::time::timeout(crate::tls::HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await
             {
-                debug!(%peer, error = %e, "HTTP API connection ended");
+                Ok(Ok(s)) => serve_connection(s, app, read_timeout, peer).await,
+                Ok(Err(e)) => debug!(%peer, error = %e, "TLS handshake refused"),
+                Err(_) => debug!(%peer, "TLS handshake timed out"),
             }
         });
     }
+}
+
+/// One HTTP/1.1 connection, with the header read timeout.
+async fn serve_connection<S>(
+    stream: S,
+    app: Router,
+    read_timeout: Duration,
+    peer: std::net::SocketAddr,
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let service = hyper_util::service::TowerToHyperService::new(app);
+    if let Err(e) = hyper::server::conn::http1::Builder::new()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(read_timeout)
+        .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+        .await
+    {
+        debug!(%peer, error = %e, "HTTP API connection ended");
+    }
+}
+
+/// Reads a request's whole body, within `http.request_read_timeout_ms` and
+/// `http.max_body_bytes`, before any handler sees it: a client that sends its body a byte
+/// at a time is answered 408 and closed instead of holding a task and a connection.
+async fn read_body_in_time(
+    AxState(api): AxState<Arc<Api>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let (parts, body) = req.into_parts();
+    let read = axum::body::to_bytes(body, api.max_body_bytes);
+    let bytes = match tokio::time::timeout(api.read_timeout, read).await {
+        Ok(Ok(b)) => b,
+        Ok(Err(_)) => {
+            return ApiError(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!(
+                    "the request body is larger than {} bytes (http.max_body_bytes), or broken",
+                    api.max_body_bytes
+                ),
+            )
+            .into_response();
+        }
+        Err(_) => {
+            let mut r = ApiError(
+                StatusCode::REQUEST_TIMEOUT,
+                "the request body did not arrive in time (http.request_read_timeout_ms)".into(),
+            )
+            .into_response();
+            r.headers_mut().insert(
+                header::CONNECTION,
+                header::HeaderValue::from_static("close"),
+            );
+            return r;
+        }
+    };
+    next.run(axum::extract::Request::from_parts(
+        parts,
+        axum::body::Body::from(bytes),
+    ))
+    .await
 }
 
 async fn live() -> axum::Json<Value> {
@@ -374,12 +501,32 @@ async fn ready(AxState(api): AxState<Arc<Api>>) -> Response {
     (code, axum::Json(body)).into_response()
 }
 
-async fn metrics(AxState(api): AxState<Arc<Api>>) -> Response {
+/// `/metrics`, to an allowed `Host` or an IP address: DNS rebinding needs a name, and a
+/// scraper addresses a pod by its IP.
+async fn metrics(AxState(api): AxState<Arc<Api>>, headers: axum::http::HeaderMap) -> Response {
+    let host = headers.get(header::HOST).and_then(|v| v.to_str().ok());
+    if !host_allowed(host, &api.allowed_hosts) && !host.is_some_and(is_ip_literal) {
+        return bad_request(format!(
+            "Host {:?} is not one this API answers (http.allowed_hosts)",
+            host.unwrap_or("")
+        ))
+        .into_response();
+    }
     (
         [("content-type", "text/plain; version=0.0.4")],
         api.shards.render_metrics(),
     )
         .into_response()
+}
+
+/// Whether a `Host` header (with or without a port) is an IP address, not a name.
+fn is_ip_literal(host: &str) -> bool {
+    host.parse::<std::net::SocketAddr>().is_ok()
+        || host.parse::<std::net::IpAddr>().is_ok()
+        || host
+            .strip_prefix('[')
+            .and_then(|h| h.strip_suffix(']'))
+            .is_some_and(|h| h.parse::<std::net::Ipv6Addr>().is_ok())
 }
 
 /// A job as the API and the CLI show it (secret env values hidden, payload as its size).
@@ -539,34 +686,46 @@ async fn jobs_query(
     let stores = api.stores.clone();
     let after = q.get("after").cloned();
     let active_only = state.is_some_and(|s| !s.is_terminal());
-    // Each shard's first `limit` after `after`, merged in id order: the first `limit` of
-    // the union.
-    let jobs = tokio::task::spawn_blocking(move || {
+    // Held by the blocking task: a request given up on still holds its turn until done.
+    let turn = heavy_read().await?;
+    let (jobs, next) = tokio::task::spawn_blocking(move || {
+        let _turn = turn;
+        // Each shard's first `limit` after `after`, each scan bounded: the union's first
+        // `limit` below the point every shard has been read to.
         let mut jobs = Vec::new();
+        let mut read_to: Option<String> = None;
         for store in &stores {
-            if active_only {
+            let scanned = if active_only {
                 // Non-terminal states are served from the active index, not a full scan.
-                jobs.extend(
-                    store
-                        .active_jobs()?
-                        .into_iter()
-                        .filter(|(id, j)| after.as_ref().is_none_or(|a| id > a) && keep(id, j))
-                        .take(limit),
-                );
+                store.scan_active_jobs(after.as_deref(), limit, MAX_SCANNED, &keep)?
             } else {
-                jobs.extend(store.scan_jobs(after.as_deref(), limit, &keep)?);
+                store.scan_jobs(after.as_deref(), limit, MAX_SCANNED, &keep)?
+            };
+            let shard_read_to = match (&scanned.stopped_after, scanned.jobs.len() == limit) {
+                (Some(last), _) => Some(last.clone()),
+                (None, true) => scanned.jobs.last().map(|(id, _)| id.clone()),
+                (None, false) => None,
+            };
+            if let Some(r) = shard_read_to {
+                read_to = Some(read_to.map_or(r.clone(), |t: String| t.min(r)));
             }
+            jobs.extend(scanned.jobs);
         }
         jobs.sort_by(|a, b| a.0.cmp(&b.0));
+        if let Some(r) = &read_to {
+            jobs.retain(|(id, _)| id <= r);
+        }
         jobs.truncate(limit);
-        Ok::<_, ksched_store::Error>(jobs)
+        let next = if jobs.len() == limit {
+            jobs.last().map(|(id, _)| id.clone())
+        } else {
+            read_to
+        };
+        Ok::<_, ksched_store::Error>((jobs, next))
     })
     .await
     .map_err(internal)?
     .map_err(internal)?;
-    let next = (jobs.len() == limit)
-        .then(|| jobs.last().map(|(id, _)| id.clone()))
-        .flatten();
     Ok((jobs, next))
 }
 
@@ -659,9 +818,16 @@ fn decider(caller: &Identity, named: Option<String>) -> ApiResult<String> {
     Ok(approver)
 }
 
-/// The job an approval or rejection by `approver` is about, if it awaits one and the
-/// approver did not submit it (four eyes, `http.four_eyes`).
-fn awaiting_approval(api: &Api, caller: &Identity, id: &str, approver: &str) -> ApiResult<Job> {
+/// The job an approval (`approving`) or rejection by `approver` is about, if it awaits one
+/// and the approver did not submit it, nor, for an approval, may have (four eyes,
+/// `http.four_eyes`).
+fn awaiting_approval(
+    api: &Api,
+    caller: &Identity,
+    id: &str,
+    approver: &str,
+    approving: bool,
+) -> ApiResult<Job> {
     let job = load_job(api, caller, id)?;
     if job.state != JobState::ApprovalRequired {
         return Err(ApiError(
@@ -669,7 +835,17 @@ fn awaiting_approval(api: &Api, caller: &Identity, id: &str, approver: &str) -> 
             format!("job {id} is {}, not awaiting approval", job.state),
         ));
     }
-    if api.four_eyes && job.request.principal_id.as_deref() == Some(approver) {
+    let submitter = job
+        .request
+        .principal_id
+        .as_deref()
+        .filter(|p| !p.trim().is_empty());
+    if api.four_eyes && approving && submitter.is_none() {
+        return Err(forbidden(format!(
+            "job {id} names no submitter (principal_id): four eyes (http.four_eyes) cannot tell the submitter from an approver"
+        )));
+    }
+    if api.four_eyes && submitter == Some(approver) {
         return Err(forbidden(format!(
             "{approver} submitted job {id}: another approver must decide (four eyes, http.four_eyes)"
         )));
@@ -698,7 +874,7 @@ async fn approve(
 async fn approve_job(api: &Api, caller: &Identity, id: &str, b: ApproveBody) -> ApiResult<Value> {
     let id = id.to_owned();
     let approver = decider(caller, b.approver)?;
-    let job = awaiting_approval(api, caller, &id, &approver)?;
+    let job = awaiting_approval(api, caller, &id, &approver, true)?;
     let record = ApproveJob {
         job_id: id.clone(),
         job_hash: job.job_hash.clone(),
@@ -737,7 +913,7 @@ async fn reject(
 
 async fn reject_job(api: &Api, caller: &Identity, id: &str, b: RejectBody) -> ApiResult<Value> {
     let approver = decider(caller, b.approver)?;
-    awaiting_approval(api, caller, id, &approver)?;
+    awaiting_approval(api, caller, id, &approver, false)?;
     let record = RejectJob {
         job_id: id.to_owned(),
         approver,
@@ -852,11 +1028,24 @@ async fn redrive_job(api: &Api, caller: &Identity, id: &str, b: RedriveBody) -> 
     let new_job_id = b
         .new_job_id
         .unwrap_or_else(|| format!("{id}.redrive-{now}"));
-    if find_job(api, &Identity::local(), &new_job_id).is_ok() {
-        return Err(ApiError(
-            StatusCode::CONFLICT,
-            format!("job {new_job_id} exists already; choose another new_job_id"),
-        ));
+    match find_job(api, caller, &new_job_id) {
+        Ok(_) => {
+            return Err(ApiError(
+                StatusCode::CONFLICT,
+                format!("job {new_job_id} exists already; choose another new_job_id"),
+            ));
+        }
+        // Another tenant's job is "not found", like any id the caller may not see: a new
+        // id in its namespace is refused as such, not told apart from a free one.
+        Err(e) if e.0 == StatusCode::NOT_FOUND => {
+            let foreign_namespace = new_job_id
+                .split_once(':')
+                .is_some_and(|(tenant, _)| !caller.sees(tenant));
+            if foreign_namespace || find_job(api, &Identity::local(), &new_job_id).is_ok() {
+                return Err(not_found(&new_job_id));
+            }
+        }
+        Err(e) => return Err(e),
     }
     let record = RedriveJob {
         job_id: id.to_owned(),
@@ -934,65 +1123,79 @@ async fn dlq(
 ) -> ApiResult {
     only(&q, &["reason", "job_id", "limit"])?;
     let limit = limit_of(&q)?;
-    let (list, counts) = dead_letters(
+    let list = dead_letters(
         &api,
         &caller,
-        q.get("reason").map(String::as_str),
-        q.get("job_id").map(String::as_str),
+        q.get("reason").cloned(),
+        q.get("job_id").cloned(),
         limit,
-    )?;
+    )
+    .await?;
+    let counts = dead_letter_counts(&api, &caller)?;
     Ok(axum::Json(json!({
         "dead_letters": list.iter().map(dead_letter_view).collect::<Vec<_>>(),
         "counts_by_reason": counts.map_or(Value::Null, |c| json!(c)),
     })))
 }
 
-/// The dead letters `caller` sees, newest first across shards, filtered by reason and job;
-/// and the counts by reason, for a caller who sees every tenant (they span them all).
-type DeadLetters = (
-    Vec<DeadLetter>,
-    Option<std::collections::BTreeMap<String, u64>>,
-);
-
-fn dead_letters(
+/// The dead letters `caller` sees, newest first across shards, filtered by reason and job,
+/// each shard read newest first for at most [`MAX_SCANNED`] of them, on a blocking thread.
+async fn dead_letters(
     api: &Api,
     caller: &Identity,
-    reason: Option<&str>,
-    job_id: Option<&str>,
+    reason: Option<String>,
+    job_id: Option<String>,
     limit: usize,
-) -> ApiResult<DeadLetters> {
+) -> ApiResult<Vec<DeadLetter>> {
     require(caller, Action::Read)?;
-    let mut all = Vec::new();
-    for store in &api.stores {
-        all.extend(store.dead_letters().map_err(internal)?);
-    }
-    all.sort_by_key(|d| std::cmp::Reverse(d.at));
-    let list: Vec<DeadLetter> = all
-        .into_iter()
-        .filter(|d| caller.sees(&d.tenant_id))
-        .filter(|d| reason.is_none_or(|r| d.reason_code == r))
-        .filter(|d| job_id.is_none_or(|j| d.job_id == j))
-        .take(limit)
-        .collect();
-    let counts = if caller.sees_all() {
-        let mut counts: std::collections::BTreeMap<String, u64> = Default::default();
-        for store in &api.stores {
-            for (reason, n) in store.dead_letter_counts().map_err(internal)? {
-                *counts.entry(reason).or_default() += n;
-            }
+    let stores = api.stores.clone();
+    let caller = caller.clone();
+    // Held by the blocking task: a request given up on still holds its turn until done.
+    let turn = heavy_read().await?;
+    tokio::task::spawn_blocking(move || {
+        let _turn = turn;
+        let keep = |d: &DeadLetter| {
+            caller.sees(&d.tenant_id)
+                && reason.as_ref().is_none_or(|r| &d.reason_code == r)
+                && job_id.as_ref().is_none_or(|j| &d.job_id == j)
+        };
+        let mut all = Vec::new();
+        for store in &stores {
+            all.extend(store.dead_letters_newest(limit, MAX_SCANNED, keep)?);
         }
-        Some(counts)
-    } else {
-        None
-    };
-    Ok((list, counts))
+        all.sort_by_key(|d| std::cmp::Reverse(d.at));
+        all.truncate(limit);
+        Ok::<_, ksched_store::Error>(all)
+    })
+    .await
+    .map_err(internal)?
+    .map_err(internal)
+}
+
+/// Dead letters by reason code, counted by the projection (no dead letter is read), for a
+/// caller who sees every tenant (the counts span them all).
+fn dead_letter_counts(
+    api: &Api,
+    caller: &Identity,
+) -> ApiResult<Option<std::collections::BTreeMap<String, u64>>> {
+    require(caller, Action::Read)?;
+    if !caller.sees_all() {
+        return Ok(None);
+    }
+    let mut counts: std::collections::BTreeMap<String, u64> = Default::default();
+    for store in &api.stores {
+        for (reason, n) in store.dead_letter_counts().map_err(internal)? {
+            *counts.entry(reason).or_default() += n;
+        }
+    }
+    Ok(Some(counts))
 }
 
 async fn tenants(
     AxState(api): AxState<Arc<Api>>,
     Extension(caller): Extension<Identity>,
 ) -> ApiResult {
-    let usage = tenant_usage(&api, &caller)?;
+    let usage = tenant_usage(&api, &caller).await?;
     Ok(axum::Json(json!({
         "tenants": usage.iter().map(|(t, (running, waiting, limit))| json!({
             "tenant_id": t,
@@ -1006,26 +1209,36 @@ async fn tenants(
 /// Per tenant `caller` sees: jobs on workers, jobs waiting, and the concurrency limit.
 type TenantUsage = std::collections::BTreeMap<String, (i64, i64, Option<i32>)>;
 
-fn tenant_usage(api: &Api, caller: &Identity) -> ApiResult<TenantUsage> {
+/// Reads every non-terminal job (a backlog's worth): on a blocking thread, one of
+/// [`HEAVY_READS`].
+async fn tenant_usage(api: &Api, caller: &Identity) -> ApiResult<TenantUsage> {
     require(caller, Action::Read)?;
-    let mut active = Vec::new();
-    for store in &api.stores {
-        active.extend(store.active_jobs().map_err(internal)?);
-    }
-    let mut usage = TenantUsage::new();
-    for (_, j) in active
-        .iter()
-        .filter(|(_, j)| caller.sees(&j.request.tenant_id))
-    {
-        let e = usage
-            .entry(j.request.tenant_id.clone())
-            .or_insert((0, 0, None));
-        if j.state.is_active() {
-            e.0 += 1;
-        } else {
-            e.1 += 1;
+    let stores = api.stores.clone();
+    let caller = caller.clone();
+    // Held by the blocking task: a request given up on still holds its turn until done.
+    let turn = heavy_read().await?;
+    tokio::task::spawn_blocking(move || {
+        let _turn = turn;
+        let mut usage = TenantUsage::new();
+        for store in &stores {
+            store.scan_active_jobs(None, usize::MAX, usize::MAX, |_, j| {
+                if caller.sees(&j.request.tenant_id) {
+                    let e = usage
+                        .entry(j.request.tenant_id.clone())
+                        .or_insert((0, 0, None));
+                    if j.state.is_active() {
+                        e.0 += 1;
+                    } else {
+                        e.1 += 1;
+                    }
+                    e.2 = e.2.or(j.constraints.max_concurrent_jobs);
+                }
+                false
+            })?;
         }
-        e.2 = e.2.or(j.constraints.max_concurrent_jobs);
-    }
-    Ok(usage)
+        Ok::<_, ksched_store::Error>(usage)
+    })
+    .await
+    .map_err(internal)?
+    .map_err(internal)
 }

@@ -19,6 +19,7 @@ use crate::error::{Error, Result};
 use crate::replay::{Flow, JournalRecord, journal_watermarks, read_journal};
 
 mod export;
+pub mod isolated;
 mod rebuild;
 mod timeline;
 mod verify;

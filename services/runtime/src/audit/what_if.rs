@@ -70,6 +70,7 @@ impl Outcome {
 #[derive(Debug, Clone)]
 pub struct WhatIfRow {
     pub job_id: String,
+    pub tenant_id: String,
     pub topic: String,
     pub actual: Outcome,
     pub alternative: Outcome,
@@ -85,16 +86,17 @@ pub struct WhatIfReport {
     pub totals: BTreeMap<&'static str, usize>,
 }
 
-fn outcomes(
-    state: &State,
-    verdicts: &BTreeMap<String, Verdict>,
-) -> BTreeMap<String, (String, Outcome)> {
+/// A job's tenant and topic, and its outcome in one world.
+type Outcomes = BTreeMap<String, (String, String, Outcome)>;
+
+fn outcomes(state: &State, verdicts: &BTreeMap<String, Verdict>) -> Outcomes {
     // Into an ordered map: the job map's order does not show.
     (state.jobs.iter_any_order())
         .map(|(id, j)| {
             (
                 id.to_owned(),
                 (
+                    j.request.tenant_id.clone(),
                     j.request.topic.clone(),
                     Outcome {
                         state: Some(j.state),
@@ -120,10 +122,16 @@ fn record_verdicts(events: &[Event], verdicts: &mut BTreeMap<String, Verdict>) {
 /// outcome differs from what happened. Recorded approvals and rejections stand in the
 /// alternative world (an approval that matched its job's policy snapshot then is taken to
 /// match the snapshot the job has there). Holds both worlds in memory.
+///
+/// Only jobs of tenants `visible` accepts count, in the rows, the totals and the number of
+/// jobs: a job's tenant is the one it has in the world it exists in (its request's, the
+/// same in both), so a job that exists only in the alternative world shows only to its own
+/// tenant's callers.
 pub fn what_if(
     src: &Source,
     alt: &Alternative,
     policy: &RegoEngine,
+    visible: &dyn Fn(&str) -> bool,
     progress: impl FnMut(&Progress),
 ) -> Result<WhatIfReport> {
     let mut reporting = Reporting::start(src, progress)?;
@@ -174,12 +182,21 @@ pub fn what_if(
     })?;
     let a = outcomes(&actual, &actual_verdicts);
     let b = outcomes(&other, &other_verdicts);
-    let ids: BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+    let tenant = |id: &String| {
+        a.get(id)
+            .or_else(|| b.get(id))
+            .map_or("", |(t, _, _)| t.as_str())
+    };
+    let ids: BTreeSet<&String> = a
+        .keys()
+        .chain(b.keys())
+        .filter(|id| visible(tenant(id)))
+        .collect();
     let mut rows = Vec::new();
     let mut totals: BTreeMap<&'static str, usize> = BTreeMap::new();
     for id in &ids {
-        let (topic, x) = a.get(*id).cloned().unwrap_or_default();
-        let (topic_b, y) = b.get(*id).cloned().unwrap_or_default();
+        let (tenant_id, topic, x) = a.get(*id).cloned().unwrap_or_default();
+        let (tenant_b, topic_b, y) = b.get(*id).cloned().unwrap_or_default();
         let mut differs_in = Vec::new();
         if x.verdict != y.verdict {
             differs_in.push("verdict");
@@ -201,6 +218,11 @@ pub fn what_if(
         }
         rows.push(WhatIfRow {
             job_id: (*id).clone(),
+            tenant_id: if tenant_id.is_empty() {
+                tenant_b
+            } else {
+                tenant_id
+            },
             topic: if topic.is_empty() { topic_b } else { topic },
             actual: x,
             alternative: y,

@@ -55,6 +55,7 @@ pub(super) fn what_if(
         src,
         alternative,
         &engine,
+        &|_| true,
         super::progress_printer("what-if"),
     )
     .map_err(failed)?;
@@ -67,6 +68,7 @@ pub(super) fn what_if(
                 "totals": report.totals,
                 "rows": report.rows.iter().map(|r| json!({
                     "job_id": r.job_id,
+                    "tenant_id": r.tenant_id,
                     "topic": r.topic,
                     "differs_in": r.differs_in,
                     "actual": r.actual.to_json(),

@@ -33,9 +33,11 @@ use serde_json::Value;
 
 use super::{
     Api, ApproveBody, CancelBody, DEFAULT_LIMIT, RedriveBody, RejectBody, approve_job, cancel_job,
-    dead_letters, find_job, job_view, jobs_query, redrive_job, reject_job, tenant_usage,
+    dead_letter_counts, dead_letters, find_job, heavy_read, job_view, jobs_query, redrive_job,
+    reject_job, tenant_usage,
 };
-use crate::audit::{Alternative, Source, TimelineItem, Until, job_window, replay_until};
+use crate::audit::isolated::{self, ReplayAnswer, ReplayRequest, ReplayTask};
+use crate::audit::{Source, TimelineItem, job_window};
 use crate::auth::{Action, Denied, Identity, host_allowed};
 use crate::processor::wall_clock_ms;
 use html::{action_form, esc, flash, job_link, page, state, table, time, url};
@@ -298,8 +300,7 @@ fn stats(api: &Api, who: &Identity) -> Result<String, super::ApiError> {
         "<h2>Consumer lag</h2>{}",
         table(&["TOPIC", "RECORDS NOT PROCESSED"], &rows)
     );
-    let (_, dlq) = dead_letters(api, who, None, None, 1)?;
-    if let Some(dlq) = dlq {
+    if let Some(dlq) = dead_letter_counts(api, who)? {
         let rows: Vec<Vec<String>> = dlq
             .iter()
             .map(|(r, n)| {
@@ -602,12 +603,19 @@ async fn job(
     };
     let (from, until) = (j.accepted_at, j.updated_at.max(j.accepted_at));
     let job_id = id.clone();
-    let window = tokio::task::spawn_blocking(move || {
-        job_window(&src, &job_id, from, until, 5_000, MAX_WINDOW_ENTRIES)
-    })
-    .await;
+    // A journal read per page view: one of the few heavy reads at a time.
+    let window = match heavy_read().await {
+        Ok(turn) => tokio::task::spawn_blocking(move || {
+            let _turn = turn;
+            job_window(&src, &job_id, from, until, 5_000, MAX_WINDOW_ENTRIES)
+        })
+        .await
+        .map_err(|e| e.to_string())
+        .and_then(|r| r.map_err(|e| e.to_string())),
+        Err(e) => Err(e.1),
+    };
     let decisions = match window {
-        Ok(Ok((items, cut))) => {
+        Ok((items, cut)) => {
             let rows: String = items.iter().map(decision).collect();
             format!(
                 "<table id=\"decisions\"><thead><tr><th>OFFSET</th><th>LOG TIME (UTC)</th><th>INPUT</th><th>DECISION</th></tr></thead><tbody>{rows}</tbody></table>{}",
@@ -618,8 +626,7 @@ async fn job(
                 }
             )
         }
-        Ok(Err(e)) => flash(&format!("the journal could not be read: {e}"), true),
-        Err(e) => flash(&e.to_string(), true),
+        Err(e) => flash(&format!("the journal could not be read: {e}"), true),
     };
     let view = job_view(&id, &j);
     let fields: Vec<Vec<String>> = view
@@ -797,7 +804,7 @@ async fn workers(AxState(api): AxState<Arc<Api>>, Extension(who): Extension<Iden
 }
 
 async fn pools(AxState(api): AxState<Arc<Api>>, Extension(who): Extension<Identity>) -> Response {
-    let usage = match tenant_usage(&api, &who) {
+    let usage = match tenant_usage(&api, &who).await {
         Ok(u) => u,
         Err(e) => return failed(&who, "Pools & tenants", e),
     };
@@ -868,7 +875,16 @@ async fn dlq(
     Query(q): Query<HashMap<String, String>>,
 ) -> Response {
     let reason = q.get("reason").map(|r| r.trim()).filter(|r| !r.is_empty());
-    let (list, counts) = match dead_letters(&api, &who, reason, None, DEFAULT_LIMIT * 2) {
+    let listed = dead_letters(
+        &api,
+        &who,
+        reason.map(str::to_owned),
+        None,
+        DEFAULT_LIMIT * 2,
+    )
+    .await
+    .and_then(|list| Ok((list, dead_letter_counts(&api, &who)?)));
+    let (list, counts) = match listed {
         Ok(r) => r,
         Err(e) => return failed(&who, "DLQ", e),
     };
@@ -953,19 +969,35 @@ fn busy(who: &Identity, title: &str) -> Response {
     )
 }
 
+/// A replay for `who`, run in a child process (audit/isolated.rs), one at a time.
+async fn replay(
+    api: &Api,
+    who: &Identity,
+    shard: i32,
+    task: ReplayTask,
+) -> Result<ReplayAnswer, String> {
+    let request = ReplayRequest {
+        kafka: isolated::client_properties(&api.journal_client),
+        topic: api.topics.journal.clone(),
+        partition: shard,
+        visible_tenants: who.tenants.clone(),
+        memory_limit_bytes: 0,
+        cpu_limit_secs: 0,
+        task,
+    };
+    isolated::replay_in_child(&api.replays, request).await
+}
+
 /// Time travel: the projection of one shard as of a moment, replayed from the journal
-/// into a scratch store (as `ksched audit at`).
+/// into a scratch store (as `ksched audit at`), in a child process.
 async fn at(
     AxState(api): AxState<Arc<Api>>,
     Extension(who): Extension<Identity>,
     Query(q): Query<HashMap<String, String>>,
 ) -> Response {
-    if let Err(e) = super::require(&who, Action::Read) {
+    if let Err(e) = super::require(&who, Action::Replay) {
         return failed(&who, "Time travel", e);
     }
-    let Ok(_replay) = REPLAYS.try_acquire() else {
-        return busy(&who, "Time travel");
-    };
     let when = q.get("time").map_or("", |t| t.trim());
     let shard: i32 = q
         .get("shard")
@@ -988,32 +1020,20 @@ async fn at(
         body.push_str(&flash(&format!("{when:?} is not a time"), true));
         return Html(page("Time travel", "/ui/at", Some(&who), &body)).into_response();
     };
-    let src = Source {
-        client: api.journal_client.clone(),
-        topic: api.topics.journal.clone(),
-        partition: shard,
+    let Ok(_replay) = REPLAYS.try_acquire() else {
+        return busy(&who, "Time travel");
     };
-    let replayed = tokio::task::spawn_blocking(move || {
-        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-        let (store, last) =
-            replay_until(&src, dir.path(), Until::Time(ms)).map_err(|e| e.to_string())?;
-        let jobs = store.jobs().map_err(|e| e.to_string())?;
-        let workers = store.workers().map_err(|e| e.to_string())?;
-        Ok::<_, String>((jobs, workers, last))
-    })
-    .await
-    .map_err(|e| e.to_string())
-    .and_then(|r| r);
-    match replayed {
-        Ok((jobs, workers, last)) => {
-            let jobs: Vec<(String, Job)> = jobs
-                .into_iter()
-                .filter(|(_, j)| who.sees(&j.request.tenant_id))
-                .collect();
-            let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
-            for (_, j) in &jobs {
-                *counts.entry(j.state.as_str()).or_default() += 1;
-            }
+    let task = ReplayTask::At {
+        time_ms: ms,
+        max_jobs: 500,
+    };
+    match replay(&api, &who, shard, task).await {
+        Ok(ReplayAnswer::At {
+            last,
+            counts,
+            jobs,
+            workers,
+        }) => {
             let count_rows: Vec<Vec<String>> = counts
                 .iter()
                 .map(|(s, n)| vec![state(s), n.to_string()])
@@ -1039,11 +1059,14 @@ async fn at(
                 last.map_or("none".into(), |(o, _)| o.to_string()),
                 time(last.map(|(_, t)| t)),
                 table(&["STATE", "JOBS"], &count_rows),
-                jobs_table(&jobs.into_iter().take(500).collect::<Vec<_>>()),
+                jobs_table(&jobs),
                 table(&["WORKER", "POOL", "LIVENESS", "LOAD"], &worker_rows),
             );
         }
-        Err(e) => body.push_str(&flash(&format!("the replay failed: {e}"), true)),
+        Ok(ReplayAnswer::Failed(e)) | Err(e) => {
+            body.push_str(&flash(&format!("the replay failed: {e}"), true))
+        }
+        Ok(_) => body.push_str(&flash("the replay answered another question", true)),
     }
     Html(page("Time travel", "/ui/at", Some(&who), &body)).into_response()
 }
@@ -1064,6 +1087,9 @@ fn what_if_form(pools: &str, policy: &str, shard: i32) -> String {
 }
 
 async fn what_if_page(Extension(who): Extension<Identity>) -> Response {
+    if let Err(e) = super::require(&who, Action::Replay) {
+        return failed(&who, "What if", e);
+    }
     Html(page(
         "What if",
         "/ui/what-if",
@@ -1073,13 +1099,14 @@ async fn what_if_page(Extension(who): Extension<Identity>) -> Response {
     .into_response()
 }
 
-/// The what-if diff: jobs whose state, pool, worker or verdict would have differed.
+/// The what-if diff: jobs whose state, pool, worker or verdict would have differed. The
+/// pools and the policy are checked here; the replay runs in a child process.
 async fn what_if(
     AxState(api): AxState<Arc<Api>>,
     Extension(who): Extension<Identity>,
     Form(f): Form<HashMap<String, String>>,
 ) -> Response {
-    if let Err(e) = super::require(&who, Action::Read) {
+    if let Err(e) = super::require(&who, Action::Replay) {
         return failed(&who, "What if", e);
     }
     // Browsers send a textarea's line breaks as CRLF.
@@ -1099,20 +1126,13 @@ async fn what_if(
         error(&mut body, "give a pools.yaml, a policy, or both".into());
         return Html(page("What if", "/ui/what-if", Some(&who), &body)).into_response();
     }
-    let pools = if pools_text.is_empty() {
-        None
-    } else {
-        match crate::settings::parse_pools(&pools_text) {
-            Ok(p) => Some(p),
-            Err(e) => {
-                error(&mut body, format!("pools.yaml: {e}"));
-                return Html(page("What if", "/ui/what-if", Some(&who), &body)).into_response();
-            }
-        }
-    };
-    let policy = if policy_text.is_empty() {
-        None
-    } else {
+    if !pools_text.is_empty()
+        && let Err(e) = crate::settings::parse_pools(&pools_text)
+    {
+        error(&mut body, format!("pools.yaml: {e}"));
+        return Html(page("What if", "/ui/what-if", Some(&who), &body)).into_response();
+    }
+    if !policy_text.is_empty() {
         let bundle = ksched_policy::PolicyBundle {
             modules: BTreeMap::from([("input.rego".to_owned(), policy_text.clone())]),
             data_json: "{}".into(),
@@ -1121,32 +1141,24 @@ async fn what_if(
             error(&mut body, format!("policy: {e}"));
             return Html(page("What if", "/ui/what-if", Some(&who), &body)).into_response();
         }
-        Some(bundle)
-    };
+    }
     let Ok(_replay) = REPLAYS.try_acquire() else {
         return busy(&who, "What if");
     };
-    let src = Source {
-        client: api.journal_client.clone(),
-        topic: api.topics.journal.clone(),
-        partition: shard,
+    let task = ReplayTask::WhatIf {
+        pools_yaml: (!pools_text.is_empty()).then(|| pools_text.clone()),
+        policy_rego: (!policy_text.is_empty()).then(|| policy_text.clone()),
+        max_rows: 1_000,
     };
-    let report = tokio::task::spawn_blocking(move || {
-        let engine = ksched_policy::RegoEngine::new();
-        crate::audit::what_if(&src, &Alternative { pools, policy }, &engine, |_| {})
-            .map_err(|e| e.to_string())
-    })
-    .await
-    .map_err(|e| e.to_string())
-    .and_then(|r| r);
-    match report {
-        Ok(r) => {
-            let totals: Vec<String> = r
-                .totals
-                .iter()
-                .map(|(k, n)| format!("{n} by {k}"))
-                .collect();
-            let outcome = |o: &crate::audit::Outcome| {
+    match replay(&api, &who, shard, task).await {
+        Ok(ReplayAnswer::WhatIf {
+            jobs,
+            differing,
+            rows,
+            totals,
+        }) => {
+            let totals: Vec<String> = totals.iter().map(|(k, n)| format!("{n} by {k}")).collect();
+            let outcome = |o: &isolated::DiffOutcome| {
                 format!(
                     "{} {} {} {}",
                     o.state.map_or(String::new(), |s| state(s.as_str())),
@@ -1155,16 +1167,8 @@ async fn what_if(
                     o.verdict.map_or(String::new(), |v| format!("{v:?}")),
                 )
             };
-            let rows: Vec<Vec<String>> = r
-                .rows
+            let rows: Vec<Vec<String>> = rows
                 .iter()
-                .filter(|row| {
-                    api.stores
-                        .iter()
-                        .find_map(|s| s.job(&row.job_id).ok().flatten())
-                        .is_none_or(|j| who.sees(&j.request.tenant_id))
-                })
-                .take(1_000)
                 .map(|row| {
                     vec![
                         job_link(&row.job_id),
@@ -1177,9 +1181,7 @@ async fn what_if(
                 .collect();
             let _ = write!(
                 body,
-                "<p id=\"what-if-summary\">{} jobs replayed; {} would have ended differently{}.</p>{}",
-                r.jobs,
-                r.rows.len(),
+                "<p id=\"what-if-summary\">{jobs} jobs replayed; {differing} would have ended differently{}.</p>{}",
                 if totals.is_empty() {
                     String::new()
                 } else {
@@ -1197,7 +1199,8 @@ async fn what_if(
                 )
             );
         }
-        Err(e) => error(&mut body, format!("the replay failed: {e}")),
+        Ok(ReplayAnswer::Failed(e)) | Err(e) => error(&mut body, format!("the replay failed: {e}")),
+        Ok(_) => error(&mut body, "the replay answered another question".into()),
     }
     Html(page("What if", "/ui/what-if", Some(&who), &body)).into_response()
 }
