@@ -1,7 +1,9 @@
-//! The work one input costs when a pool's queue holds many jobs that cannot be placed (held
-//! by their tenant's limit while workers are free): a scheduling pass per heartbeat and Tick
-//! over that queue, with the bound on the jobs a pass looks at (`limits.max_scan_per_entry`,
-//! default 1000) and without it. A figure to compare before and after a change, not a test.
+//! The work one input costs when a pool's queue holds many jobs that cannot be placed while
+//! workers are free: a scheduling pass per heartbeat and Tick over that queue. Two queues:
+//! jobs held by their tenant's limit (one lane: one look per pass), and jobs each asking for
+//! a label no worker has (a lane each), with the bound on the lanes a pass holds
+//! (`limits.max_scan_per_entry`, default 100) and without it. A figure to compare before and
+//! after a change, not a test.
 //!
 //! ```text
 //! cargo run --release -p ksched-core --example blocked_queue [blocked_jobs] [inputs]
@@ -37,7 +39,7 @@ fn input(state: &mut State, offset: &mut i64, now: i64, input: Input) {
 }
 
 /// Microseconds per input (a heartbeat or a Tick, each a pass over the queue).
-fn run(blocked: usize, inputs: usize, max_scan: u32) -> f64 {
+fn run(blocked: usize, inputs: usize, max_scan: u32, distinct_labels: bool) -> f64 {
     let mut rules = Rules::default();
     rules
         .topics
@@ -77,12 +79,16 @@ fn run(blocked: usize, inputs: usize, max_scan: u32) -> f64 {
     };
     input(&mut state, &mut offset, now, Input::Heartbeat(beat("w1")));
     for i in 0..=blocked {
-        let job = JobRequest {
+        let mut job = JobRequest {
             job_id: format!("acme-{i:07}"),
             topic: "job.default".into(),
             tenant_id: "acme".into(),
             ..Default::default()
         };
+        if distinct_labels {
+            job.labels
+                .insert("placement.zone".into(), format!("nowhere-{i}"));
+        }
         input(&mut state, &mut offset, now, Input::Submit(job));
     }
     input(
@@ -118,9 +124,14 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let blocked: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(100_000);
     let inputs: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(200);
-    println!("{blocked} jobs held by their tenant's limit, {inputs} heartbeats and Ticks:");
-    for (name, bound) in [("bounded (default 1000)", 1_000), ("unbounded", u32::MAX)] {
-        let us = run(blocked, inputs, bound);
-        println!("  {name:>24}: {us:>10.1} us per input");
+    println!("{blocked} queued jobs none can place, {inputs} heartbeats and Ticks:");
+    for (queue, distinct) in [
+        ("held by their tenant's limit", false),
+        ("each asking for a label no worker has", true),
+    ] {
+        for (name, bound) in [("bounded (default 100)", 100), ("unbounded", u32::MAX)] {
+            let us = run(blocked, inputs, bound, distinct);
+            println!("  {queue:>38}, {name:>21}: {us:>10.1} us per input");
+        }
     }
 }

@@ -551,14 +551,6 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
                 state.mark_saga(&key);
             }
         }
-        Event::QueueScanned(e) => match e.resume_after() {
-            Some(k) => {
-                state.scan_from.insert(e.pool.clone(), k);
-            }
-            None => {
-                state.scan_from.remove(&e.pool);
-            }
-        },
         Event::SagaFinished(e) => {
             let key = saga_key_of(e.tenant_id.as_deref(), &e.workflow_id);
             if let Some(s) = state.sagas.get_mut(&key) {

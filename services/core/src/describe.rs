@@ -260,18 +260,6 @@ impl Event {
                     s.workflow_id, s.outcome, s.detail
                 )?;
             }
-            Event::QueueScanned(q) => match &q.resume_job_id {
-                Some(id) => write!(
-                    out,
-                    "pool {}: the pass stopped at its bound after {id}; the next goes on from there",
-                    q.pool
-                )?,
-                None => write!(
-                    out,
-                    "pool {}: the queue was looked at to its end; the next pass starts at its head",
-                    q.pool
-                )?,
-            },
             Event::SagaCompensationEnded(s) => write!(
                 out,
                 "workflow {}: compensation {} {}: {}",

@@ -585,29 +585,6 @@ pub struct SagaFinished {
     pub tenant_id: Option<String>,
 }
 
-/// A scheduling pass over a pool's queue reached `limits.max_scan_per_entry` jobs it could
-/// not place: the next pass goes on after `resume_after` (or, when it is None, the queue was
-/// looked at to its end and the next pass starts over at the head).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct QueueScanned {
-    pub pool: String,
-    /// The last job looked at: its priority rank, when it was queued, its id.
-    pub resume_rank: Option<i32>,
-    pub resume_queued_at: Option<Millis>,
-    pub resume_job_id: Option<String>,
-}
-
-impl QueueScanned {
-    /// Where the next pass goes on, if anywhere but the head.
-    pub fn resume_after(&self) -> Option<crate::state::QueueKey> {
-        Some(crate::state::QueueKey {
-            rank: u8::try_from(self.resume_rank?).ok()?,
-            queued_at: self.resume_queued_at?,
-            job_id: self.resume_job_id.clone()?,
-        })
-    }
-}
-
 /// A compensation reached a terminal state, or was refused before it became a job; the
 /// next one follows.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -705,7 +682,6 @@ pub enum Event {
     WorkerForgotten(WorkerForgotten),
     JobRedriven(JobRedriven),
     SagaCompensationEnded(SagaCompensationEnded),
-    QueueScanned(QueueScanned),
 }
 
 impl Event {
@@ -741,7 +717,6 @@ impl Event {
             Event::SagaCompensationSubmitted(_) => "SagaCompensationSubmitted",
             Event::SagaFinished(_) => "SagaFinished",
             Event::SagaCompensationEnded(_) => "SagaCompensationEnded",
-            Event::QueueScanned(_) => "QueueScanned",
             Event::IdempotencyPruned(_) => "IdempotencyPruned",
             Event::ConfigApplied(_) => "ConfigApplied",
             Event::BreakerCounted(_) => "BreakerCounted",
@@ -785,7 +760,6 @@ impl Event {
             | Event::WorkerLost(_)
             | Event::CircuitChanged(_)
             | Event::SagaFinished(_)
-            | Event::QueueScanned(_)
             | Event::IdempotencyPruned(_)
             | Event::ConfigApplied(_)
             | Event::ClockGap(_)

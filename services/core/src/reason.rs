@@ -97,6 +97,10 @@ codes! {
         /// `limits.policy_max_steps` / `limits.policy_max_memory_bytes` allow. The job is
         /// not run (fail closed); the policy, not the job, is usually what to fix.
         PolicyLimitExceeded = "policy_limit_exceeded",
+        /// The policy requires approval, four eyes are on (`http.four_eyes`), and the job
+        /// names no submitter: nobody could approve it, so it is refused at once. Bind its
+        /// topic to its producer (pools.yaml `principal:`) or have producers name themselves.
+        SubmitterUnknown = "submitter_unknown",
     }
 }
 

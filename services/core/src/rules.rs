@@ -218,12 +218,16 @@ pub struct Limits {
     /// heartbeat from a new worker id beyond it is refused (`invalid_heartbeat`), so a
     /// producer of heartbeats cannot grow memory without end. Default 10000.
     pub max_workers_per_pool: u32,
-    /// Most jobs a heartbeat may list as running (`active_job_ids`). Default 10000.
+    /// Most jobs a heartbeat may list as running (`active_job_ids`). Default 1000.
     pub max_active_job_ids: u32,
-    /// Most queued jobs one scheduling pass looks at in a pool without placing them (jobs
-    /// held by their tenant's limit or labels no worker has): half from the head of the
-    /// queue, half from where the last bounded pass stopped, so every job is reached within
-    /// a few passes while no input does work that grows with the backlog. Default 1000.
+    /// Most bytes of text a heartbeat carries (worker id, labels, capabilities, the running
+    /// jobs it lists): a worker's record is kept in memory, so a pool's workers hold at most
+    /// `max_workers_per_pool` times this. Default 16384.
+    pub max_heartbeat_bytes: u32,
+    /// Most lanes of queued jobs one scheduling pass holds in a pool (jobs that could not be
+    /// placed, one look per lane: jobs alike in tenant, limit, pools, placement labels,
+    /// preferred worker and memory are one lane); the lanes behind wait for the next pass.
+    /// Each look asks every worker of the pool. Default 100.
     pub max_scan_per_entry: u32,
 }
 
@@ -241,8 +245,9 @@ impl Default for Limits {
             policy_max_steps: 1_000_000,
             policy_max_memory_bytes: 64 * 1024 * 1024,
             max_workers_per_pool: 10_000,
-            max_active_job_ids: 10_000,
-            max_scan_per_entry: 1_000,
+            max_active_job_ids: 1_000,
+            max_heartbeat_bytes: 16 * 1024,
+            max_scan_per_entry: 100,
         }
     }
 }
@@ -407,8 +412,8 @@ impl Rules {
         if l.max_workers_per_pool < 1 {
             return err("limits.max_workers_per_pool must be at least 1".into());
         }
-        if l.max_scan_per_entry < 2 {
-            return err("limits.max_scan_per_entry must be at least 2".into());
+        if l.max_scan_per_entry < 1 {
+            return err("limits.max_scan_per_entry must be at least 1".into());
         }
         if l.policy_max_steps < 1 || l.policy_max_memory_bytes < 1024 * 1024 {
             return err(format!(

@@ -405,6 +405,11 @@ fn heartbeats_larger_than_the_limits_are_refused() {
     let mut jobs = hb("w1", "default");
     jobs.active_job_ids = (0..20_000).map(|i| format!("j{i}")).collect();
     refused(&mut sim, jobs, "limits.max_active_job_ids");
+    let mut bulky = hb("w1", "default");
+    bulky.labels = (0..60)
+        .map(|i| (format!("k{i}"), "v".repeat(1_000)))
+        .collect();
+    refused(&mut sim, bulky, "limits.max_heartbeat_bytes");
     assert!(sim.state.workers.is_empty());
     // Within the limits it is taken.
     let ev = sim.worker("w1", "default");
@@ -484,14 +489,12 @@ fn worker_error_codes_cannot_grow_the_counts_without_end() {
     assert_eq!(dead_lettered(&ev).reason_code, "failed_fatal");
 }
 
-/// Jobs held by their tenant's limit fill the head of a queue: a pass looks at a bounded
-/// number of them (half at the head, half from where the last pass stopped, journaled), so
-/// a placeable job of another tenant behind them is reached within a few passes, and no
-/// pass looks at the whole queue.
+/// Jobs held by their tenant's limit fill the head of a queue: a pass looks at their lane
+/// once and passes the rest over, so another tenant's job behind them is placed at once,
+/// and when the tenant gets a slot its oldest job goes first.
 #[test]
-fn a_pass_over_many_blocked_jobs_is_bounded_and_still_reaches_the_jobs_behind_them() {
+fn a_pass_looks_at_a_lane_of_held_jobs_once_and_keeps_queue_order() {
     let mut rules = rules();
-    rules.limits.max_scan_per_entry = 10;
     rules.tenants.insert(
         "acme".into(),
         ksched_core::rules::TenantRules {
@@ -505,31 +508,51 @@ fn a_pass_over_many_blocked_jobs_is_bounded_and_still_reaches_the_jobs_behind_th
         ..hb("w1", "default")
     });
     sim.submit(job("acme-0"));
-    let mut scanned = 0;
     for i in 1..=60 {
-        let ev = sim.submit(job(&format!("acme-{i}")));
-        scanned += names(&ev).iter().filter(|n| **n == "QueueScanned").count();
+        sim.submit(job(&format!("acme-{i:02}")));
     }
-    assert!(scanned > 0, "passes stopped at their bound");
-    // Far more blocked jobs ahead of it than a pass looks at from the head (5).
+    assert_eq!(
+        sim.state.lane_heads["default"].len(),
+        1,
+        "sixty held jobs, one lane"
+    );
     let mut other = job("globex-1");
     other.tenant_id = "globex".into();
     sim.submit(other);
-    let mut passes = 0;
-    while sim.job_state("globex-1") == JobState::Pending {
-        passes += 1;
-        assert!(passes <= 15, "globex-1 not reached after {passes} passes");
-        sim.tick_after(100);
+    assert_eq!(sim.job_state("globex-1"), JobState::Dispatched);
+    // acme's slot frees: its oldest waiting job is placed, not a later one.
+    let ev = sim.result("acme-0", 1, "w1", ResultStatus::Succeeded);
+    assert_eq!(scheduled(&ev).job_id, "acme-01");
+    assert_eq!(sim.job_state("acme-02"), JobState::Pending);
+}
+
+/// Lanes held for labels no worker has are looked at one per lane, at most
+/// `max_scan_per_entry` per pass; a placeable job behind more of them than that waits for
+/// the held ones to leave (their placement timeout), never costs a pass more.
+#[test]
+fn a_pass_holds_at_most_max_scan_per_entry_lanes() {
+    let mut three = rules();
+    three.limits.max_scan_per_entry = 3;
+    let mut sim = Sim::with_rules(three);
+    sim.heartbeat(Heartbeat {
+        max_parallel_jobs: 100,
+        ..hb("w1", "default")
+    });
+    for i in 0..5 {
+        let mut r = job(&format!("a-mars-{i}"));
+        r.labels
+            .insert("placement.zone".into(), format!("mars-{i}"));
+        sim.submit(r);
     }
-    // Every pass left at most the bound in place: no entry holds more than one
-    // QueueScanned, and the blocked jobs stay queued in order.
-    for e in &sim.journal {
-        let scans = e
-            .events
-            .iter()
-            .filter(|e| matches!(e, Event::QueueScanned(_)))
-            .count();
-        assert!(scans <= 1);
-    }
-    assert_eq!(sim.job_state("acme-1"), JobState::Pending);
+    assert_eq!(sim.state.lane_heads["default"].len(), 5, "one lane each");
+    // Later in the queue (same time, a later id) than the held ones.
+    let ev = sim.submit(job("z-earth"));
+    assert!(
+        !names(&ev).contains(&"JobScheduled"),
+        "behind five held lanes, the pass stopped after three"
+    );
+    let mut bounded = rules();
+    bounded.limits.max_scan_per_entry = 10;
+    sim.reconfigure(&bounded, "snap-1");
+    assert_eq!(sim.job_state("z-earth"), JobState::Dispatched);
 }

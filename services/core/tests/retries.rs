@@ -332,3 +332,25 @@ fn the_tighter_of_the_jobs_and_the_policys_runtime_limit_applies() {
         );
     }
 }
+
+/// A policy's deadline of 0 (or less) is no deadline: it does not erase the job's own.
+#[test]
+fn a_policy_deadline_that_is_not_one_keeps_the_jobs_own() {
+    let mut policy = ScriptPolicy::default();
+    policy.input.push(Box::new(|_| {
+        Some(ksched_core::policy::PolicyDecision {
+            limit_exceeded: false,
+            verdict: Verdict::Allow,
+            reasons: vec![],
+            constraints: ksched_core::records::Constraints {
+                deadline_ms: Some(0),
+                ..Default::default()
+            },
+        })
+    }));
+    let mut sim = Sim::with_policy(rules(), policy);
+    let mut r = job("j1");
+    r.budget.deadline_ms = Some(5_000);
+    sim.submit(r);
+    assert_eq!(sim.job("j1").constraints.deadline_ms, Some(5_000));
+}

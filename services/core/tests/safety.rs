@@ -562,7 +562,7 @@ fn four_eyes_refuse_what_they_cannot_tell_apart() {
     let mut anonymous = risky("j1", "high");
     anonymous.principal_id = None;
     let ev = sim.submit(anonymous);
-    assert_eq!(dead_lettered(&ev).reason_code, "safety_denied");
+    assert_eq!(dead_lettered(&ev).reason_code, "submitter_unknown");
     assert!(
         dead_lettered(&ev).reason.contains("names no submitter"),
         "{}",
@@ -608,4 +608,16 @@ fn a_topic_bound_to_a_principal_makes_its_jobs_that_principals() {
     let ev = sim.submit(j2);
     assert_eq!(dead_lettered(&ev).reason_code, "tenant_not_allowed");
     assert!(!sim.state.jobs.contains_key("j2"));
+}
+
+/// `<tenant>:` begins a tenant's job ids: a tenant id holding a colon is refused, so no
+/// tenant can take ids in another's namespace.
+#[test]
+fn a_tenant_id_with_a_colon_is_refused() {
+    let mut sim = sim();
+    let mut r = job("a:b:c");
+    r.tenant_id = "a:b".into();
+    let ev = sim.submit(r);
+    assert_eq!(dead_lettered(&ev).reason_code, "malformed_record");
+    assert!(dead_lettered(&ev).reason.contains("must not contain ':'"));
 }

@@ -437,12 +437,6 @@ pub(crate) fn every_event() -> Vec<Event> {
             succeeded: false,
             detail: "refused: a compensation runs on its step's topic".into(),
         }),
-        Event::QueueScanned(QueueScanned {
-            pool: "default".into(),
-            resume_rank: Some(2),
-            resume_queued_at: Some(1_700_000_000_000),
-            resume_job_id: Some("job-7".into()),
-        }),
     ]
 }
 

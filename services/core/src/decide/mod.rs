@@ -32,6 +32,7 @@ use crate::records::{Millis, Tick};
 use crate::rules::Rules;
 use crate::state::State;
 pub(crate) use decider::Decider;
+pub(crate) use placement::lane_of;
 
 pub use placement::MAX_CANDIDATES;
 pub use reports::{HEARTBEAT_LOAD_STEP, redundant_heartbeat};

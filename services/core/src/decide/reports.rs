@@ -387,6 +387,19 @@ fn invalid_heartbeat(
             super::submit::MAX_ID_BYTES
         ));
     }
+    let text: usize = hb.worker_id.len()
+        + hb.labels
+            .iter()
+            .map(|(k, v)| k.len() + v.len())
+            .sum::<usize>()
+        + hb.capabilities.iter().map(String::len).sum::<usize>()
+        + hb.active_job_ids.iter().map(String::len).sum::<usize>();
+    if text > usize::try_from(limits.max_heartbeat_bytes).unwrap_or(usize::MAX) {
+        return Some(format!(
+            "heartbeat of {who}: {text} bytes of ids, labels and capabilities; at most {} (limits.max_heartbeat_bytes)",
+            limits.max_heartbeat_bytes
+        ));
+    }
     if hb.owned_partitions.len() > max_jobs {
         return Some(format!(
             "heartbeat of {who}: it claims {} dispatch partitions",

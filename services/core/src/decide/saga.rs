@@ -140,7 +140,7 @@ impl Decider<'_, '_> {
             self.compensation_ended(&saga, job_id, false, "FAILED (fatal)".to_owned());
             return;
         }
-        let saga = SagaRef::own(&tenant, &workflow);
+        let saga = self.saga_to_roll_back(&tenant, &workflow);
         let found = self.state().sagas.get(&saga.key);
         if found.is_some_and(|s| s.failed_job_id.is_some()) {
             return; // already rolling back (or rolled back)
@@ -153,6 +153,23 @@ impl Decider<'_, '_> {
             tenant_id: saga.tenant.clone(),
         }));
         self.next_compensation(&saga);
+    }
+
+    /// The saga a fatal failure of the tenant's step rolls back: its own; or, when it has
+    /// none, one begun before sagas were the tenant's (keyed by the workflow alone) whose
+    /// steps are this tenant's, so that steps recorded before an upgrade are compensated.
+    fn saga_to_roll_back(&self, tenant: &str, workflow: &str) -> SagaRef {
+        let own = SagaRef::own(tenant, workflow);
+        if self.state().sagas.contains_key(&own.key) {
+            return own;
+        }
+        let legacy = SagaRef::of_key(&saga_key_of(None, workflow));
+        let theirs = self.state().sagas.get(&legacy.key).is_some_and(|s| {
+            s.outcome.is_none()
+                && !s.stack.is_empty()
+                && s.stack.iter().all(|step| step.tenant_id == tenant)
+        });
+        if theirs { legacy } else { own }
     }
 
     /// A job ended some other way (failed after retries, timed out, cancelled, denied): if
@@ -295,6 +312,10 @@ impl Decider<'_, '_> {
             Some(own) if t.topic.is_empty() => own.clone(),
             _ => t.topic,
         };
+        // A compensation is no resubmission: an idempotency key in the template would take
+        // over (or be refused as) one of the tenant's own submissions.
+        let mut meta = t.meta;
+        meta.idempotency_key = None;
         JobRequest {
             job_id: job_id.to_owned(),
             topic,
@@ -305,7 +326,7 @@ impl Decider<'_, '_> {
             env: t.env,
             payload: t.payload,
             budget: t.budget,
-            meta: t.meta,
+            meta,
             workflow_id: None,
             step_index: None,
             compensation: None,

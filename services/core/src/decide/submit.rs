@@ -289,7 +289,7 @@ impl Decider<'_, '_> {
             {
                 // Nobody could approve it: refuse it now rather than leave it waiting.
                 let why = super::control::unknown_submitter(job_id);
-                self.deny(job_id, DlqReason::SafetyDenied, vec![why], None)
+                self.deny(job_id, DlqReason::SubmitterUnknown, vec![why], None)
             }
             Verdict::RequireApproval => {
                 let job_hash = self.state().jobs[job_id].job_hash.clone();
@@ -349,6 +349,15 @@ pub(super) fn invalid_request(r: &JobRequest, limits: &Limits) -> Option<(DlqRea
     }
     if r.tenant_id.trim().is_empty() {
         return malformed(format!("job {}: tenant_id is empty", r.job_id));
+    }
+    if r.tenant_id.contains(':') {
+        // `<tenant>:` begins the tenant's job ids (and its compensations'): a tenant named
+        // with a colon could take another's.
+        return malformed(format!(
+            "job {}: tenant_id {:?} must not contain ':'",
+            r.job_id,
+            crate::records::truncate_for_display(&r.tenant_id, 64)
+        ));
     }
     let workflow = r.workflow_id.as_deref().unwrap_or("");
     for (what, id) in [
@@ -523,11 +532,15 @@ fn effective_constraints(
     policy: &Constraints,
     rules: &crate::rules::Rules,
 ) -> Constraints {
-    let deadline_ms = match (job.request.budget.deadline_ms, policy.deadline_ms) {
+    // Each side's limit counts only when it is one (positive): a policy's 0 does not erase
+    // the job's own deadline.
+    let deadline_ms = match (
+        job.request.budget.deadline_ms.filter(|d| *d > 0),
+        policy.deadline_ms.filter(|d| *d > 0),
+    ) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
-    }
-    .filter(|d| *d > 0);
+    };
     Constraints {
         max_retries: Some(policy.max_retries.unwrap_or(rules.retry.max_retries).max(0)),
         max_concurrent_jobs: policy

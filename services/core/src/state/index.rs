@@ -7,7 +7,7 @@ use crate::events::{Event, Input, JobState};
 use crate::records::Millis;
 use crate::rules::Timing;
 
-use super::{HISTORY_MAX, Job, QueueKey, State, Timer, TimerKind, Worker};
+use super::{HISTORY_MAX, Job, Lane, QueueKey, State, Timer, TimerKind, Worker};
 
 /// A history line to write ([`State::write_history`]): when, and the event with its entry's
 /// input, which say what it is. Its text is written only when the line is kept for the
@@ -79,6 +79,8 @@ impl Entries {
 /// re-indexed with one lookup.
 struct Indexes<'a> {
     queues: &'a mut BTreeMap<String, std::collections::BTreeSet<QueueKey>>,
+    lanes: &'a mut BTreeMap<String, BTreeMap<Lane, std::collections::BTreeSet<QueueKey>>>,
+    lane_heads: &'a mut BTreeMap<String, std::collections::BTreeSet<(QueueKey, Lane)>>,
     timers: &'a mut std::collections::BTreeSet<Timer>,
     tenant_active: &'a mut BTreeMap<String, i64>,
     tenant_pending: &'a mut BTreeMap<String, i64>,
@@ -138,12 +140,28 @@ impl Indexes<'_> {
     }
 
     fn enqueue(&mut self, id: &str, job: &Job, queued_at: Millis) {
+        let lane = crate::decide::lane_of(job);
         for pool in &job.pools {
             let key = QueueKey {
                 rank: job.request.priority.rank(),
                 queued_at,
                 job_id: id.to_owned(),
             };
+            let jobs = self
+                .lanes
+                .entry(pool.clone())
+                .or_default()
+                .entry(lane.clone())
+                .or_default();
+            let head_before = jobs.first().cloned();
+            jobs.insert(key.clone());
+            if head_before.as_ref().is_none_or(|h| key < *h) {
+                let heads = self.lane_heads.entry(pool.clone()).or_default();
+                if let Some(h) = head_before {
+                    heads.remove(&(h, lane.clone()));
+                }
+                heads.insert((key.clone(), lane.clone()));
+            }
             match self.queues.get_mut(pool) {
                 Some(q) => {
                     q.insert(key);
@@ -162,15 +180,41 @@ impl Indexes<'_> {
     }
 
     fn unqueue(&mut self, id: &str, job: &Job, queued_at: Millis) {
+        let lane = crate::decide::lane_of(job);
         for pool in &job.pools {
+            let key = QueueKey {
+                rank: job.request.priority.rank(),
+                queued_at,
+                job_id: id.to_owned(),
+            };
             if let Some(q) = self.queues.get_mut(pool) {
-                q.remove(&QueueKey {
-                    rank: job.request.priority.rank(),
-                    queued_at,
-                    job_id: id.to_owned(),
-                });
+                q.remove(&key);
                 if q.is_empty() {
                     self.queues.remove(pool);
+                }
+            }
+            let Some(lanes) = self.lanes.get_mut(pool) else {
+                continue;
+            };
+            let Some(jobs) = lanes.get_mut(&lane) else {
+                continue;
+            };
+            let was_head = jobs.first() == Some(&key);
+            jobs.remove(&key);
+            let next = jobs.first().cloned();
+            if jobs.is_empty() {
+                lanes.remove(&lane);
+                if lanes.is_empty() {
+                    self.lanes.remove(pool);
+                }
+            }
+            if was_head && let Some(heads) = self.lane_heads.get_mut(pool) {
+                heads.remove(&(key, lane.clone()));
+                if let Some(n) = next {
+                    heads.insert((n, lane.clone()));
+                }
+                if heads.is_empty() {
+                    self.lane_heads.remove(pool);
                 }
             }
         }
@@ -224,6 +268,8 @@ impl State {
         let State {
             jobs,
             queues,
+            lanes,
+            lane_heads,
             timers,
             tenant_active,
             tenant_pending,
@@ -237,6 +283,8 @@ impl State {
             jobs,
             Indexes {
                 queues,
+                lanes,
+                lane_heads,
                 timers,
                 tenant_active,
                 tenant_pending,
@@ -269,12 +317,19 @@ impl State {
         let before = Entries::of(id, job, timing, floor, ix.workers);
         #[cfg(debug_assertions)]
         let fixed = fixed_keys(job);
+        #[cfg(debug_assertions)]
+        let lane = job.queued_at.map(|_| crate::decide::lane_of(job));
         let r = f(job);
         #[cfg(debug_assertions)]
         debug_assert_eq!(
             fixed,
             fixed_keys(job),
             "job {id}: pools, tenant and priority are fixed"
+        );
+        #[cfg(debug_assertions)]
+        debug_assert!(
+            job.queued_at.is_none() || lane.is_none() || lane == Some(crate::decide::lane_of(job)),
+            "job {id}: its lane is fixed while it is queued"
         );
         let after = Entries::of(id, job, timing, floor, ix.workers);
         if before != after {
@@ -418,6 +473,8 @@ impl State {
     /// after loading records from storage).
     pub fn rebuild_indexes(&mut self) {
         self.queues.clear();
+        self.lanes.clear();
+        self.lane_heads.clear();
         self.timers.clear();
         self.tenant_active.clear();
         self.tenant_pending.clear();
@@ -456,6 +513,9 @@ impl State {
         rebuilt.rebuild_indexes();
         if rebuilt.queues != self.queues {
             problems.push("pending queues disagree with job records".to_owned());
+        }
+        if rebuilt.lanes != self.lanes || rebuilt.lane_heads != self.lane_heads {
+            problems.push("queue lanes disagree with job records".to_owned());
         }
         if rebuilt.timers != self.timers {
             problems.push("timers disagree with job records".to_owned());

@@ -77,21 +77,31 @@ impl State {
                 self.load_jobs(&[owner], store)?;
             }
         }
-        let sagas = self.saga_prerequisites(input);
-        if !sagas.is_empty() {
-            self.load_sagas(&sagas, store)?;
-            let next: Vec<String> = sagas
-                .iter()
-                .filter_map(|k| {
-                    let s = self.sagas.get(k)?;
-                    Some(crate::decide::compensation_id(
-                        k,
-                        s.compensations_submitted + 1,
-                    ))
-                })
-                .collect();
-            self.load_jobs(&next, store)?;
+        let mut sagas = self.saga_prerequisites(input);
+        self.load_sagas(&sagas, store)?;
+        if let Input::Tick(_) = input {
+            // A Tick goes on with rollbacks left for it (in memory: sagas rolling back stay).
+            sagas.extend(
+                self.sagas
+                    .iter()
+                    .filter(|(_, s)| s.rolling_back() && s.running.is_none())
+                    .map(|(k, _)| k.clone()),
+            );
         }
+        // Every id the sagas' next compensations may take in this entry: one per step left,
+        // as far as the entry's work bound reaches.
+        let reach = self.rules().map_or(100, |r| r.limits.max_work_per_entry) as usize;
+        let next: Vec<String> = sagas
+            .iter()
+            .filter_map(|k| Some((k, self.sagas.get(k)?)))
+            .flat_map(|(k, s)| {
+                let n = s.compensations_submitted;
+                (1..=s.stack.len().clamp(1, reach)).map(move |i| {
+                    crate::decide::compensation_id(k, n + i32::try_from(i).unwrap_or(0))
+                })
+            })
+            .collect();
+        self.load_jobs(&next, store)?;
         Ok(())
     }
 

@@ -70,10 +70,10 @@ pub struct State {
     pub tenant_pending: BTreeMap<String, i64>,
     /// Derived: pool -> worker records naming it (for `limits.max_workers_per_pool`).
     pub workers_by_pool: BTreeMap<String, u32>,
-    /// Pool -> where the last scheduling pass that reached its bound stopped
-    /// (`limits.max_scan_per_entry`): the next pass goes on after it, so that jobs behind
-    /// many blocked ones are reached too ([`crate::events::QueueScanned`]).
-    pub scan_from: BTreeMap<String, QueueKey>,
+    /// Derived: pool -> lane -> its jobs in the pool's queue ([`Lane`]).
+    pub lanes: BTreeMap<String, BTreeMap<Lane, BTreeSet<QueueKey>>>,
+    /// Derived: pool -> each lane's first job, in queue order: what a scheduling pass walks.
+    pub lane_heads: BTreeMap<String, BTreeSet<(QueueKey, Lane)>>,
     /// Changed keys, when the owner tracks them (the runtime does; tests and audits need not).
     pub dirty: Option<Dirty>,
     /// Terminal jobs in memory, which [`State::evict_cold`] may drop (bookkeeping, like
@@ -98,7 +98,8 @@ impl PartialEq for State {
             && self.orphans == other.orphans
             && self.tenant_pending == other.tenant_pending
             && self.workers_by_pool == other.workers_by_pool
-            && self.scan_from == other.scan_from
+            && self.lanes == other.lanes
+            && self.lane_heads == other.lane_heads
             && self.dead_letters_by_reason == other.dead_letters_by_reason
             && self.jobs_by_state == other.jobs_by_state
             && self.queues == other.queues

@@ -469,8 +469,24 @@ pub struct IdempotencyEntry {
     pub seen_at: Millis,
 }
 
+/// What a queued job's placement depends on besides its place in the queue: its tenant and
+/// the tenant limit it is held to, the pools it may run in, its placement labels, the worker
+/// it prefers and the memory it needs. Within one pass, jobs of one lane are placed or held
+/// alike (nothing a pass does frees capacity), so a pass looks at a lane's first job only
+/// until it is placed: a lane of 100,000 jobs held by their tenant's limit costs one look.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Lane {
+    pub tenant: String,
+    pub limit: Option<i32>,
+    pub pools: Vec<String>,
+    /// Job labels (its own and the policy's) that constrain placement, in order.
+    pub placement: Vec<(String, String)>,
+    pub preferred_worker: Option<String>,
+    pub memory: Option<i64>,
+}
+
 /// Position of a job in a pool's pending queue: priority, then age, then job_id.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct QueueKey {
     pub rank: u8,
     pub queued_at: Millis,

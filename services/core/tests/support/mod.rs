@@ -328,6 +328,33 @@ impl Sim {
         p
     }
 
+    /// Journals `entry` as if an older scheduler had written it (say, with an older decision
+    /// format): every state applies it as a replay would, then goes on as after a decision.
+    pub(crate) fn inject(&mut self, entry: JournalEntry) {
+        ksched_core::apply_entry(&mut self.state, &entry);
+        self.partial
+            .load_for_entry(&entry, &self.cold)
+            .unwrap_or_else(|e| match e {});
+        ksched_core::apply_entry(&mut self.partial, &entry);
+        let dirty = self.partial.take_dirty();
+        self.cold.persist(&self.partial, dirty);
+        self.partial.evict_cold();
+        if let Some(batch) = self.behind_pending.take() {
+            self.behind_cold.write(batch);
+        }
+        self.behind
+            .load_for_entry(&entry, &self.behind_cold)
+            .unwrap_or_else(|e| match e {});
+        ksched_core::apply_entry(&mut self.behind, &entry);
+        self.behind.evict_written();
+        let dirty = self.behind.take_dirty();
+        self.behind_pending = Some(ColdMap::prepare(&self.behind, dirty));
+        self.journal.push(entry);
+        self.fold_last();
+        self.last = self.journal.len() - 1;
+        self.check();
+    }
+
     /// Folds the journal's last entry into the folded partial state, then checkpoints and
     /// evicts it.
     fn fold_last(&mut self) {
