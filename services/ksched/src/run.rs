@@ -210,6 +210,12 @@ impl Service {
                 "this build does not count its allocations: policy evaluations are bounded in steps (limits.policy_max_steps), not in memory"
             );
         }
+        if std::fs::read_to_string("/proc/sys/vm/overcommit_memory").is_ok_and(|m| m.trim() == "2")
+        {
+            warn!(
+                "vm.overcommit_memory is 2: a policy that asks for one huge allocation at once is refused by the kernel before its memory limit (limits.policy_max_memory_bytes) can stop it, and the process aborts; keep policies' steps bounded, or use overcommit mode 0 or 1"
+            );
+        }
         let scheduler = rt.block_on(Scheduler::start(config))?;
         let settings = &scheduler.config.settings;
         if settings.http.enabled {

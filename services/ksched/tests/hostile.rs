@@ -339,10 +339,11 @@ fn answers_carry_the_security_headers_and_metrics_check_the_host() {
     assert_eq!(code, 200, "a scraper addressing the pod by IP is answered");
 }
 
-/// A redrive cannot probe another tenant's job ids: a new id in another tenant's namespace,
-/// existing or not, answers 404 like any id the caller may not see; its own answers 202.
+/// A redrive cannot probe another tenant's job ids: a caller held to tenants names new ids
+/// in the job's tenant's namespace only, so another tenant's id, taken or not, gets the same
+/// answer (400); its own answers 202.
 #[test]
-fn a_redrive_into_another_tenants_namespace_answers_not_found() {
+fn a_redrive_cannot_probe_another_tenants_job_ids() {
     let tdir = tempfile::tempdir().unwrap();
     let c = RunningScheduler::start(&format!(
         "  tokens_file: {}\n",
@@ -379,9 +380,14 @@ fn a_redrive_into_another_tenants_namespace_answers_not_found() {
         .unwrap()
     };
     let (existing, body) = redrive("globex:secret");
-    assert_eq!(existing, 404, "{body}");
-    let (free, body) = redrive("globex:unused");
-    assert_eq!(free, 404, "{body}");
+    assert_eq!(existing, 400, "{body}");
+    let (free, free_body) = redrive("globex:unused");
+    assert_eq!(free, 400, "{free_body}");
+    assert_eq!(
+        body.replace("secret", "x"),
+        free_body.replace("unused", "x"),
+        "the same answer, taken or not"
+    );
     let (own, body) = redrive("acme:again");
     assert_eq!(own, 202, "{body}");
 }

@@ -156,6 +156,9 @@ pub fn compile(bundle: &PolicyBundle) -> Result<Engine> {
 
 fn compile_now(bundle: &PolicyBundle) -> Result<Engine> {
     let mut engine = Engine::new();
+    // `print` goes to the engine, not to standard error (which a replay child would send
+    // back to a console caller), and is dropped after each evaluation.
+    engine.set_gather_prints(true);
     for (name, text) in &bundle.modules {
         if let Some(b) = forbidden_builtin(text) {
             return Err(Error::Nondeterministic {
@@ -452,7 +455,12 @@ fn bounded<T>(
         limit: Duration::ZERO,
         check_interval: NonZeroU32::new(bounds.steps).unwrap_or(NonZeroU32::MIN),
     });
-    memory::within(bounds.memory, || evaluate(engine)).map_err(|e| Stop::from_error(&e, bounds))
+    memory::within(bounds.memory, || {
+        let out = evaluate(&mut *engine);
+        let _ = engine.take_prints();
+        out
+    })
+    .map_err(|e| Stop::from_error(&e, bounds))
 }
 
 /// Memory budgets per evaluation, on regorus's allocator-counted, process-wide limit.
@@ -508,10 +516,18 @@ pub fn memory_limits_enforced() -> bool {
     memory::counted()
 }
 
-/// Evaluates a whole package (`data.ksched.input`) for the current input: an object with the
-/// rules that are defined (undefined rules are absent).
-fn package(engine: &mut Engine, path: &str, bounds: Bounds) -> std::result::Result<Json, Stop> {
+/// Evaluates a whole package (`data.ksched.input`) for `doc` as the input: an object with
+/// the rules that are defined (undefined rules are absent). The document is converted within
+/// the evaluation's limits too: regorus checks the memory limit while it converts.
+fn package(
+    engine: &mut Engine,
+    path: &str,
+    doc: &Json,
+    bounds: Bounds,
+) -> std::result::Result<Json, Stop> {
     let results = bounded(engine, bounds, |engine| {
+        let input: Value = serde::Deserialize::deserialize(doc).map_err(anyhow::Error::new)?;
+        engine.set_input(input);
         engine.eval_query(path.to_owned(), false)
     })?;
     let value = results
@@ -524,11 +540,6 @@ fn package(engine: &mut Engine, path: &str, bounds: Bounds) -> std::result::Resu
         return Ok(Json::Object(Default::default()));
     }
     serde_json::to_value(&value).map_err(|e| Stop::Failed(e.to_string()))
-}
-
-/// The input document as a Rego value, converted in memory (no JSON text in between).
-fn rego_input(doc: &Json) -> std::result::Result<Value, Stop> {
-    serde::Deserialize::deserialize(doc).map_err(|e: serde_json::Error| Stop::Failed(e.to_string()))
 }
 
 /// A set (or array) of reasons; `true` counts as one unnamed reason.
@@ -549,9 +560,7 @@ fn evaluate_input(
     doc: &Json,
     bounds: Bounds,
 ) -> std::result::Result<PolicyDecision, Stop> {
-    let input = rego_input(doc)?;
-    engine.set_input(input);
-    let pkg = package(engine, "data.ksched.input", bounds)?;
+    let pkg = package(engine, "data.ksched.input", doc, bounds)?;
     let deny = reasons(pkg.get("deny"), "denied by policy");
     let constraints = pkg
         .get("constraints")
@@ -597,9 +606,7 @@ fn evaluate_output(
     doc: &Json,
     bounds: Bounds,
 ) -> std::result::Result<OutputDecision, Stop> {
-    let input = rego_input(doc)?;
-    engine.set_input(input);
-    let pkg = package(engine, "data.ksched.output", bounds)?;
+    let pkg = package(engine, "data.ksched.output", doc, bounds)?;
     let q = reasons(pkg.get("quarantine"), "quarantined by output policy");
     Ok(OutputDecision {
         quarantine: !q.is_empty(),

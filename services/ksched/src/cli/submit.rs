@@ -296,11 +296,13 @@ pub(crate) fn submit(t: &Target, args: SubmitArgs) -> CliResult {
     Ok(())
 }
 
-/// The submitter when none is named: the user running the command.
+/// The submitter when none is named: the user running the command (its login name, or its
+/// user id where no name is set).
 fn login_name() -> Option<String> {
     ["USER", "LOGNAME"]
         .iter()
         .find_map(|k| std::env::var(k).ok())
         .map(|u| u.trim().to_owned())
         .filter(|u| !u.is_empty())
+        .or_else(|| Some(format!("uid-{}", rustix::process::getuid().as_raw())))
 }

@@ -38,6 +38,9 @@ pub const MAX_LIMIT: usize = 10_000;
 /// Most jobs (or dead letters) one list request reads per shard: a filter that matches few
 /// returns a page with fewer than `limit` jobs and a `next_after` to continue from.
 pub const MAX_SCANNED: usize = 50_000;
+/// Most bytes of jobs one list request reads per shard (jobs with large labels and env make
+/// a page short, with a `next_after`).
+pub const MAX_PAGE_BYTES: usize = 16 << 20;
 /// Reads that grow with the backlog or the journal (job lists, tenant usage, a job's
 /// journal window) at once; more wait for a turn, up to `HEAVY_READ_WAIT`.
 const HEAVY_READS: usize = 2;
@@ -338,10 +341,11 @@ async fn unless_stopped(
 /// Serves the API on `listen` until `shutdown` resolves, over TLS when `tls` is given.
 ///
 /// Hostile clients get little: at most `http.max_connections` connections at once (the
-/// next ones wait in the listen backlog), and a connection that does not send a request's
-/// headers within `http.request_read_timeout_ms` of connecting or of its last response,
-/// or a body within as long after its headers, is closed ([`read_body_in_time`]). A TLS
-/// handshake has its own timeout.
+/// next ones are told 503 and closed), and a connection that does not send a request's
+/// headers within `http.request_read_timeout_ms` of connecting or of its last response, a
+/// body within as long after its headers ([`read_body_in_time`]), or does not read what it
+/// is sent within as long ([`WriteDeadline`]), is closed. A TLS handshake has its own
+/// timeout.
 pub async fn serve(
     listen: &str,
     tls: Option<Arc<rustls::ServerConfig>>,
@@ -364,13 +368,6 @@ pub async fn serve(
     let app = router(api);
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
-        let slot = tokio::select! {
-            _ = &mut shutdown => return Ok(()),
-            slot = slots.clone().acquire_owned() => match slot {
-                Ok(s) => s,
-                Err(_) => return Ok(()),
-            },
-        };
         let (stream, peer) = tokio::select! {
             _ = &mut shutdown => return Ok(()),
             accepted = listener.accept() => match accepted {
@@ -384,8 +381,17 @@ pub async fn serve(
             },
         };
         let (acceptor, app) = (acceptor.clone(), app.clone());
+        // Every connection is accepted, so the listen backlog never fills: past the cap, a
+        // plain connection is told 503 and closed at once.
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            if acceptor.is_none() {
+                tokio::spawn(refuse_connection(stream));
+            }
+            continue;
+        };
         tokio::spawn(async move {
             let _slot = slot;
+            let stream = WriteDeadline::new(stream, read_timeout);
             let Some(acceptor) = acceptor else {
                 return serve_connection(stream, app, read_timeout, peer).await;
             };
@@ -396,6 +402,92 @@ pub async fn serve(
                 Err(_) => debug!(%peer, "TLS handshake timed out"),
             }
         });
+    }
+}
+
+/// A connection past `http.max_connections`: 503, closed.
+async fn refuse_connection(mut stream: tokio::net::TcpStream) {
+    use tokio::io::AsyncWriteExt;
+    let answer = b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: 57\r\nConnection: close\r\n\r\n{\"error\": \"too many connections (http.max_connections)\"}\n";
+    let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(answer)).await;
+}
+
+/// A connection whose writes may not stall: a client that stops reading (a pipelined flood
+/// it never reads, a server-sent event stream it left) is cut off once a write has waited
+/// this long, instead of holding its connection for ever.
+struct WriteDeadline<S> {
+    inner: S,
+    limit: Duration,
+    stalled: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<S> WriteDeadline<S> {
+    fn new(inner: S, limit: Duration) -> WriteDeadline<S> {
+        WriteDeadline {
+            inner,
+            limit,
+            stalled: None,
+        }
+    }
+
+    /// After a write that returned `poll`: arms the deadline while it waits, checks it.
+    fn watch<T>(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        poll: std::task::Poll<std::io::Result<T>>,
+    ) -> std::task::Poll<std::io::Result<T>> {
+        use std::future::Future;
+        if poll.is_ready() {
+            self.stalled = None;
+            return poll;
+        }
+        let limit = self.limit;
+        let sleep = self
+            .stalled
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
+        match sleep.as_mut().poll(cx) {
+            std::task::Poll::Ready(()) => std::task::Poll::Ready(Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the client did not read its answer in time",
+            ))),
+            std::task::Poll::Pending => std::task::Poll::Pending,
+        }
+    }
+}
+
+impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for WriteDeadline<S> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for WriteDeadline<S> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let poll = std::pin::Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.watch(cx, poll)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let poll = std::pin::Pin::new(&mut self.inner).poll_flush(cx);
+        self.watch(cx, poll)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
 
@@ -695,11 +787,16 @@ async fn jobs_query(
         let mut jobs = Vec::new();
         let mut read_to: Option<String> = None;
         for store in &stores {
+            let bound = ksched_store::ScanBound {
+                jobs: limit,
+                scanned: MAX_SCANNED,
+                bytes: MAX_PAGE_BYTES,
+            };
             let scanned = if active_only {
                 // Non-terminal states are served from the active index, not a full scan.
-                store.scan_active_jobs(after.as_deref(), limit, MAX_SCANNED, &keep)?
+                store.scan_active_jobs(after.as_deref(), bound, &keep)?
             } else {
-                store.scan_jobs(after.as_deref(), limit, MAX_SCANNED, &keep)?
+                store.scan_jobs(after.as_deref(), bound, &keep)?
             };
             let shard_read_to = match (&scanned.stopped_after, scanned.jobs.len() == limit) {
                 (Some(last), _) => Some(last.clone()),
@@ -1025,9 +1122,22 @@ async fn redrive_job(api: &Api, caller: &Identity, id: &str, b: RedriveBody) -> 
         ));
     }
     let now = wall_clock_ms();
-    let new_job_id = b
-        .new_job_id
-        .unwrap_or_else(|| format!("{id}.redrive-{now}"));
+    let tenant_prefix = format!("{}:", job.request.tenant_id);
+    let new_job_id = b.new_job_id.unwrap_or_else(|| {
+        // A caller held to tenants redrives into the job's tenant's namespace.
+        if caller.sees_all() || id.starts_with(&tenant_prefix) {
+            format!("{id}.redrive-{now}")
+        } else {
+            format!("{tenant_prefix}{id}.redrive-{now}")
+        }
+    });
+    // A caller held to tenants names new ids in the job's tenant's namespace only: any other
+    // id could tell it whether another tenant holds it.
+    if !caller.sees_all() && !new_job_id.starts_with(&tenant_prefix) {
+        return Err(bad_request(format!(
+            "new_job_id must start with \"{tenant_prefix}\" (the job's tenant's namespace)"
+        )));
+    }
     match find_job(api, caller, &new_job_id) {
         Ok(_) => {
             return Err(ApiError(
@@ -1221,7 +1331,7 @@ async fn tenant_usage(api: &Api, caller: &Identity) -> ApiResult<TenantUsage> {
         let _turn = turn;
         let mut usage = TenantUsage::new();
         for store in &stores {
-            store.scan_active_jobs(None, usize::MAX, usize::MAX, |_, j| {
+            store.scan_active_jobs(None, ksched_store::ScanBound::ALL, |_, j| {
                 if caller.sees(&j.request.tenant_id) {
                     let e = usage
                         .entry(j.request.tenant_id.clone())

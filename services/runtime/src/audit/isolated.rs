@@ -20,7 +20,7 @@ use ksched_core::state::{Job, Worker};
 use ksched_policy::{PolicyBundle, RegoEngine};
 use rdkafka::ClientConfig;
 use serde::{Deserialize, Serialize};
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::{Alternative, Outcome, Source, Until, replay_until, what_if};
 
@@ -30,6 +30,9 @@ const MAX_REQUEST_BYTES: u64 = 16 << 20;
 
 /// Most bytes of an answer the console reads back.
 const MAX_ANSWER_BYTES: usize = 64 << 20;
+
+/// The last bytes of a child's standard error kept for the server's log.
+const STDERR_TAIL_BYTES: usize = 4096;
 
 /// The niceness the child runs at: the scheduler's threads go first.
 const CHILD_NICENESS: i32 = 10;
@@ -146,6 +149,8 @@ pub async fn replay_in_child(
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .kill_on_drop(true)
+        // Its own process group, killed whole: nothing it starts outlives it.
+        .process_group(0)
         .spawn()
         .map_err(|e| {
             format!(
@@ -158,37 +163,79 @@ pub async fn replay_in_child(
         .take()
         .ok_or("the replay has no standard input")?;
     let too_big = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    if let Some(pid) = child.id() {
+    let pid = child.id();
+    // However this ends before the child is reaped (a limit, the caller gone), the group
+    // goes. (Once it is reaped its id may be another's: the guard is disarmed then.)
+    let mut group = KillOnDrop(pid);
+    if let Some(pid) = pid {
         let (too_big, limit) = (too_big.clone(), limits.memory_limit_bytes);
         tokio::spawn(async move {
             // Until the process is gone (its /proc entry with it).
             while let Some(rss) = resident_bytes(pid) {
                 if rss > limit {
                     too_big.store(true, std::sync::atomic::Ordering::Relaxed);
-                    if let Some(pid) = i32::try_from(pid)
-                        .ok()
-                        .and_then(rustix::process::Pid::from_raw)
-                    {
-                        let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
-                    }
+                    kill(Some(pid));
                     break;
                 }
                 tokio::time::sleep(MEMORY_POLL).await;
             }
         });
     }
+    let (Some(mut stdout), Some(mut stderr)) = (child.stdout.take(), child.stderr.take()) else {
+        return Err("the replay has no standard output".into());
+    };
     let run = async move {
         stdin
             .write_all(&body)
             .await
             .map_err(|e| format!("sending the replay its request: {e}"))?;
         drop(stdin);
-        child
-            .wait_with_output()
+        // Both pipes drained at once, each bounded: the answer up to MAX_ANSWER_BYTES, what
+        // the child says on standard error only its last bytes (it could say gigabytes).
+        let answer = async {
+            let mut out = Vec::new();
+            let read = (&mut stdout)
+                .take(MAX_ANSWER_BYTES as u64 + 1)
+                .read_to_end(&mut out)
+                .await;
+            if out.len() > MAX_ANSWER_BYTES {
+                // Stopped now, not when it has written the rest (nobody reads it).
+                kill(pid);
+            }
+            read.map(|_| out)
+        };
+        let said = async {
+            let mut tail: Vec<u8> = Vec::new();
+            let mut buf = [0u8; 8192];
+            loop {
+                match stderr.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => {
+                        tail.extend_from_slice(&buf[..n]);
+                        if tail.len() > STDERR_TAIL_BYTES {
+                            tail.drain(..tail.len() - STDERR_TAIL_BYTES);
+                        }
+                    }
+                }
+            }
+            tail
+        };
+        let (answer, said) = tokio::join!(answer, said);
+        let answer = answer.map_err(|e| format!("reading the replay's answer: {e}"))?;
+        if answer.len() > MAX_ANSWER_BYTES {
+            return Err(format!(
+                "the replay's answer is larger than {} MiB",
+                MAX_ANSWER_BYTES >> 20
+            ));
+        }
+        let status = child
+            .wait()
             .await
-            .map_err(|e| format!("waiting for the replay: {e}"))
+            .map_err(|e| format!("waiting for the replay: {e}"))?;
+        group.disarm();
+        Ok((status, answer, said))
     };
-    let output = match tokio::time::timeout(limits.timeout, run).await {
+    let (status, answer, said) = match tokio::time::timeout(limits.timeout, run).await {
         Ok(out) => out?,
         // The future, and with it the child (kill_on_drop), is dropped here.
         Err(_) => {
@@ -204,31 +251,24 @@ pub async fn replay_in_child(
             limits.memory_limit_bytes >> 20
         ));
     }
-    if !output.status.success() {
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        let last = stderr.lines().last().unwrap_or("").trim();
+    if !status.success() {
+        // What the child said stays in the server's log: a caller's policy could make it
+        // say things about jobs the caller may not see.
+        let said = String::from_utf8_lossy(&said);
+        tracing::warn!(status = %status, said = %said.trim(), "a console replay failed");
         use std::os::unix::process::ExitStatusExt;
-        return Err(match (output.status.code(), output.status.signal()) {
-            (Some(code), _) => format!("the replay failed (exit {code}): {last}"),
+        return Err(match (status.code(), status.signal()) {
+            (Some(code), _) => {
+                format!("the replay failed (exit {code}); the server's log says why")
+            }
             (None, Some(24)) => "the replay used up its CPU time and was stopped".to_owned(),
             (None, signal) => format!(
-                "the replay was stopped by signal {}{}",
-                signal.unwrap_or_default(),
-                if last.is_empty() {
-                    String::new()
-                } else {
-                    format!(" ({last})")
-                }
+                "the replay was stopped by signal {}; the server's log says why",
+                signal.unwrap_or_default()
             ),
         });
     }
-    if output.stdout.len() > MAX_ANSWER_BYTES {
-        return Err(format!(
-            "the replay's answer is larger than {} MiB",
-            MAX_ANSWER_BYTES >> 20
-        ));
-    }
-    serde_json::from_slice(&output.stdout).map_err(|e| format!("the replay's answer: {e}"))
+    serde_json::from_slice(&answer).map_err(|e| format!("the replay's answer: {e}"))
 }
 
 /// The child: reads one request from standard input, limits itself, replays, writes the
@@ -264,6 +304,32 @@ pub fn child_main() -> i32 {
             eprintln!("replay-child: writing the answer: {e}");
             1
         }
+    }
+}
+
+/// Kills the child `pid`'s process group (a replay past a limit, or done with).
+fn kill(pid: Option<u32>) {
+    if let Some(pid) = pid
+        .and_then(|p| i32::try_from(p).ok())
+        .and_then(rustix::process::Pid::from_raw)
+    {
+        let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+    }
+}
+
+/// Kills a child's process group when dropped.
+struct KillOnDrop(Option<u32>);
+
+impl KillOnDrop {
+    /// The child was reaped: its id may be another's now.
+    fn disarm(&mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        kill(self.0);
     }
 }
 
@@ -319,6 +385,7 @@ pub fn replay(request: &ReplayRequest) -> ReplayAnswer {
             policy_rego.as_deref(),
             *max_rows,
             &visible,
+            request.visible_tenants.is_some(),
         ),
     };
     answer.unwrap_or_else(ReplayAnswer::Failed)
@@ -359,6 +426,7 @@ fn diff(
     policy_rego: Option<&str>,
     max_rows: usize,
     visible: &dyn Fn(&str) -> bool,
+    scoped: bool,
 ) -> Result<ReplayAnswer, String> {
     let pools = pools_yaml
         .map(crate::settings::parse_pools)
@@ -381,6 +449,7 @@ fn diff(
         &Alternative { pools, policy },
         &engine,
         visible,
+        scoped,
         |_| {},
     )
     .map_err(|e| e.to_string())?;
@@ -486,5 +555,29 @@ mod tests {
         };
         let e = replay_in_child(&limits, request()).await.unwrap_err();
         assert!(e.contains("the replay's answer"), "{e}");
+    }
+
+    /// A child that floods its standard output or error costs the console bounded memory,
+    /// and what it says on standard error never reaches the caller.
+    #[tokio::test]
+    async fn a_child_that_floods_its_pipes_is_bounded_and_not_relayed() {
+        let dir = tempfile::tempdir().unwrap();
+        let limits = ChildLimits {
+            program: child(dir.path(), "head -c 200000000 /dev/zero"),
+            memory_limit_bytes: 4 << 30,
+            timeout: Duration::from_secs(60),
+        };
+        let e = replay_in_child(&limits, request()).await.unwrap_err();
+        assert!(e.contains("larger than 64 MiB"), "{e}");
+        let limits = ChildLimits {
+            program: child(
+                dir.path(),
+                "head -c 200000000 /dev/zero >&2; echo 'globex:secret-job' >&2; exit 3",
+            ),
+            memory_limit_bytes: 4 << 30,
+            timeout: Duration::from_secs(60),
+        };
+        let e = replay_in_child(&limits, request()).await.unwrap_err();
+        assert!(e.contains("exit 3") && !e.contains("globex"), "{e}");
     }
 }

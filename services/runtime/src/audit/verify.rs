@@ -82,7 +82,12 @@ pub fn verify(
     let ctx = Ctx { policy };
     src.read(0, |rec| {
         let recorded = &rec.entry;
-        let recomputed = engine.decide_again(&ctx, recorded)?;
+        let mut recomputed = engine.decide_again(&ctx, recorded)?;
+        // An entry of an older decision format is judged by its events: the format only says
+        // how to apply them, and this build writes its own.
+        if recorded.format < ksched_core::events::DECISION_FORMAT {
+            recomputed.format = recorded.format;
+        }
         let writer_is_current = ksched_codec::registry()
             .split(&rec.raw)
             .ok()

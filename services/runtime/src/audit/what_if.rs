@@ -4,6 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use ksched_core::decide::{Ctx, process};
 use ksched_core::events::{Event, Input, JobState, Reconfigure, Verdict};
+use ksched_core::policy::{OutputDecision, PolicyDecision, PolicyEngine};
 use ksched_core::state::State;
 use ksched_core::{apply_entry, hash::sha256_parts};
 use ksched_policy::{PolicyBundle, RegoEngine};
@@ -118,6 +119,41 @@ fn record_verdicts(events: &[Event], verdicts: &mut BTreeMap<String, Verdict>) {
     }
 }
 
+/// The alternative world's policy engine for a caller who sees some tenants only: the
+/// alternative policy judges the jobs of the tenants the caller sees, and the policy that
+/// was in force judges the others, so a caller's policy never reads (and can tell nothing
+/// of) a job it may not see.
+struct Scoped<'a> {
+    engine: &'a RegoEngine,
+    visible: &'a dyn Fn(&str) -> bool,
+    /// The bundle in force in the recorded world at the input being decided.
+    recorded: std::cell::RefCell<Reconfigure>,
+}
+
+impl Scoped<'_> {
+    /// The bundle that judges the job `doc` describes.
+    fn bundle_for(&self, alternative: &Reconfigure, doc: &Value) -> Reconfigure {
+        let tenant = doc["job"]["tenant_id"].as_str().unwrap_or("");
+        if (self.visible)(tenant) {
+            alternative.clone()
+        } else {
+            self.recorded.borrow().clone()
+        }
+    }
+}
+
+impl PolicyEngine for Scoped<'_> {
+    fn evaluate_input(&self, bundle: &Reconfigure, doc: &Value) -> PolicyDecision {
+        self.engine
+            .evaluate_input(&self.bundle_for(bundle, doc), doc)
+    }
+
+    fn evaluate_output(&self, bundle: &Reconfigure, doc: &Value) -> OutputDecision {
+        self.engine
+            .evaluate_output(&self.bundle_for(bundle, doc), doc)
+    }
+}
+
 /// Replays the recorded inputs through `decide` under `alt` and reports, per job, where the
 /// outcome differs from what happened. Recorded approvals and rejections stand in the
 /// alternative world (an approval that matched its job's policy snapshot then is taken to
@@ -126,12 +162,14 @@ fn record_verdicts(events: &[Event], verdicts: &mut BTreeMap<String, Verdict>) {
 /// Only jobs of tenants `visible` accepts count, in the rows, the totals and the number of
 /// jobs: a job's tenant is the one it has in the world it exists in (its request's, the
 /// same in both), so a job that exists only in the alternative world shows only to its own
-/// tenant's callers.
+/// tenant's callers. With `scoped`, the alternative policy judges only those jobs; the
+/// others are judged by the policy that was in force ([`Scoped`]).
 pub fn what_if(
     src: &Source,
     alt: &Alternative,
     policy: &RegoEngine,
     visible: &dyn Fn(&str) -> bool,
+    scoped: bool,
     progress: impl FnMut(&Progress),
 ) -> Result<WhatIfReport> {
     let mut reporting = Reporting::start(src, progress)?;
@@ -140,9 +178,22 @@ pub fn what_if(
     let mut other = State::new();
     let mut actual_verdicts = BTreeMap::new();
     let mut other_verdicts = BTreeMap::new();
-    let ctx = Ctx { policy };
+    let scoped = scoped.then(|| Scoped {
+        engine: policy,
+        visible,
+        recorded: std::cell::RefCell::new(Reconfigure::default()),
+    });
+    let ctx = Ctx {
+        policy: match &scoped {
+            Some(s) => s,
+            None => policy,
+        },
+    };
     src.read(0, |rec| {
         apply_entry(&mut actual, &rec.entry);
+        if let (Some(s), Some(c)) = (&scoped, &actual.config) {
+            *s.recorded.borrow_mut() = c.raw.clone();
+        }
         record_verdicts(&rec.entry.events, &mut actual_verdicts);
         let input = match &rec.entry.input {
             Input::Reconfigure(r) => Input::Reconfigure(alt.substitute(r)?),

@@ -56,6 +56,7 @@ pub(super) fn what_if(
         alternative,
         &engine,
         &|_| true,
+        false,
         super::progress_printer("what-if"),
     )
     .map_err(failed)?;

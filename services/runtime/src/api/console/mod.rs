@@ -385,21 +385,36 @@ async fn overview(
 }
 
 /// The overview's numbers again every few seconds, as server-sent events.
-async fn live(
-    AxState(api): AxState<Arc<Api>>,
-    Extension(who): Extension<Identity>,
-) -> Sse<impl futures_util::Stream<Item = Result<SseEvent, Infallible>>> {
-    let stream = futures_util::stream::unfold((api, who, true), |(api, who, first)| async move {
-        if !first {
-            tokio::time::sleep(Duration::from_millis(samples::EVERY_MS)).await;
-        }
-        let data = stats(&api, &who).unwrap_or_else(|e| flash(&e.1, true));
-        Some((
-            Ok(SseEvent::default().event("overview").data(data)),
-            (api, who, false),
-        ))
-    });
-    Sse::new(stream).keep_alive(KeepAlive::default())
+/// Live overview streams open at once in the process: each reads the stores every few
+/// seconds for as long as it stays open.
+const MAX_LIVE_STREAMS: usize = 64;
+
+static LIVE_STREAMS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(MAX_LIVE_STREAMS);
+
+async fn live(AxState(api): AxState<Arc<Api>>, Extension(who): Extension<Identity>) -> Response {
+    let Ok(turn) = LIVE_STREAMS.try_acquire() else {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too many live overviews are open; reload the page later",
+        )
+            .into_response();
+    };
+    let stream = futures_util::stream::unfold(
+        (api, who, true, turn),
+        |(api, who, first, turn)| async move {
+            if !first {
+                tokio::time::sleep(Duration::from_millis(samples::EVERY_MS)).await;
+            }
+            let data = stats(&api, &who).unwrap_or_else(|e| flash(&e.1, true));
+            Some((
+                Ok::<_, Infallible>(SseEvent::default().event("overview").data(data)),
+                (api, who, false, turn),
+            ))
+        },
+    );
+    Sse::new(stream)
+        .keep_alive(KeepAlive::default())
+        .into_response()
 }
 
 /// The query without empty values (a form sends its blank fields) and with a page size.
