@@ -33,6 +33,40 @@ use rocksdb::{
 use serde::{Serialize, de::DeserializeOwned};
 use thiserror::Error;
 
+/// How far a scan of jobs may go ([`Store::scan_jobs`]).
+#[derive(Debug, Clone, Copy)]
+pub struct ScanBound {
+    /// Most jobs returned.
+    pub jobs: usize,
+    /// Most jobs looked at.
+    pub scanned: usize,
+    /// Most bytes of jobs returned (their text, roughly).
+    pub bytes: usize,
+}
+
+impl ScanBound {
+    /// Everything: for reads that must see every job (and run where that is affordable).
+    pub const ALL: ScanBound = ScanBound {
+        jobs: usize::MAX,
+        scanned: usize::MAX,
+        bytes: usize::MAX,
+    };
+}
+
+/// Roughly what a job takes in memory: its record, and the text of its request.
+fn weight(job: &Job) -> usize {
+    let r = &job.request;
+    let map =
+        |m: &BTreeMap<String, String>| m.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>();
+    std::mem::size_of::<Job>()
+        + r.job_id.len()
+        + r.tenant_id.len()
+        + map(&r.labels)
+        + map(&r.env)
+        + map(&job.constraints.labels)
+        + job.last_error.as_ref().map_or(0, String::len)
+}
+
 /// Jobs a bounded scan found ([`Store::scan_jobs`]).
 #[derive(Debug, Clone, Default)]
 pub struct Scanned {
@@ -52,7 +86,7 @@ pub struct Scanned {
 /// 5: a job's history lines are stored by run (consecutive lines written together, one
 /// value: [`HistoryLines`]), not one value per line.
 /// 6: sagas keyed by tenant and workflow, counting failed compensations; saga steps keep
-/// their topic; where each pool's bounded scheduling pass goes on (`scan_from`).
+/// their topic.
 pub const FORMAT_VERSION: u32 = 6;
 
 /// Most idempotency keys one write deletes when their retention passed; the rest follow in
@@ -91,7 +125,6 @@ const META_CLOCK: &[u8] = b"clock";
 const META_ENTRIES: &[u8] = b"entries";
 const META_LAST_PRUNE: &[u8] = b"last_idempotency_prune";
 const META_DLQ_COUNTS: &[u8] = b"dlq_by_reason";
-const META_SCAN_FROM: &[u8] = b"scan_from";
 const META_DLQ_SEQ: &[u8] = b"dlq_seq";
 const META_CONFIG: &[u8] = b"config";
 const META_JOB_COUNTS: &[u8] = b"jobs_by_state";
@@ -452,7 +485,6 @@ impl Store {
         state.entries = self.get_meta(META_ENTRIES)?.unwrap_or(0);
         state.last_idempotency_prune = self.get_meta(META_LAST_PRUNE)?.unwrap_or(0);
         state.dead_letters_by_reason = self.get_meta(META_DLQ_COUNTS)?.unwrap_or_default();
-        state.scan_from = self.get_meta(META_SCAN_FROM)?.unwrap_or_default();
         state.jobs_by_state = self.get_meta(META_JOB_COUNTS)?.unwrap_or_default();
         state.watermark = self.get_meta(META_TICK_WATERMARK)?.unwrap_or(0);
         state.liveness_floor = self.get_meta(META_LIVENESS_FLOOR)?.unwrap_or(0);
@@ -611,7 +643,6 @@ impl Store {
             self.key(META_JOB_COUNTS),
             encode(&state.jobs_by_state),
         );
-        b.put_cf(meta, self.key(META_SCAN_FROM), encode(&state.scan_from));
         b.put_cf(
             meta,
             self.key(META_TICK_WATERMARK),
@@ -825,18 +856,18 @@ impl Store {
         Ok(out)
     }
 
-    /// Jobs in job_id order from `after` (exclusive), passing `keep`, at most `limit`,
-    /// looking at no more than `max_scanned` jobs. Also returns the last id looked at when
-    /// the bound stopped the scan (continue after it), so that a filter matching few jobs
-    /// costs a bounded read per call, not one of the whole history.
+    /// Jobs in job_id order from `after` (exclusive), passing `keep`, at most `bound.jobs`
+    /// of them and of `bound.bytes` in all, looking at no more than `bound.scanned` jobs.
+    /// Also returns the last id looked at when a bound stopped the scan (continue after
+    /// it), so that a filter matching few jobs, or jobs with large labels, cost a bounded
+    /// read per call, not one of the whole history.
     pub fn scan_jobs(
         &self,
         after: Option<&str>,
-        limit: usize,
-        max_scanned: usize,
+        bound: ScanBound,
         keep: impl FnMut(&str, &Job) -> bool,
     ) -> Result<Scanned> {
-        self.scan_ids(CF_JOBS, after, limit, max_scanned, keep, |_, v| {
+        self.scan_ids(CF_JOBS, after, bound, keep, |_, v| {
             decode(CF_JOBS, v).map(Some)
         })
     }
@@ -845,13 +876,10 @@ impl Store {
     pub fn scan_active_jobs(
         &self,
         after: Option<&str>,
-        limit: usize,
-        max_scanned: usize,
+        bound: ScanBound,
         keep: impl FnMut(&str, &Job) -> bool,
     ) -> Result<Scanned> {
-        self.scan_ids(CF_ACTIVE, after, limit, max_scanned, keep, |id, _| {
-            self.job(id)
-        })
+        self.scan_ids(CF_ACTIVE, after, bound, keep, |id, _| self.job(id))
     }
 
     /// Walks `cf`, keyed by job id, from `after`; `load` gives the job of a key.
@@ -859,11 +887,16 @@ impl Store {
         &self,
         cf: &str,
         after: Option<&str>,
-        limit: usize,
-        max_scanned: usize,
+        bound: ScanBound,
         mut keep: impl FnMut(&str, &Job) -> bool,
         load: impl Fn(&str, &[u8]) -> Result<Option<Job>>,
     ) -> Result<Scanned> {
+        let ScanBound {
+            jobs: limit,
+            scanned: max_scanned,
+            bytes: max_bytes,
+        } = bound;
+        let mut bytes = 0usize;
         let prefix = self.partition.to_be_bytes();
         let start = self.key(after.unwrap_or("").as_bytes());
         let mut out = Scanned::default();
@@ -889,7 +922,12 @@ impl Store {
             if let Some(job) = load(&id, &v)?
                 && keep(&id, &job)
             {
+                bytes = bytes.saturating_add(weight(&job));
                 out.jobs.push((id.clone(), job));
+                if bytes >= max_bytes {
+                    out.stopped_after = Some(id);
+                    break;
+                }
             }
             last = Some(id);
         }
