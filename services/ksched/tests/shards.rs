@@ -528,3 +528,107 @@ fn misdirected_and_hostile_inputs_change_nothing_on_other_shards() {
     let (code, out, err) = a.cli(&["audit", "--all-shards", "verify"]);
     assert_eq!(code, 0, "{out}{err}");
 }
+
+/// A pool moved to another shard would be read there from the beginning of its topic and
+/// run every retained job again: `ksched run` refuses, naming the topic, the pool and the
+/// commands that hand the position over; once it is handed over, the new shard takes only
+/// what comes after, and no job runs twice.
+#[test]
+fn a_pool_moved_to_another_shard_is_refused_until_its_position_is_handed_over() {
+    use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+    use std::process::Command;
+    let mut a = RunningScheduler::start_sharded(2, "", "");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let stop = CancellationToken::new();
+    {
+        let _guard = rt.enter();
+        for pool in ["pool-0", "pool-1"] {
+            let mut cfg = a.worker_config(&format!("w-{pool}"));
+            cfg.pool = pool.into();
+            let worker = Worker::new(cfg).unwrap();
+            let stop = stop.clone();
+            rt.spawn(async move { worker.run(|_| async { Outcome::succeeded() }, stop).await });
+        }
+    }
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", &a.bootstrap)
+        .create()
+        .unwrap();
+    let topic = format!("{}jobs-0", a.prefix);
+    for i in 0..10 {
+        submit(&producer, &topic, &format!("before-{i}"));
+    }
+    producer.flush(Duration::from_secs(10)).unwrap();
+    for i in 0..10 {
+        wait_state(&a.api, &format!("before-{i}"), "SUCCEEDED");
+    }
+    a.terminate();
+
+    // pool-0 (and its topic jobs-0) moves from shard 0 to shard 1.
+    let pools = a.dir.path().join("pools.yaml");
+    let text = std::fs::read_to_string(&pools).unwrap();
+    std::fs::write(
+        &pools,
+        text.replace("pool-0: {shard: 0}", "pool-0: {shard: 1}"),
+    )
+    .unwrap();
+    let refused = Command::new(bin())
+        .args(["run", "--config"])
+        .arg(&a.config)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(1), "{said}");
+    for part in [
+        format!("job topic {topic} (pools pool-0) would move from shard 0 to shard 1"),
+        "kafka-consumer-groups.sh".to_owned(),
+        "--reset-offsets --to-offset".to_owned(),
+    ] {
+        assert!(said.contains(&part), "{part:?} in {said}");
+    }
+
+    // Hand the position over as the refusal says (what its kafka-consumer-groups.sh
+    // commands do): shard 1's group commits the offsets it names.
+    let mut offsets = rdkafka::TopicPartitionList::new();
+    for command in said.split("kafka-consumer-groups.sh").skip(1) {
+        let words: Vec<&str> = command.split_whitespace().collect();
+        let after = |flag: &str| words[words.iter().position(|w| *w == flag).unwrap() + 1];
+        let (t, p) = after("--topic").split_once(':').unwrap();
+        let offset: i64 = after("--to-offset").trim_end_matches(';').parse().unwrap();
+        offsets
+            .add_partition_offset(t, p.parse().unwrap(), rdkafka::Offset::Offset(offset))
+            .unwrap();
+        assert_eq!(
+            after("--group"),
+            format!("{}processor-shard-1", a.prefix),
+            "the joining shard's group"
+        );
+    }
+    assert!(offsets.count() > 0, "{said}");
+    let new: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &a.bootstrap)
+        .set("group.id", format!("{}processor-shard-1", a.prefix))
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    new.commit(&offsets, CommitMode::Sync).unwrap();
+
+    a.start_again();
+    submit(&producer, &topic, "after-0");
+    producer.flush(Duration::from_secs(10)).unwrap();
+    wait_state(&a.api, "after-0", "SUCCEEDED");
+    std::thread::sleep(Duration::from_secs(2));
+    // Every job exists once, on one shard: none was read again and run a second time.
+    let listed = json(&format!("{}/api/v1/jobs?topic={topic}&limit=100", a.api));
+    let ids: Vec<&str> = listed["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| j["job_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids.len(), 11, "{ids:?}");
+    for j in listed["jobs"].as_array().unwrap() {
+        assert_eq!(j["attempt"], 1, "{j}");
+    }
+    stop.cancel();
+}

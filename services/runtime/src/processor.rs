@@ -610,6 +610,7 @@ impl Processor {
         }
         crate::shard::check_moves(
             &self.config.settings,
+            &self.topics.journal,
             self.engine.state(),
             &self.config.rules,
             self.shard,

@@ -200,6 +200,7 @@ pub fn moves(old: &Rules, new: &Rules, count: u32, shard: u32) -> Vec<Move> {
 /// the pools and what to do.
 pub fn check_moves(
     settings: &crate::settings::Settings,
+    journal: &str,
     state: &ksched_core::state::State,
     new: &Rules,
     shard: Shard,
@@ -234,7 +235,7 @@ pub fn check_moves(
                     m.topic
                 ));
             }
-        } else if let Some(missing) = positions_behind(settings, &m)? {
+        } else if let Some(missing) = positions_behind(settings, journal, &m)? {
             let group = Shard::new(i32::try_from(m.to).unwrap_or(0), 1)
                 .input_group(&settings.processor.group_id);
             return refuse(format!(
@@ -275,10 +276,11 @@ pub fn check_moves(
 }
 
 /// The partitions of a moving topic on which the joining shard's group has no committed
-/// position as far as the leaving shard's, with the offsets to hand over; None when it has
-/// them all.
+/// position as far as the leaving shard's (the further of its group's and the last one its
+/// journal carries), with the offsets to hand over; None when it has them all.
 fn positions_behind(
     settings: &crate::settings::Settings,
+    journal: &str,
     m: &Move,
 ) -> crate::error::Result<Option<Vec<(i32, i64)>>> {
     use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -315,7 +317,18 @@ fn positions_behind(
             })
             .collect())
     };
-    let leaving = committed(group_of(m.from))?;
+    let mut leaving = committed(group_of(m.from))?;
+    let mut reader = crate::replay::reader_client(settings, "positions");
+    reader.set("isolation.level", "read_committed");
+    let from = i32::try_from(m.from).unwrap_or(0);
+    let (low, high) = crate::replay::journal_watermarks(&reader, journal, from)?;
+    let journaled = crate::positions::last_in_journal(&reader, journal, from, low, high)?;
+    for ((topic, p), o) in journaled.unwrap_or_default() {
+        if topic == m.topic {
+            let at = leaving.entry(p).or_insert(o);
+            *at = (*at).max(o);
+        }
+    }
     let joining = committed(group_of(m.to))?;
     let missing: Vec<(i32, i64)> = leaving
         .iter()

@@ -343,8 +343,8 @@ async fn unless_stopped(
 /// Hostile clients get little: at most `http.max_connections` connections at once (the
 /// next ones are told 503 and closed), and a connection that does not send a request's
 /// headers within `http.request_read_timeout_ms` of connecting or of its last response, a
-/// body within as long after its headers ([`read_body_in_time`]), or does not read what it
-/// is sent within as long ([`WriteDeadline`]), is closed. A TLS handshake has its own
+/// body within as long after its headers (`read_body_in_time`), or does not read what it
+/// is sent within as long (`WriteDeadline`), is closed. A TLS handshake has its own
 /// timeout.
 pub async fn serve(
     listen: &str,

@@ -163,7 +163,7 @@ impl PolicyEngine for Scoped<'_> {
 /// jobs: a job's tenant is the one it has in the world it exists in (its request's, the
 /// same in both), so a job that exists only in the alternative world shows only to its own
 /// tenant's callers. With `scoped`, the alternative policy judges only those jobs; the
-/// others are judged by the policy that was in force ([`Scoped`]).
+/// others are judged by the policy that was in force (`Scoped`).
 pub fn what_if(
     src: &Source,
     alt: &Alternative,
