@@ -13,6 +13,7 @@
 
 mod error;
 mod fast;
+mod framing;
 mod registry;
 mod resolve;
 pub mod schema_registry;
@@ -30,6 +31,7 @@ use ksched_core::records::{
 use serde::{Serialize, de::DeserializeOwned};
 
 pub use error::{Error, Result, fingerprint_hex};
+pub use framing::Framing;
 pub use registry::{
     CONFLUENT_MAGIC, Learned, MAX_LEARNED_IDS, NAMESPACE, Registry, SchemaEntry, SchemaSource,
     SourceError, TOP_LEVEL, current_self_contained, union_self_contained,

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Args;
-use ksched_runtime::api::{self, Api};
+use ksched_api::{self as api, Api};
 use ksched_runtime::settings::LogSettings;
 use ksched_runtime::{Config, Overrides, Scheduler};
 use tokio_util::sync::CancellationToken;
@@ -233,7 +233,7 @@ impl Service {
             }
             let listen = settings.http.listen.clone();
             let tls = match &settings.http.tls {
-                Some(t) => Some(ksched_runtime::tls::server_config(t)?),
+                Some(t) => Some(ksched_api::tls::server_config(t)?),
                 None => None,
             };
             let stop = scheduler.shutdown.clone();

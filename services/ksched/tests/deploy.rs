@@ -44,7 +44,7 @@ fn compose_files_parse_and_wire_kafka_ksched_and_workers() {
     let tokens = read("deploy/compose-api-tokens.yaml");
     let demo = env["KSCHED_API_TOKEN"].as_str().unwrap();
     assert!(tokens.contains(&ksched_core::hash::sha256_hex(demo.as_bytes())));
-    ksched_runtime::auth::Auth::parse(&tokens).unwrap();
+    ksched_api::auth::Auth::parse(&tokens).unwrap();
     let entry = full["services"]["worker-1"]["entrypoint"]
         .as_sequence()
         .unwrap();
@@ -109,7 +109,7 @@ fn kubernetes_manifests_parse_and_probe_the_health_routes() {
         .iter()
         .find(|d| d["kind"].as_str() == Some("Secret"))
         .unwrap();
-    ksched_runtime::auth::Auth::parse(secret["stringData"]["tokens.yaml"].as_str().unwrap())
+    ksched_api::auth::Auth::parse(secret["stringData"]["tokens.yaml"].as_str().unwrap())
         .unwrap();
     let mounts = c["volumeMounts"].as_sequence().unwrap();
     assert!(

@@ -132,7 +132,7 @@ pub enum Error {
 }
 
 /// Wraps an I/O error with what was being done.
-pub(crate) fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {
+pub fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {
     let context = context.into();
     move |source| Error::Io { context, source }
 }
@@ -140,7 +140,7 @@ pub(crate) fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> E
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Wraps a Kafka error with what was being done.
-pub(crate) fn kafka(context: impl Into<String>) -> impl FnOnce(KafkaError) -> Error {
+pub fn kafka(context: impl Into<String>) -> impl FnOnce(KafkaError) -> Error {
     let context = context.into();
     move |source| Error::Kafka { context, source }
 }

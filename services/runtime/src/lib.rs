@@ -1,9 +1,8 @@
 //! ksched's processor around the pure core: settings, topics, the exactly-once loop, recovery,
 //! the ticker.
 
-pub mod api;
 pub mod audit;
-pub mod auth;
+pub mod clock;
 pub mod engine;
 pub mod error;
 pub mod inputs;
@@ -21,7 +20,6 @@ mod standby;
 pub mod status;
 pub mod tail;
 pub mod ticker;
-pub mod tls;
 pub mod topics;
 
 use std::sync::Arc;

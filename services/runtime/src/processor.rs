@@ -17,9 +17,7 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use ksched_codec::{Record, trace_context};
-
-use crate::schemas::Framing;
+use ksched_codec::{Framing, Record, trace_context};
 use ksched_core::decide::Ctx;
 use ksched_core::events::{Cause, Input, JournalEntry};
 use ksched_core::outputs::Output;
@@ -36,6 +34,7 @@ use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
+use crate::clock::wall_clock_ms;
 use crate::engine::Engine;
 use crate::error::{Coords, Error, Result, kafka, refused_for_what_it_is};
 use crate::inputs::{
@@ -1764,12 +1763,6 @@ fn encode_or_fail<T: Record>(framing: &Framing, topic: &str, value: &T) -> Resul
 /// time forward and shift every timer judged after it.
 fn reconfigure_time(state: &ksched_core::state::State) -> i64 {
     state.clock
-}
-
-pub(crate) fn wall_clock_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
 /// The processor's record counters, resolved once.

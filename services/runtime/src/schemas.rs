@@ -7,43 +7,16 @@
 //! the journal, the dispatch topics and the DLQ in the Confluent wire format with the ids
 //! registered here ([`Framing`]).
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use ksched_codec::schema_registry::{RegistryError, SchemaRegistryClient};
-use ksched_codec::{Record, current_self_contained, registry, union_self_contained};
+use ksched_codec::{Framing, current_self_contained, registry, union_self_contained};
 use tracing::info;
 
 use crate::error::{Error, Result};
 use crate::settings::{OutputFormat, Settings, SubjectStrategy};
 use crate::topics::Topics;
-
-/// How the processor frames a record on a topic: the Confluent id (and union branch) of
-/// its type there, or single-object encoding when there is none.
-#[derive(Debug, Default)]
-pub struct Framing {
-    ids: HashMap<(String, &'static str), (u32, Option<u32>)>,
-}
-
-impl Framing {
-    /// `value` encoded for `topic`.
-    pub fn encode<T: Record>(&self, topic: &str, value: &T) -> ksched_codec::Result<Vec<u8>> {
-        match self.ids.get(&(topic.to_owned(), T::NAME)) {
-            Some(&(id, branch)) => {
-                let mut buf = Vec::with_capacity(256);
-                registry().encode_confluent_into(value, id, branch, &mut buf)?;
-                Ok(buf)
-            }
-            None => registry().encode(value),
-        }
-    }
-
-    /// Whether any topic is written in the Confluent wire format.
-    pub fn is_confluent(&self) -> bool {
-        !self.ids.is_empty()
-    }
-}
 
 /// The record types each of ksched's topics carries, in union order.
 pub fn topic_records(topics: &Topics) -> Vec<(String, Vec<&'static str>)> {
@@ -158,7 +131,7 @@ pub fn register(settings: &Settings, topics: &Topics) -> Result<Framing> {
                 if written {
                     for (i, name) in names.iter().enumerate() {
                         let branch = union.then(|| u32::try_from(i).unwrap_or(0));
-                        framing.ids.insert((topic.clone(), *name), (id, branch));
+                        framing.set_confluent(&topic, name, id, branch);
                     }
                 }
             }
@@ -171,7 +144,7 @@ pub fn register(settings: &Settings, topics: &Topics) -> Result<Framing> {
                         .map_err(|e| config_error(format!("subject {name}: {e}")))?;
                     registered += 1;
                     if written {
-                        framing.ids.insert((topic.clone(), name), (id, None));
+                        framing.set_confluent(&topic, name, id, None);
                     }
                 }
             }

@@ -625,7 +625,7 @@ pub struct Config {
     pub source: Option<PathBuf>,
     /// How the processor frames what it writes: single-object unless the schema registry's
     /// ids were set at start (`schema_registry.output_format: confluent`).
-    pub framing: std::sync::Arc<crate::schemas::Framing>,
+    pub framing: std::sync::Arc<ksched_codec::Framing>,
 }
 
 /// Flags that override the file and the environment.

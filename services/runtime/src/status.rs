@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::metrics::Metrics;
-use crate::processor::wall_clock_ms;
+use crate::clock::wall_clock_ms;
 
 /// Shared processor status.
 #[derive(Debug)]

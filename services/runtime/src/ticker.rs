@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::error::{Result, kafka};
-use crate::processor::wall_clock_ms;
+use crate::clock::wall_clock_ms;
 use crate::settings::Settings;
 use crate::status::Shards;
 use crate::topics::{Topics, client_config, partition_count};

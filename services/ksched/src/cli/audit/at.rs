@@ -48,10 +48,10 @@ pub(super) fn at(
             "journal_offset": offset,
             "log_time": log_time,
             "counts_by_state": counts,
-            "jobs": shown.iter().map(|(id, j)| ksched_runtime::api::job_view(id, j)).collect::<Vec<_>>(),
+            "jobs": shown.iter().map(|(id, j)| ksched_api::job_view(id, j)).collect::<Vec<_>>(),
             "workers": workers.iter()
                 .filter(|(_, w)| pool.is_none_or(|p| w.heartbeat.pool == p))
-                .map(|(id, w)| ksched_runtime::api::worker_view(id, w)).collect::<Vec<_>>(),
+                .map(|(id, w)| ksched_api::worker_view(id, w)).collect::<Vec<_>>(),
         })),
         Format::Table => {
             println!(

@@ -36,10 +36,10 @@ use super::{
     dead_letter_counts, dead_letters, find_job, heavy_read, job_view, jobs_query, redrive_job,
     reject_job, tenant_usage,
 };
-use crate::audit::isolated::{self, ReplayAnswer, ReplayRequest, ReplayTask};
-use crate::audit::{Source, TimelineItem, job_window};
+use ksched_runtime::audit::isolated::{self, ReplayAnswer, ReplayRequest, ReplayTask};
+use ksched_runtime::audit::{Source, TimelineItem, job_window};
 use crate::auth::{Action, Denied, Identity, host_allowed};
-use crate::processor::wall_clock_ms;
+use ksched_runtime::clock::wall_clock_ms;
 use html::{action_form, esc, flash, job_link, page, state, table, time, url};
 
 pub(crate) use samples::Samples;
@@ -514,7 +514,7 @@ fn decision(item: &TimelineItem) -> String {
         item.offset,
         time(Some(e.log_time)),
         esc(e.input.kind()),
-        esc(&crate::audit::cause_text(&e.cause)),
+        esc(&ksched_runtime::audit::cause_text(&e.cause)),
     );
     for ev in &e.events {
         let _ = write!(
@@ -1142,7 +1142,7 @@ async fn what_if(
         return Html(page("What if", "/ui/what-if", Some(&who), &body)).into_response();
     }
     if !pools_text.is_empty()
-        && let Err(e) = crate::settings::parse_pools(&pools_text)
+        && let Err(e) = ksched_runtime::settings::parse_pools(&pools_text)
     {
         error(&mut body, format!("pools.yaml: {e}"));
         return Html(page("What if", "/ui/what-if", Some(&who), &body)).into_response();

@@ -11,8 +11,8 @@ use rustls::server::WebPkiClientVerifier;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
-use crate::error::{Error, Result};
-use crate::settings::TlsSettings;
+use ksched_runtime::error::{Error, Result};
+use ksched_runtime::settings::TlsSettings;
 
 /// Longest a client may take over its TLS handshake.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);

@@ -18,7 +18,7 @@ use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use ksched_core::hash::sha256_hex;
 use serde::Deserialize;
 
-use crate::error::{Error, Result};
+use ksched_runtime::error::{Error, Result};
 
 /// What a principal may do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Deserialize)]
@@ -139,7 +139,7 @@ impl Auth {
     }
 
     /// The authentication `http` configures: API tokens, JWTs, both, or none.
-    pub fn from_settings(http: &crate::settings::HttpSettings) -> Result<Auth> {
+    pub fn from_settings(http: &ksched_runtime::settings::HttpSettings) -> Result<Auth> {
         let mut auth = match &http.tokens_file {
             Some(path) => Auth::from_file(path)?,
             None => Auth::none(),
@@ -235,7 +235,7 @@ impl Auth {
 /// issuer's JWKS, for this audience, unexpired. The JWKS file is read again, at most once a
 /// second, when a token names a key id it lacks (the issuer rotated its keys).
 pub struct Jwt {
-    settings: crate::settings::JwtSettings,
+    settings: ksched_runtime::settings::JwtSettings,
     keys: RwLock<Keys>,
 }
 
@@ -261,7 +261,7 @@ fn asymmetric(alg: Algorithm) -> bool {
 }
 
 impl Jwt {
-    pub fn new(settings: crate::settings::JwtSettings) -> Result<Jwt> {
+    pub fn new(settings: ksched_runtime::settings::JwtSettings) -> Result<Jwt> {
         let keys = read_jwks(&settings.jwks_file)?;
         Ok(Jwt {
             settings,
@@ -583,8 +583,8 @@ mod tests {
     }
 
     fn jwt_auth(jwks: &Path) -> Auth {
-        let http = crate::settings::HttpSettings {
-            jwt: Some(crate::settings::JwtSettings {
+        let http = ksched_runtime::settings::HttpSettings {
+            jwt: Some(ksched_runtime::settings::JwtSettings {
                 issuer: ISSUER.into(),
                 audience: AUDIENCE.into(),
                 jwks_file: jwks.to_path_buf(),
@@ -716,9 +716,9 @@ mod tests {
             ),
         )
         .unwrap();
-        let http = crate::settings::HttpSettings {
+        let http = ksched_runtime::settings::HttpSettings {
             tokens_file: Some(tokens),
-            jwt: Some(crate::settings::JwtSettings {
+            jwt: Some(ksched_runtime::settings::JwtSettings {
                 issuer: ISSUER.into(),
                 audience: AUDIENCE.into(),
                 jwks_file: jwks,
@@ -744,7 +744,7 @@ mod tests {
             r#"{"keys":[{"kty":"oct","k":"c2VjcmV0","kid":"h1","alg":"HS256"}]}"#,
         )
         .unwrap();
-        let e = Jwt::new(crate::settings::JwtSettings {
+        let e = Jwt::new(ksched_runtime::settings::JwtSettings {
             issuer: ISSUER.into(),
             audience: AUDIENCE.into(),
             jwks_file: jwks,

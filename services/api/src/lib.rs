@@ -25,13 +25,15 @@ use serde_json::{Value, json};
 use tracing::{debug, info, warn};
 
 use crate::auth::{Action, Auth, Denied, Identity, default_allowed_hosts, host_allowed};
-use crate::error::{Result, kafka};
-use crate::processor::wall_clock_ms;
-use crate::settings::Settings;
-use crate::status::Shards;
-use crate::topics::{Topics, client_config};
+use ksched_runtime::error::{Result, kafka};
+use ksched_runtime::clock::wall_clock_ms;
+use ksched_runtime::settings::Settings;
+use ksched_runtime::status::Shards;
+use ksched_runtime::topics::{Topics, client_config};
 
+pub mod auth;
 mod console;
+pub mod tls;
 
 /// Most jobs one list request returns.
 pub const MAX_LIMIT: usize = 10_000;
@@ -84,7 +86,7 @@ pub struct Api {
     /// Served over TLS: the console's cookie is `Secure`, and its pages' origin `https`.
     secure_cookies: bool,
     /// How the console's time travel and what-if run (a child process).
-    replays: crate::audit::isolated::ChildLimits,
+    replays: ksched_runtime::audit::isolated::ChildLimits,
     /// `http.request_read_timeout_ms`.
     read_timeout: Duration,
     max_connections: usize,
@@ -133,9 +135,9 @@ impl Api {
             max_body_bytes: settings.http.max_body_bytes,
             samples: console::Samples::default(),
             // The processor's principal reads the journal here: its group, not the auditors'.
-            journal_client: crate::replay::reader_client(settings, "console"),
+            journal_client: ksched_runtime::replay::reader_client(settings, "console"),
             secure_cookies: settings.http.tls.is_some(),
-            replays: crate::audit::isolated::ChildLimits {
+            replays: ksched_runtime::audit::isolated::ChildLimits {
                 // The `ksched` binary, which has the `replay-child` subcommand.
                 program: std::env::current_exe().unwrap_or_else(|_| "ksched".into()),
                 memory_limit_bytes: settings.http.replay_memory_limit_bytes,
@@ -355,7 +357,7 @@ pub async fn serve(
     console::start_sampler(api.clone());
     let listener = tokio::net::TcpListener::bind(listen)
         .await
-        .map_err(crate::error::io(format!(
+        .map_err(ksched_runtime::error::io(format!(
             "binding the HTTP API to {listen}"
         )))?;
     match &tls {
