@@ -10,7 +10,7 @@
 #   cmake, g++            librdkafka and rocksdb are built from source
 #   java 17 + maven       the real Apache Kafka broker for tests (deploy/kafka.sh)
 #   python3 venv          confluent-kafka + fastavro for the Python example worker
-#   toxiproxy (go install) the fault suite's network faults (ksched chaos)
+#   toxiproxy (go install) the fault suite's network faults (ksched-chaos)
 set -euo pipefail
 
 ksched_setup() {
@@ -48,7 +48,7 @@ ksched_setup() {
   # under CI=true).
   local bin="$HOME/.cache/ksched/bin" tool
   if command -v go >/dev/null 2>&1; then
-    # The server, and its CLI to look at or drive the proxies by hand (`ksched chaos --keep`).
+    # The server, and its CLI to look at or drive the proxies by hand (`bash scripts/chaos.sh --keep`).
     for tool in server cli; do
       [ -x "$bin/toxiproxy-$tool" ] && continue
       echo "setup: installing toxiproxy-$tool into $bin" >&2

@@ -25,8 +25,8 @@ use serde_json::{Value, json};
 use tracing::{debug, info, warn};
 
 use crate::auth::{Action, Auth, Denied, Identity, default_allowed_hosts, host_allowed};
-use ksched_runtime::error::{Result, kafka};
 use ksched_runtime::clock::wall_clock_ms;
+use ksched_runtime::error::{Result, kafka};
 use ksched_runtime::settings::Settings;
 use ksched_runtime::status::Shards;
 use ksched_runtime::topics::{Topics, client_config};
@@ -355,11 +355,12 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<()> {
     console::start_sampler(api.clone());
-    let listener = tokio::net::TcpListener::bind(listen)
-        .await
-        .map_err(ksched_runtime::error::io(format!(
-            "binding the HTTP API to {listen}"
-        )))?;
+    let listener =
+        tokio::net::TcpListener::bind(listen)
+            .await
+            .map_err(ksched_runtime::error::io(format!(
+                "binding the HTTP API to {listen}"
+            )))?;
     match &tls {
         Some(_) => info!(listen, "HTTP API listening over TLS"),
         None => info!(listen, "HTTP API listening"),

@@ -1,7 +1,6 @@
 //! `ksched`: one binary, subcommands in the manner of the Kafka command-line tools.
 
 mod bench;
-mod chaos;
 mod cli;
 mod dev;
 mod kafka_args;
@@ -45,10 +44,6 @@ enum Command {
     /// Measure throughput, latency, replay, recovery and scale against a broker, beside a
     /// raw Kafka baseline (docs/performance.md).
     Bench(bench::BenchArgs),
-    /// The fault suite: kill, broker restarts and node loss, network faults, a second
-    /// instance, a full disk, poison records, each under load, with a verdict per fault
-    /// (docs/reliability.md). Starts its own brokers; run from the repository.
-    Chaos(chaos::ChaosArgs),
     /// Inspect jobs.
     Jobs {
         #[command(subcommand)]
@@ -191,7 +186,6 @@ fn main() -> ExitCode {
         }
         Command::Dev(args) => dev::main(args),
         Command::Bench(args) => bench::main(args),
-        Command::Chaos(args) => chaos::main(args),
         Command::Submit { args, conn } => {
             finish(conn.resolve().and_then(|t| cli::submit::submit(&t, args)))
         }

@@ -109,8 +109,7 @@ fn kubernetes_manifests_parse_and_probe_the_health_routes() {
         .iter()
         .find(|d| d["kind"].as_str() == Some("Secret"))
         .unwrap();
-    ksched_api::auth::Auth::parse(secret["stringData"]["tokens.yaml"].as_str().unwrap())
-        .unwrap();
+    ksched_api::auth::Auth::parse(secret["stringData"]["tokens.yaml"].as_str().unwrap()).unwrap();
     let mounts = c["volumeMounts"].as_sequence().unwrap();
     assert!(
         mounts

@@ -5,8 +5,8 @@
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::metrics::Metrics;
 use crate::clock::wall_clock_ms;
+use crate::metrics::Metrics;
 
 /// Shared processor status.
 #[derive(Debug)]

@@ -17,8 +17,8 @@ use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, Prod
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::error::{Result, kafka};
 use crate::clock::wall_clock_ms;
+use crate::error::{Result, kafka};
 use crate::settings::Settings;
 use crate::status::Shards;
 use crate::topics::{Topics, client_config, partition_count};

@@ -36,11 +36,11 @@ use super::{
     dead_letter_counts, dead_letters, find_job, heavy_read, job_view, jobs_query, redrive_job,
     reject_job, tenant_usage,
 };
+use crate::auth::{Action, Denied, Identity, host_allowed};
+use html::{action_form, esc, flash, job_link, page, state, table, time, url};
 use ksched_runtime::audit::isolated::{self, ReplayAnswer, ReplayRequest, ReplayTask};
 use ksched_runtime::audit::{Source, TimelineItem, job_window};
-use crate::auth::{Action, Denied, Identity, host_allowed};
 use ksched_runtime::clock::wall_clock_ms;
-use html::{action_form, esc, flash, job_link, page, state, table, time, url};
 
 pub(crate) use samples::Samples;
 

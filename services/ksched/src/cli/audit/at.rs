@@ -44,15 +44,18 @@ pub(super) fn at(
         .collect();
     let workers = store.workers().map_err(failed)?;
     match t.output {
-        Format::Json => out.json(src.partition, json!({
-            "journal_offset": offset,
-            "log_time": log_time,
-            "counts_by_state": counts,
-            "jobs": shown.iter().map(|(id, j)| ksched_api::job_view(id, j)).collect::<Vec<_>>(),
-            "workers": workers.iter()
-                .filter(|(_, w)| pool.is_none_or(|p| w.heartbeat.pool == p))
-                .map(|(id, w)| ksched_api::worker_view(id, w)).collect::<Vec<_>>(),
-        })),
+        Format::Json => out.json(
+            src.partition,
+            json!({
+                "journal_offset": offset,
+                "log_time": log_time,
+                "counts_by_state": counts,
+                "jobs": shown.iter().map(|(id, j)| ksched_api::job_view(id, j)).collect::<Vec<_>>(),
+                "workers": workers.iter()
+                    .filter(|(_, w)| pool.is_none_or(|p| w.heartbeat.pool == p))
+                    .map(|(id, w)| ksched_api::worker_view(id, w)).collect::<Vec<_>>(),
+            }),
+        ),
         Format::Table => {
             println!(
                 "as of journal offset {offset}, log time {} UTC",

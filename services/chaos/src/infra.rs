@@ -258,12 +258,12 @@ pub(super) struct Ksched {
 }
 
 impl Ksched {
-    pub(super) fn spawn(config: &Path, log: &Path, http_port: u16) -> Result<Ksched> {
+    pub(super) fn spawn(bin: &Path, config: &Path, log: &Path, http_port: u16) -> Result<Ksched> {
         let file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(log)?;
-        let child = Command::new(std::env::current_exe()?)
+        let child = Command::new(bin)
             .args(["run", "--config"])
             .arg(config)
             .args(["--http-listen", &format!("127.0.0.1:{http_port}")])

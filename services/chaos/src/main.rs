@@ -1,5 +1,6 @@
-//! `ksched chaos`: the fault suite (docs/reliability.md). Against real brokers started on its
-//! own ports by `deploy/kafka.sh`, with `ksched run` as a child process, two SDK workers and
+//! `ksched-chaos`: the fault suite (docs/reliability.md), outside the product binary. Against
+//! real brokers started on its own ports by `deploy/kafka.sh`, with `ksched run` as a child
+//! process, two SDK workers and
 //! the Python worker, and a steady load of jobs, it injects one fault at a time mid-run:
 //!
 //! - `kill`: SIGKILL of `ksched run` every 2-5 s, restarted at once (worker TTL 5 s);
@@ -27,7 +28,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
-use clap::{Args, ValueEnum};
+use clap::{Parser, ValueEnum};
 use infra::{Cluster, Ksched, PyWorker, Toxiproxy, free_port, tail};
 use ksched_core::events::JobState;
 use ksched_core::records::{Dispatch, Heartbeat, JobRequest};
@@ -40,7 +41,12 @@ use rdkafka::{Offset, TopicPartitionList};
 use serde::Serialize;
 use serde_json::json;
 
-#[derive(Debug, Args)]
+/// The fault suite: kill, broker restarts and node loss, network faults, a second instance,
+/// a full disk, poison records, each under load, with a verdict per fault
+/// (docs/reliability.md). Starts its own brokers; run from the repository
+/// (`bash scripts/chaos.sh`).
+#[derive(Debug, Parser)]
+#[command(name = "ksched-chaos", version, about, long_about = None)]
 pub(crate) struct ChaosArgs {
     /// Seconds-long versions of every fault (what CI runs).
     #[arg(long)]
@@ -64,6 +70,10 @@ pub(crate) struct ChaosArgs {
     /// into a failure.
     #[arg(long)]
     pub keep: bool,
+    /// The `ksched` binary under test (default: the one beside this binary, as cargo builds
+    /// them).
+    #[arg(long)]
+    pub ksched: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, ValueEnum)]
@@ -125,6 +135,8 @@ pub(crate) struct Verdict {
 /// SDK workers, the Python interpreter if it is there.
 struct Env {
     repo: PathBuf,
+    /// The `ksched` binary each scenario runs.
+    ksched: PathBuf,
     work: tempfile::TempDir,
     rt: tokio::runtime::Runtime,
     python: Option<String>,
@@ -141,7 +153,8 @@ impl Env {
     }
 }
 
-pub(crate) fn main(args: ChaosArgs) -> ExitCode {
+fn main() -> ExitCode {
+    let args = ChaosArgs::parse();
     match suite(&args) {
         Ok(verdicts) => {
             if verdicts.iter().all(|v| v.passed || v.skipped) {
@@ -151,7 +164,7 @@ pub(crate) fn main(args: ChaosArgs) -> ExitCode {
             }
         }
         Err(e) => {
-            eprintln!("ksched chaos: {e:#}");
+            eprintln!("ksched-chaos: {e:#}");
             ExitCode::from(1)
         }
     }
@@ -170,8 +183,18 @@ fn suite(args: &ChaosArgs) -> Result<Vec<Verdict>> {
     let home = std::env::var_os("HOME")
         .map(PathBuf::from)
         .unwrap_or_default();
+    let ksched = match &args.ksched {
+        Some(path) => path.clone(),
+        None => std::env::current_exe()?.with_file_name("ksched"),
+    };
+    ensure!(
+        ksched.is_file(),
+        "no ksched binary at {} (`cargo build -p ksched` builds it; or pass --ksched)",
+        ksched.display()
+    );
     let env = Env {
         repo,
+        ksched,
         work: tempfile::Builder::new().prefix("ksched-chaos-").tempdir()?,
         rt: tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -287,7 +310,7 @@ fn machine() -> String {
 
 fn table(verdicts: &[Verdict], short: bool) -> String {
     let mut t = format!(
-        "Run: `ksched chaos{}` on {}.\n\n| fault | what was done | jobs | lost | dispatched twice | false worker loss | stuck | decisions again after | all jobs done after the load | result |\n|---|---|---|---|---|---|---|---|---|---|\n",
+        "Run: `ksched-chaos{}` on {}.\n\n| fault | what was done | jobs | lost | dispatched twice | false worker loss | stuck | decisions again after | all jobs done after the load | result |\n|---|---|---|---|---|---|---|---|---|---|\n",
         if short { " --short" } else { "" },
         machine()
     );
@@ -359,6 +382,7 @@ fn run_fault(env: &Env, f: Fault) -> Result<Verdict> {
 /// One fault's run: topics under their own prefix, a config file, the watch on the journal.
 struct Scenario {
     name: &'static str,
+    ksched: PathBuf,
     dir: PathBuf,
     prefix: String,
     job_topic: String,
@@ -420,6 +444,7 @@ impl Scenario {
         let watch = JournalWatch::start(&direct, &format!("{prefix}journal"))?;
         Ok(Scenario {
             name,
+            ksched: env.ksched.clone(),
             dir,
             prefix,
             job_topic,
@@ -436,6 +461,7 @@ impl Scenario {
 
     fn ksched(&self, n: usize) -> Result<Ksched> {
         Ksched::spawn(
+            &self.ksched,
             &self.config,
             &self.dir.join(format!("ksched-{n}.log")),
             free_port()?,
@@ -970,7 +996,7 @@ fn two_instances(env: &Env) -> Result<Verdict> {
             &format!("data_dir: {}", s.dir.join("data-b").display()),
         ),
     )?;
-    let mut b = Ksched::spawn(&other, &s.dir.join("ksched-b.log"), free_port()?)?;
+    let mut b = Ksched::spawn(&s.ksched, &other, &s.dir.join("ksched-b.log"), free_port()?)?;
     // With processor.lease the second instance stands by; then the owner is SIGKILLed and
     // the standby takes over. The ticker's source names the process: the takeover is
     // complete when the second instance's Ticks are judged.

@@ -1,4 +1,4 @@
-//! The fault suite's short run (docs/reliability.md): `ksched chaos --short` injects faults
+//! The fault suite's short run (docs/reliability.md): `ksched-chaos --short` injects faults
 //! against brokers it starts itself and judges the run (no job lost, stuck, dispatched twice
 //! or ended twice, no live worker declared lost, the expected dead letters written, workers
 //! that stop when asked). This test requires that each fault it runs passed; under
@@ -26,9 +26,20 @@ fn every_fault_of_the_short_suite_passes() {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("chaos.json");
-    let run = Command::new(env!("CARGO_BIN_EXE_ksched"))
-        .args(["chaos", "--short", "--faults", &RUN.join(","), "--repo"])
+    // The product binary the suite runs: cargo builds it beside this package's binary when
+    // the whole workspace is tested (scripts/test.sh).
+    let chaos = Path::new(env!("CARGO_BIN_EXE_ksched-chaos"));
+    let ksched = chaos.with_file_name("ksched");
+    assert!(
+        ksched.is_file(),
+        "no {}: test the whole workspace (`cargo test --workspace`) or `cargo build -p ksched` first",
+        ksched.display()
+    );
+    let run = Command::new(chaos)
+        .args(["--short", "--faults", &RUN.join(","), "--repo"])
         .arg(&repo)
+        .arg("--ksched")
+        .arg(&ksched)
         .arg("--out")
         .arg(&out)
         .output()
