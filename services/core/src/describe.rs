@@ -20,7 +20,7 @@ impl Event {
 
     /// [`Event::describe`], appended to `out`. A replay writes a line for nearly every
     /// event, and appending them all to one buffer spares a string, and its regrowth as the
-    /// pieces are written, per line (docs/performance.md, nineteenth steps).
+    /// pieces are written, per line.
     pub fn describe_into(&self, input: &Input, out: &mut String) {
         // Writing to a `String` cannot fail.
         let _ = self.write_description(input, out);
@@ -316,7 +316,7 @@ impl Event {
 
 // The events of nearly every job (accepted, policy, queued, scheduled, dispatched, running,
 // succeeded) write their pieces directly: through `write!`, the formatting machinery was most
-// of a line's cost in a replay (docs/performance.md, nineteenth steps).
+// of a line's cost in a replay.
 
 /// Appends `pieces` to `out`.
 fn push(out: &mut String, pieces: &[&str]) {

@@ -61,7 +61,7 @@ impl PartitionTail {
     /// It also asks librdkafka to fetch again 10 ms after its local queue was over its
     /// bounds (`fetch.queue.backoff.ms`, 1 s by default). A replay reads faster than one fetch
     /// a second can feed: with the default, every second or so the queue ran dry and the
-    /// replay stood idle until the next fetch (docs/performance.md, nineteenth steps).
+    /// replay stood idle until the next fetch.
     pub fn new(client: &ClientConfig, topic: &str, partition: i32, from: i64) -> Result<Self> {
         let mut client = client.clone();
         client

@@ -667,7 +667,7 @@ impl Store {
     /// the watermark back with the records, atomically, and the next start applies the
     /// journal from that watermark on, as after a crash between a commit and its write
     /// (docs/architecture.md, "Exactly once"). A synced write waited for the disk once per
-    /// batch, on the deciding thread (docs/performance.md, thirteenth steps).
+    /// batch, on the deciding thread.
     pub fn write(&self, batch: Prepared, watermark: Option<i64>) -> Result<()> {
         let Prepared {
             batch: mut b,

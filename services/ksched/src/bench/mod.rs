@@ -56,9 +56,9 @@ pub(crate) struct BenchArgs {
     #[arg(long, default_value_t = 4)]
     pub workers: usize,
     /// Jobs each SDK worker runs at once (`max_parallel_jobs`). Enough that the fleet does
-    /// not cap the scheduler: with 64 (the default before 2026-12-05) the four workers' 256
+    /// not cap the scheduler: with 64 (the former default) the four workers' 256
     /// slots, not the processor, set the saturation figure and each shard's batch size, and
-    /// jobs queued for a slot at 50 % load (docs/performance.md, twenty-first steps).
+    /// jobs queued for a slot at 50 % load.
     #[arg(long, default_value_t = 1024)]
     pub worker_slots: usize,
     /// Only the small-history phases (baseline and saturation turns, latency levels): skip
@@ -311,7 +311,7 @@ fn journal_from_end(
         .set("enable.auto.commit", "false")
         // An idle tail need not ask 200 times a second: the broker answers a read_committed
         // fetch as soon as a commit moves the last stable offset (as the processor's and the
-        // workers' consumers, docs/performance.md, twenty-second steps).
+        // workers' consumers do).
         .set("fetch.wait.max.ms", "500")
         .set("fetch.queue.backoff.ms", "1")
         .create()?;
