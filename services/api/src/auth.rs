@@ -14,11 +14,9 @@ use std::time::{Duration, Instant};
 
 use jsonwebtoken::jwk::JwkSet;
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
-
 use ksched_core::hash::sha256_hex;
-use serde::Deserialize;
-
 use ksched_runtime::error::{Error, Result};
+use serde::Deserialize;
 
 /// What a principal may do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Deserialize)]

@@ -7,12 +7,11 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use ksched_runtime::error::{Error, Result};
+use ksched_runtime::settings::TlsSettings;
 use rustls::server::WebPkiClientVerifier;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
-
-use ksched_runtime::error::{Error, Result};
-use ksched_runtime::settings::TlsSettings;
 
 /// Longest a client may take over its TLS handshake.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);

@@ -1,7 +1,7 @@
 //! Nothing an input says can make the scheduler do unbounded work in one journal entry, hold
 //! unbounded state, or accept a record larger than the limits: work per entry is cut and
 //! continued, candidates lists and histories are bounded, lost workers are forgotten, queues
-//! admit up to a limit, oversized and nonsensical inputs are refused (issue: poison records).
+//! admit up to a limit, oversized and nonsensical inputs are refused.
 
 mod support;
 

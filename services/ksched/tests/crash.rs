@@ -1,4 +1,4 @@
-//! Crash test (issue: the event-sourced scheduler). `ksched run` runs as a child process; a few
+//! Crash test. `ksched run` runs as a child process; a few
 //! thousand jobs flow through it while it is killed with SIGKILL at random moments and
 //! restarted each time. At the end every job is terminal exactly once, the journal holds no
 //! duplicate transition, no attempt was dispatched twice, no worker was declared lost (both

@@ -253,7 +253,7 @@ pub fn client_config(settings: &Settings) -> ClientConfig {
 /// answers CONCURRENT_TRANSACTIONS and librdkafka asks again after `retry.backoff.ms` (100 ms
 /// by default, doubling up to `retry.backoff.max.ms`). Adaptive batching begins the next
 /// transaction within a few milliseconds at low load, so that wait was most of a p99 submit
-/// -> dispatch latency of 100-140 ms (docs/performance.md). librdkafka itself asks again after
+/// -> dispatch latency of 100-140 ms (docs/performance.md, "What limits latency"). librdkafka itself asks again after
 /// 20 ms for AddPartitionsToTxn on the same answer.
 pub const TRANSACTIONAL_RETRY_BACKOFF_MS: u32 = 10;
 

@@ -8,8 +8,7 @@ use super::Job;
 ///
 /// A hash map, not an ordered one: a replay or a busy processor looks a job up several times
 /// per event, and an ordered map's walk compared the id, whose bytes ids often share for
-/// most of their length, a few dozen times per lookup (docs/performance.md, eighteenth
-/// steps). The hash is keyed with a random seed per process (the standard library's
+/// most of their length, a few dozen times per lookup. The hash is keyed with a random seed per process (the standard library's
 /// SipHash), so ids a hostile producer chose cannot pile into one bucket. Its order differs
 /// from run to run, so nothing may read it: the only ways to walk the map are
 /// [`JobMap::ids_sorted`] and [`JobMap::iter_any_order`], whose callers fold what they see

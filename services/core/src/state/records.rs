@@ -42,8 +42,7 @@ pub const HISTORY_MAX: u32 = 200;
 /// before it (the job's last, in an earlier run).
 ///
 /// The lines' names and texts are written one after another into one buffer, not a string
-/// each: a replay writes a line for nearly every event (docs/performance.md, nineteenth
-/// steps). A line replaced inside its run leaves its text behind in the buffer until the
+/// each: a replay writes a line for nearly every event. A line replaced inside its run leaves its text behind in the buffer until the
 /// set is dropped.
 #[derive(Debug, Clone, Default)]
 pub struct HistoryLines {

@@ -1,0 +1,202 @@
+//! Workers, pools and tenants, and the dead letters with redrive.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use axum::Extension;
+use axum::extract::{Query, State as AxState};
+use axum::response::{Html, IntoResponse, Response};
+
+use super::failed;
+use super::html::{esc, job_link, page, table, time, url};
+use super::samples;
+use crate::auth::{Action, Identity};
+use crate::fleet::{dead_letter_counts, dead_letters, tenant_usage};
+use crate::{Api, DEFAULT_LIMIT};
+
+pub(super) async fn workers(
+    AxState(api): AxState<Arc<Api>>,
+    Extension(who): Extension<Identity>,
+) -> Response {
+    if let Err(e) = crate::require(&who, Action::Read) {
+        return failed(&who, "Workers", e);
+    }
+    let mut ws = Vec::new();
+    for s in &api.stores {
+        match s.workers() {
+            Ok(w) => ws.extend(w),
+            Err(e) => return failed(&who, "Workers", crate::internal(e)),
+        }
+    }
+    let rows: Vec<Vec<String>> = ws
+        .iter()
+        .map(|(id, w)| {
+            let hb = &w.heartbeat;
+            vec![
+                esc(id),
+                esc(&hb.pool),
+                if w.alive { "alive" } else { "lost" }.to_owned(),
+                format!("{}/{}", hb.active_jobs, hb.max_parallel_jobs),
+                format!("{:.0}", hb.cpu_load),
+                esc(&format!("{:?}", hb.owned_partitions)),
+                if hb.draining { "draining" } else { "" }.to_owned(),
+                time(Some(w.last_seen)),
+            ]
+        })
+        .collect();
+    let body = format!(
+        "<h1>Workers</h1>{}",
+        table(
+            &[
+                "WORKER",
+                "POOL",
+                "LIVENESS",
+                "LOAD (ACTIVE/MAX)",
+                "CPU %",
+                "OWNED PARTITIONS",
+                "",
+                "LAST SEEN (UTC)"
+            ],
+            &rows
+        )
+    );
+    Html(page("Workers", "/ui/workers", Some(&who), &body)).into_response()
+}
+
+pub(super) async fn pools(
+    AxState(api): AxState<Arc<Api>>,
+    Extension(who): Extension<Identity>,
+) -> Response {
+    let usage = match tenant_usage(&api, &who).await {
+        Ok(u) => u,
+        Err(e) => return failed(&who, "Pools & tenants", e),
+    };
+    let metrics = samples::parse(&api.shards.render_metrics());
+    let depth = samples::by(&metrics, "ksched_queue_depth", "pool");
+    let mut alive: BTreeMap<String, (u32, u32, i64, i64)> = BTreeMap::new();
+    for s in &api.stores {
+        for (_, w) in s.workers().unwrap_or_default() {
+            let e = alive.entry(w.heartbeat.pool.clone()).or_default();
+            if w.alive {
+                e.0 += 1;
+                e.2 += i64::from(w.heartbeat.active_jobs);
+                e.3 += i64::from(w.heartbeat.max_parallel_jobs);
+            } else {
+                e.1 += 1;
+            }
+        }
+    }
+    for p in depth.keys() {
+        alive.entry(p.clone()).or_default();
+    }
+    let rows: Vec<Vec<String>> = alive
+        .iter()
+        .map(|(p, (up, lost, active, cap))| {
+            vec![
+                format!("<a href=\"/ui/jobs?pool={}\">{}</a>", url(p), esc(p)),
+                depth.get(p).copied().unwrap_or(0.0).to_string(),
+                up.to_string(),
+                lost.to_string(),
+                format!("{active}/{cap}"),
+            ]
+        })
+        .collect();
+    let tenants: Vec<Vec<String>> = usage
+        .iter()
+        .map(|(t, (running, waiting, limit))| {
+            vec![
+                format!("<a href=\"/ui/jobs?tenant={}\">{}</a>", url(t), esc(t)),
+                running.to_string(),
+                waiting.to_string(),
+                limit.map_or("none".into(), |l| l.to_string()),
+            ]
+        })
+        .collect();
+    let body = format!(
+        "<h1>Pools</h1>{}<h1>Tenants</h1>{}",
+        table(
+            &[
+                "POOL",
+                "PENDING",
+                "WORKERS ALIVE",
+                "LOST",
+                "LOAD (ACTIVE/CAPACITY)"
+            ],
+            &rows
+        ),
+        table(
+            &["TENANT", "ON WORKERS", "WAITING", "MAX CONCURRENT JOBS"],
+            &tenants
+        )
+    );
+    Html(page("Pools & tenants", "/ui/pools", Some(&who), &body)).into_response()
+}
+
+pub(super) async fn dlq(
+    AxState(api): AxState<Arc<Api>>,
+    Extension(who): Extension<Identity>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Response {
+    let reason = q.get("reason").map(|r| r.trim()).filter(|r| !r.is_empty());
+    let listed = dead_letters(
+        &api,
+        &who,
+        reason.map(str::to_owned),
+        None,
+        DEFAULT_LIMIT * 2,
+    )
+    .await
+    .and_then(|list| Ok((list, dead_letter_counts(&api, &who)?)));
+    let (list, counts) = match listed {
+        Ok(r) => r,
+        Err(e) => return failed(&who, "DLQ", e),
+    };
+    let mut reasons = String::from("<option value=\"\">any reason</option>");
+    for r in counts.iter().flat_map(|c| c.keys()) {
+        let sel = if Some(r.as_str()) == reason {
+            " selected"
+        } else {
+            ""
+        };
+        let _ = write!(reasons, "<option{sel}>{}</option>", esc(r));
+    }
+    let rows: Vec<Vec<String>> = list
+        .iter()
+        .map(|d| {
+            let job = if d.job_id.is_empty() {
+                String::from("<span class=\"muted\">(an input record)</span>")
+            } else {
+                job_link(&d.job_id)
+            };
+            vec![
+                time(Some(d.at)),
+                job,
+                esc(&d.reason_code),
+                d.attempts.to_string(),
+                esc(&d.reason),
+                esc(&format!(
+                    "{}/{}/{}",
+                    d.cause_topic, d.cause_partition, d.cause_offset
+                )),
+            ]
+        })
+        .collect();
+    let body = format!(
+        "<h1>Dead letters</h1><form method=\"get\" action=\"/ui/dlq\"><select name=\"reason\">{reasons}</select> \
+         <button type=\"submit\">Filter</button></form>\
+         <p class=\"muted\">A job's page redrives it (submits it again as a new job).</p>{}",
+        table(
+            &[
+                "AT (UTC)",
+                "JOB",
+                "REASON CODE",
+                "ATTEMPTS",
+                "REASON",
+                "CAUSE"
+            ],
+            &rows
+        )
+    );
+    Html(page("DLQ", "/ui/dlq", Some(&who), &body)).into_response()
+}
