@@ -1,0 +1,57 @@
+use ksched_core::rules::Rules;
+
+use super::*;
+
+#[test]
+fn a_topic_binds_tenants_in_pools_yaml() {
+    let pools = parse_pools(
+        "topics:\n  job.default: default\n  job.multi: [a, default]\n  job.acme:\n    pools: [a, default]\n    tenants: [acme]\n\
+         pools:\n  default: {}\n  a:\n    workers: [\"a-*\"]\n\
+         tenants:\n  \"*\":\n    max_concurrent_jobs: 5\n",
+    )
+    .unwrap();
+    let mut rules = Rules::default();
+    pools.apply_to(&mut rules);
+    rules.validate().unwrap();
+    assert_eq!(rules.topics["job.acme"], ["a", "default"]);
+    assert_eq!(rules.topics["job.multi"], ["a", "default"]);
+    assert_eq!(
+        rules.topic_tenants.keys().collect::<Vec<_>>(),
+        ["job.acme"],
+        "only the bound topic lists tenants"
+    );
+    assert_eq!(rules.topic_tenants["job.acme"], ["acme"]);
+    assert_eq!(rules.pools["a"].workers, ["a-*"]);
+    assert_eq!(rules.max_concurrent_for_tenant("anyone"), Some(5));
+}
+
+#[test]
+fn a_misspelt_topic_binding_is_refused() {
+    let e = parse_pools("topics:\n  job.acme:\n    pools: [default]\n    tenant: [acme]\n")
+        .unwrap_err();
+    assert!(e.to_string().contains("tenants: [...]"), "{e}");
+}
+
+#[test]
+fn fewer_results_partitions_than_shards_are_refused_before_any_topic_is_made() {
+    let mut s = Settings::default();
+    s.topics.journal_partitions = 6;
+    s.topics.results_partitions = 4;
+    let e = s.validate().unwrap_err().to_string();
+    assert!(e.contains("results_partitions (4)"), "{e}");
+    s.topics.results_partitions = 6;
+    s.validate().unwrap();
+}
+
+#[test]
+fn transactional_producers_are_one_or_two() {
+    let mut s = Settings::default();
+    assert_eq!(s.processor.transactional_producers, 2);
+    for n in [0, 3] {
+        s.processor.transactional_producers = n;
+        let e = s.validate().unwrap_err().to_string();
+        assert!(e.contains("must be 1 or 2"), "{e}");
+    }
+    s.processor.transactional_producers = 1;
+    s.validate().unwrap();
+}
