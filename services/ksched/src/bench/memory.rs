@@ -11,9 +11,12 @@ use ksched_core::decide::Ctx;
 use ksched_core::events::{Cause, Input};
 use ksched_core::policy::AllowAll;
 use ksched_core::records::JobRequest;
+use ksched_runtime::settings::KafkaSettings;
 use ksched_runtime::{Config, Engine};
 use ksched_store::Store;
 use serde::Serialize;
+
+use super::{BenchArgs, bench_config, phase};
 
 #[derive(Debug, Serialize)]
 pub(super) struct Memory {
@@ -149,5 +152,35 @@ pub(super) fn load(dir: &Path) -> Result<()> {
         seconds: started.elapsed().as_secs_f64(),
     };
     println!("{}", serde_json::to_string(&loaded)?);
+    Ok(())
+}
+
+/// `ksched bench --memory N`: resident memory per pending job, live and after a restart.
+pub(super) fn memory_only(args: &BenchArgs, jobs: u64) -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let kafka = KafkaSettings {
+        bootstrap_servers: args.bootstrap_servers.clone(),
+        ..KafkaSettings::default()
+    };
+    let config = bench_config(&kafka, "bench.memory.", dir.path(), None);
+    phase(&format!(
+        "memory: {jobs} pending jobs with {} byte payloads",
+        args.memory_payload
+    ));
+    let m = run(
+        &config,
+        jobs,
+        args.memory_payload,
+        &dir.path().join("store"),
+    )?;
+    eprintln!(
+        "        live: RSS {:.0} MiB -> {:.0} MiB, {:.0} bytes per pending job (built in {:.1} s)",
+        m.rss_before_mib, m.rss_live_mib, m.live_bytes_per_job, m.build_seconds
+    );
+    eprintln!(
+        "        after a restart: RSS {:.0} MiB, {:.0} bytes per pending job (loaded in {:.1} s)",
+        m.rss_reloaded_mib, m.reloaded_bytes_per_job, m.reload_seconds
+    );
+    std::fs::write(&args.out, serde_json::to_string_pretty(&m)?)?;
     Ok(())
 }
