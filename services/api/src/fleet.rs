@@ -60,10 +60,7 @@ pub(super) async fn dead_letters(
     require(caller, Action::Read)?;
     let stores = api.stores.clone();
     let caller = caller.clone();
-    // Held by the blocking task: a request given up on still holds its turn until done.
-    let turn = heavy_read().await?;
-    tokio::task::spawn_blocking(move || {
-        let _turn = turn;
+    heavy_read(move || {
         let keep = |d: &DeadLetter| {
             caller.sees(&d.tenant_id)
                 && reason.as_ref().is_none_or(|r| &d.reason_code == r)
@@ -78,8 +75,6 @@ pub(super) async fn dead_letters(
         Ok::<_, ksched_store::Error>(all)
     })
     .await
-    .map_err(internal)?
-    .map_err(internal)
 }
 
 /// Dead letters by reason code, counted by the projection (no dead letter is read), for a
@@ -125,10 +120,7 @@ pub(super) async fn tenant_usage(api: &Api, caller: &Identity) -> ApiResult<Tena
     require(caller, Action::Read)?;
     let stores = api.stores.clone();
     let caller = caller.clone();
-    // Held by the blocking task: a request given up on still holds its turn until done.
-    let turn = heavy_read().await?;
-    tokio::task::spawn_blocking(move || {
-        let _turn = turn;
+    heavy_read(move || {
         let mut usage = TenantUsage::new();
         for store in &stores {
             store.scan_active_jobs(None, ksched_store::ScanBound::ALL, |_, j| {
@@ -149,6 +141,4 @@ pub(super) async fn tenant_usage(api: &Api, caller: &Identity) -> ApiResult<Tena
         Ok::<_, ksched_store::Error>(usage)
     })
     .await
-    .map_err(internal)?
-    .map_err(internal)
 }

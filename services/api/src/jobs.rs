@@ -89,10 +89,7 @@ pub(super) async fn jobs_query(
     let stores = api.stores.clone();
     let after = q.get("after").cloned();
     let active_only = state.is_some_and(|s| !s.is_terminal());
-    // Held by the blocking task: a request given up on still holds its turn until done.
-    let turn = heavy_read().await?;
-    let (jobs, next) = tokio::task::spawn_blocking(move || {
-        let _turn = turn;
+    let (jobs, next) = heavy_read(move || {
         // Each shard's first `limit` after `after`, each scan bounded: the union's first
         // `limit` below the point every shard has been read to.
         let mut jobs = Vec::new();
@@ -131,9 +128,7 @@ pub(super) async fn jobs_query(
         };
         Ok::<_, ksched_store::Error>((jobs, next))
     })
-    .await
-    .map_err(internal)?
-    .map_err(internal)?;
+    .await?;
     Ok((jobs, next))
 }
 

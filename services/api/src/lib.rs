@@ -21,7 +21,7 @@ mod views;
 
 pub use routes::router;
 pub use server::serve;
-pub use views::{dead_letter_view, job_view, worker_view};
+pub use views::{JOB_COLUMNS, dead_letter_view, job_view, worker_view};
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -57,15 +57,32 @@ const HEAVY_READ_WAIT: Duration = Duration::from_secs(10);
 
 static HEAVY: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(HEAVY_READS);
 
-/// A turn for a heavy read, or 503 when none came within `HEAVY_READ_WAIT`.
-async fn heavy_read() -> ApiResult<tokio::sync::SemaphorePermit<'static>> {
-    match tokio::time::timeout(HEAVY_READ_WAIT, HEAVY.acquire()).await {
-        Ok(Ok(p)) => Ok(p),
-        _ => Err(ApiError(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "too many large reads at once; try again in a moment".into(),
-        )),
-    }
+/// Runs `read` on a blocking thread in one of the [`HEAVY_READS`] turns, or answers 503 when
+/// no turn came within `HEAVY_READ_WAIT`. The blocking task holds the turn: a request given
+/// up on still holds it until its read is done.
+async fn heavy_read<T, E>(
+    read: impl FnOnce() -> std::result::Result<T, E> + Send + 'static,
+) -> ApiResult<T>
+where
+    T: Send + 'static,
+    E: std::fmt::Display + Send + 'static,
+{
+    let turn = match tokio::time::timeout(HEAVY_READ_WAIT, HEAVY.acquire()).await {
+        Ok(Ok(turn)) => turn,
+        _ => {
+            return Err(ApiError(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "too many large reads at once; try again in a moment".into(),
+            ));
+        }
+    };
+    tokio::task::spawn_blocking(move || {
+        let _turn = turn;
+        read()
+    })
+    .await
+    .map_err(internal)?
+    .map_err(internal)
 }
 
 /// Jobs a list request returns without `limit`.

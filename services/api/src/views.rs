@@ -5,6 +5,17 @@ use ksched_core::records::{DeadLetter, redact_env};
 use ksched_core::state::{Job, Worker};
 use serde_json::{Value, json};
 
+/// The columns of a job in a list, as the console and the CLI show them.
+pub const JOB_COLUMNS: [&str; 7] = [
+    "JOB",
+    "STATE",
+    "TENANT",
+    "POOL",
+    "WORKER",
+    "ATTEMPT",
+    "UPDATED (UTC)",
+];
+
 /// A job as the API and the CLI show it (secret env values hidden, payload as its size).
 pub fn job_view(id: &str, j: &Job) -> Value {
     let r = &j.request;

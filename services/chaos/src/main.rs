@@ -131,6 +131,26 @@ pub(crate) struct Verdict {
     pub skipped: bool,
 }
 
+impl Verdict {
+    /// The verdict of a fault that did not run to its end: failed, or `skipped`, for `why`.
+    fn without_a_run(fault: &str, why: String, skipped: bool) -> Verdict {
+        Verdict {
+            fault: fault.into(),
+            what: String::new(),
+            jobs: 0,
+            lost: 0,
+            dispatched_twice: 0,
+            false_worker_lost: 0,
+            stuck: 0,
+            recover_seconds: None,
+            drain_seconds: 0.0,
+            notes: vec![why],
+            passed: false,
+            skipped,
+        }
+    }
+}
+
 /// The suite's shared parts: the repository, a scratch directory, an async runtime for the
 /// SDK workers, the Python interpreter if it is there.
 struct Env {
@@ -225,20 +245,7 @@ fn suite(args: &ChaosArgs) -> Result<Vec<Verdict>> {
         let started = Instant::now();
         let mut v = match run_fault(&env, f) {
             Ok(v) => v,
-            Err(e) => Verdict {
-                fault: f.name().into(),
-                what: String::new(),
-                jobs: 0,
-                lost: 0,
-                dispatched_twice: 0,
-                false_worker_lost: 0,
-                stuck: 0,
-                recover_seconds: None,
-                drain_seconds: 0.0,
-                notes: vec![format!("the run failed: {e:#}")],
-                passed: false,
-                skipped: false,
-            },
+            Err(e) => Verdict::without_a_run(f.name(), format!("the run failed: {e:#}"), false),
         };
         if !v.passed && !v.skipped && !args.keep {
             // The logs and configs of a failed fault outlive the run.
@@ -1294,18 +1301,5 @@ fn poison(env: &Env) -> Result<Verdict> {
 }
 
 fn skipped(fault: &str, why: &str) -> Verdict {
-    Verdict {
-        fault: fault.into(),
-        what: String::new(),
-        jobs: 0,
-        lost: 0,
-        dispatched_twice: 0,
-        false_worker_lost: 0,
-        stuck: 0,
-        recover_seconds: None,
-        drain_seconds: 0.0,
-        notes: vec![why.into()],
-        passed: false,
-        skipped: true,
-    }
+    Verdict::without_a_run(fault, why.into(), true)
 }

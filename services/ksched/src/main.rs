@@ -61,14 +61,8 @@ enum Command {
     /// Cancel a job.
     Cancel {
         job_id: String,
-        /// Who cancels.
-        #[arg(long, default_value = "operator")]
-        principal: String,
-        /// The tenant the principal acts for; it must own the job (omit as an operator).
-        #[arg(long)]
-        tenant: Option<String>,
-        #[arg(long)]
-        reason: Option<String>,
+        #[command(flatten)]
+        acting: cli::Acting,
         #[command(flatten)]
         conn: Connection,
     },
@@ -198,18 +192,12 @@ fn main() -> ExitCode {
         } => finish(conn.resolve().and_then(|t| cli::workers_list(&t))),
         Command::Cancel {
             job_id,
-            principal,
-            tenant,
-            reason,
+            acting,
             conn,
-        } => finish(conn.resolve().and_then(|t| {
-            cli::control(
-                &t,
-                "cancel",
-                &job_id,
-                json!({ "principal": principal, "tenant": tenant, "reason": reason }),
-            )
-        })),
+        } => finish(
+            conn.resolve()
+                .and_then(|t| cli::control(&t, "cancel", &job_id, acting.body().into())),
+        ),
         Command::Approve {
             job_id,
             approver,

@@ -23,7 +23,7 @@ use crate::actions::{
 };
 use crate::auth::{Action, Identity};
 use crate::jobs::{find_job, jobs_query};
-use crate::{Api, heavy_read, job_view};
+use crate::{Api, JOB_COLUMNS, heavy_read, job_view};
 
 /// Most journal entries a job page reads (its window of the journal).
 const MAX_WINDOW_ENTRIES: usize = 50_000;
@@ -55,18 +55,7 @@ pub(super) fn jobs_table(jobs: &[(String, Job)]) -> String {
             ]
         })
         .collect();
-    table(
-        &[
-            "JOB",
-            "STATE",
-            "TENANT",
-            "POOL",
-            "WORKER",
-            "ATTEMPT",
-            "UPDATED (UTC)",
-        ],
-        &rows,
-    )
+    table(&JOB_COLUMNS, &rows)
 }
 
 pub(super) async fn jobs(
@@ -230,16 +219,10 @@ pub(super) async fn job(
     let (from, until) = (j.accepted_at, j.updated_at.max(j.accepted_at));
     let job_id = id.clone();
     // A journal read per page view: one of the few heavy reads at a time.
-    let window = match heavy_read().await {
-        Ok(turn) => tokio::task::spawn_blocking(move || {
-            let _turn = turn;
-            job_window(&src, &job_id, from, until, 5_000, MAX_WINDOW_ENTRIES)
-        })
-        .await
-        .map_err(|e| e.to_string())
-        .and_then(|r| r.map_err(|e| e.to_string())),
-        Err(e) => Err(e.1),
-    };
+    let window =
+        heavy_read(move || job_window(&src, &job_id, from, until, 5_000, MAX_WINDOW_ENTRIES))
+            .await
+            .map_err(|e| e.1);
     let decisions = match window {
         Ok((items, cut)) => {
             let rows: String = items.iter().map(decision).collect();

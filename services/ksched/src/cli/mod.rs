@@ -429,18 +429,7 @@ pub(crate) fn jobs(t: &Target, cmd: JobsCommand) -> CliResult {
                                 .collect()
                         })
                         .unwrap_or_default();
-                    table(
-                        &[
-                            "JOB",
-                            "STATE",
-                            "TENANT",
-                            "POOL",
-                            "WORKER",
-                            "ATTEMPT",
-                            "UPDATED (UTC)",
-                        ],
-                        &rows,
-                    );
+                    table(&ksched_api::JOB_COLUMNS, &rows);
                 }
             }
         }
@@ -559,15 +548,34 @@ pub(crate) enum DlqCommand {
         /// The new job's id (default: `<JOB_ID>.redrive-<unix ms>`).
         #[arg(long)]
         new_id: Option<String>,
-        /// Who redrives it (without API authentication; otherwise the caller).
-        #[arg(long, default_value = "operator")]
-        principal: String,
-        /// The tenant the principal acts for; it must own the job (omit as an operator).
-        #[arg(long)]
-        tenant: Option<String>,
-        #[arg(long)]
-        reason: Option<String>,
+        #[command(flatten)]
+        acting: Acting,
     },
+}
+
+/// Who acts on a job, for whom, and why: the body of a cancel or a redrive.
+#[derive(Debug, Args)]
+pub(crate) struct Acting {
+    /// Who acts (without API authentication; otherwise the caller).
+    #[arg(long, default_value = "operator")]
+    pub principal: String,
+    /// The tenant the principal acts for; it must own the job (omit as an operator).
+    #[arg(long)]
+    pub tenant: Option<String>,
+    /// Why, for the journal.
+    #[arg(long)]
+    pub reason: Option<String>,
+}
+
+impl Acting {
+    /// The request body's fields.
+    pub(crate) fn body(&self) -> serde_json::Map<String, Value> {
+        let mut body = serde_json::Map::new();
+        body.insert("principal".into(), json!(self.principal));
+        body.insert("tenant".into(), json!(self.tenant));
+        body.insert("reason".into(), json!(self.reason));
+        body
+    }
 }
 
 pub(crate) fn dlq(t: &Target, cmd: DlqCommand) -> CliResult {
@@ -575,20 +583,15 @@ pub(crate) fn dlq(t: &Target, cmd: DlqCommand) -> CliResult {
         DlqCommand::Redrive {
             job_id,
             new_id,
-            principal,
-            tenant,
-            reason,
+            acting,
         } => {
+            let mut body = acting.body();
+            body.insert("new_job_id".into(), json!(new_id));
             let v = call(
                 t,
                 "POST",
                 &format!("/api/v1/jobs/{}/redrive", urlencode(job_id)),
-                Some(json!({
-                    "principal": principal,
-                    "tenant": tenant,
-                    "new_job_id": new_id,
-                    "reason": reason,
-                })),
+                Some(Value::Object(body)),
             )?;
             match t.output {
                 Format::Json => output::json(&v),
