@@ -1,5 +1,5 @@
-//! Bad input and bad neighbours against the real broker (issue: nothing stops or fools the
-//! scheduler): oversized, compressed, malformed and oddly written (valid) records in a stream, a record the broker
+//! Bad input and bad neighbours against the real broker: nothing stops or fools the
+//! scheduler. Oversized, compressed, malformed and oddly written (valid) records in a stream, a record the broker
 //! refuses, a topic whose timestamps producers set, and a second instance on the same
 //! configuration. The stream always completes; what cannot be scheduled is dead-lettered
 //! with a reason; nothing stalls.
