@@ -34,6 +34,7 @@ fn request(job_id: &str) -> JobRequest {
         compensation: None,
         submitted_at: 1_700_000_000_000,
         traceparent: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
+        not_before: None,
     }
 }
 

@@ -8,7 +8,7 @@ use axum::extract::{Extension, Path, State as AxState};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use ksched_core::events::JobState;
-use ksched_core::records::{ApproveJob, CancelJob, RedriveJob, RejectJob};
+use ksched_core::records::{ApproveJob, CancelJob, RedriveJob, RejectJob, RescheduleJob};
 use ksched_core::state::Job;
 use ksched_runtime::clock::wall_clock_ms;
 use ksched_runtime::error::Result;
@@ -243,6 +243,83 @@ pub(super) async fn cancel_job(
     };
     send_control(api, id, &record).await?;
     Ok(json!({ "job_id": id, "status": "cancel sent" }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RescheduleBody {
+    /// The job's new time: epoch milliseconds, or an RFC 3339 time.
+    pub(super) not_before: TimeValue,
+    /// Only without authentication; an authenticated caller reschedules as itself.
+    pub(super) principal: Option<String>,
+    /// Only without authentication; an authenticated caller acts for its tenants.
+    pub(super) tenant: Option<String>,
+    pub(super) reason: Option<String>,
+}
+
+/// A time in a request body: epoch milliseconds or RFC 3339 text.
+#[derive(Deserialize)]
+#[serde(untagged)]
+pub(super) enum TimeValue {
+    Millis(i64),
+    Text(String),
+}
+
+impl TimeValue {
+    pub(super) fn millis(&self) -> ApiResult<i64> {
+        match self {
+            TimeValue::Millis(ms) => Ok(*ms),
+            TimeValue::Text(t) => t
+                .parse::<jiff::Timestamp>()
+                .map(|t| t.as_millisecond())
+                .map_err(|e| bad_request(format!("{t:?} is not an RFC 3339 time: {e}"))),
+        }
+    }
+}
+
+pub(super) async fn reschedule(
+    AxState(api): AxState<Arc<Api>>,
+    Extension(caller): Extension<Identity>,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> ApiResult<Response> {
+    let b: RescheduleBody = parse_body(&body)?;
+    Ok(accepted(reschedule_job(&api, &caller, &id, b).await?))
+}
+
+/// Moves a DELAYED job to another time (RescheduleJob): the role that may cancel it may.
+pub(super) async fn reschedule_job(
+    api: &Api,
+    caller: &Identity,
+    id: &str,
+    b: RescheduleBody,
+) -> ApiResult<Value> {
+    require(caller, Action::Cancel)?;
+    let not_before = b.not_before.millis()?;
+    if not_before < 0 {
+        return Err(bad_request("not_before must not be before 1970"));
+    }
+    let job = load_job(api, caller, id)?;
+    let (principal, tenant) = acting(caller, &job, b.principal, b.tenant)?;
+    if job.state != JobState::Delayed {
+        return Err(ApiError(
+            StatusCode::CONFLICT,
+            format!(
+                "job {id} is {}; only a DELAYED job is rescheduled",
+                job.state
+            ),
+        ));
+    }
+    let record = RescheduleJob {
+        job_id: id.to_owned(),
+        not_before,
+        tenant_id: tenant,
+        principal_id: principal,
+        reason: b.reason,
+        requested_at: wall_clock_ms(),
+    };
+    send_control(api, id, &record).await?;
+    Ok(json!({ "job_id": id, "not_before": not_before, "status": "reschedule sent" }))
 }
 
 #[derive(Deserialize)]

@@ -88,7 +88,9 @@ pub(super) async fn jobs_query(
     };
     let stores = api.stores.clone();
     let after = q.get("after").cloned();
-    let active_only = state.is_some_and(|s| !s.is_terminal());
+    // Jobs in queues and on workers are served from the active index, not a full scan;
+    // delayed jobs are not in it.
+    let active_only = state.is_some_and(|s| !s.is_cold());
     let (jobs, next) = heavy_read(move || {
         // Each shard's first `limit` after `after`, each scan bounded: the union's first
         // `limit` below the point every shard has been read to.

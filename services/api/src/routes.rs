@@ -10,7 +10,7 @@ use axum::routing::{get, post};
 use axum::{Router, http::header};
 use serde_json::{Value, json};
 
-use crate::actions::{approve, cancel, checkpoint, redrive, reject};
+use crate::actions::{approve, cancel, checkpoint, redrive, reject, reschedule};
 use crate::auth::{Denied, host_allowed};
 use crate::fleet::{dlq, tenants, workers};
 use crate::jobs::{get_job, job_history, list_jobs};
@@ -29,6 +29,7 @@ pub fn router(api: Arc<Api>) -> Router {
         .route("/api/v1/jobs/{id}/reject", post(reject))
         .route("/api/v1/jobs/{id}/cancel", post(cancel))
         .route("/api/v1/jobs/{id}/redrive", post(redrive))
+        .route("/api/v1/jobs/{id}/reschedule", post(reschedule))
         .route("/api/v1/workers", get(workers))
         .route("/api/v1/dlq", get(dlq))
         .route("/api/v1/tenants", get(tenants))

@@ -26,7 +26,7 @@ use apache_avro::from_value;
 use ksched_core::events::JournalEntry;
 use ksched_core::records::{
     ApproveJob, CancelDispatch, CancelJob, DeadLetter, Dispatch, Heartbeat, JobProgress,
-    JobRequest, JobResult, JobStarted, RedriveJob, RejectJob, Tick,
+    JobRequest, JobResult, JobStarted, RedriveJob, RejectJob, RescheduleJob, Tick,
 };
 use serde::{Serialize, de::DeserializeOwned};
 
@@ -97,6 +97,7 @@ records!(
     DeadLetter,
     JournalEntry,
     RedriveJob,
+    RescheduleJob,
 );
 
 /// The registry of the schemas built into this binary, shared by the whole process.

@@ -42,6 +42,7 @@ pub const TOP_LEVEL: &[&str] = &[
     "io.ksched.DeadLetter",
     "io.ksched.JournalEntry",
     "io.ksched.RedriveJob",
+    "io.ksched.RescheduleJob",
 ];
 
 /// One self-contained schema: a current reader, a historical writer, or both.

@@ -381,6 +381,7 @@ fn records_written_by_hamba_avro_decode() {
         })),
         submitted_at: 1_764_000_000_000,
         traceparent: Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into()),
+        not_before: Some(1_764_000_060_000),
     };
     let bytes = framed(encode(&request).unwrap(), written_by_hamba("JobRequest"));
     assert_ne!(

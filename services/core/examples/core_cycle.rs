@@ -19,7 +19,7 @@ use ksched_core::outputs::Output;
 use ksched_core::policy::AllowAll;
 use ksched_core::records::{Heartbeat, JobRequest, JobResult, JobStarted, Millis, Tick};
 use ksched_core::rules::{PoolRules, Rules};
-use ksched_core::state::{ColdStore, IdempotencyEntry, Job, Saga, State};
+use ksched_core::state::{ColdStore, DelayKey, IdempotencyEntry, Job, Saga, State};
 
 /// Workers in the one pool, as `ksched bench` runs them.
 const WORKERS: usize = 4;
@@ -44,6 +44,9 @@ impl ColdStore for NoStore {
     }
     fn idempotency(&self, _: &str, _: &str) -> Result<Option<IdempotencyEntry>, Self::Error> {
         Ok(None)
+    }
+    fn delays_after(&self, _: Option<&DelayKey>, _: usize) -> Result<Vec<DelayKey>, Self::Error> {
+        Ok(Vec::new())
     }
 }
 

@@ -157,6 +157,8 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
                 started_at: None,
                 last_evidence_at: None,
                 deadline_at,
+                delayed_until: None,
+                released_at: None,
                 wait_reason: None,
                 progress: None,
                 last_error: None,
@@ -608,6 +610,36 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
             }
             state.write_history(&e.job_id, line(event, at));
             state.write_history(&e.new_job_id, line(event, at));
+        }
+        Event::JobDelayed(e) => {
+            state.update_job_logged(&e.job_id, Some(line(event, at)), |j| {
+                enter(j, JobState::Delayed);
+                j.delayed_until = Some(e.not_before);
+                j.queued_at = None;
+                j.retry_at = None;
+                j.updated_at = now;
+            });
+        }
+        Event::JobReleased(e) => {
+            state.update_job_logged(&e.job_id, Some(line(event, at)), |j| {
+                enter(j, JobState::Pending);
+                j.delayed_until = None;
+                j.released_at = Some(e.released_at);
+                // As if submitted at its release (SPEC §9): the deadline counts from here.
+                let deadline_ms = j
+                    .constraints
+                    .deadline_ms
+                    .or(j.request.budget.deadline_ms)
+                    .filter(|d| *d > 0);
+                j.deadline_at = deadline_ms.map(|d| e.released_at.saturating_add(d));
+                j.updated_at = now;
+            });
+        }
+        Event::JobRescheduled(e) => {
+            state.update_job_logged(&e.job_id, Some(line(event, at)), |j| {
+                j.delayed_until = Some(e.not_before);
+                j.updated_at = now;
+            });
         }
     }
 }

@@ -309,6 +309,26 @@ impl Event {
                     write!(out, ": {why}")?;
                 }
             }
+            Event::JobDelayed(d) => {
+                out.push_str("delayed until ");
+                time(out, d.not_before);
+            }
+            Event::JobReleased(r) => {
+                out.push_str("due (not before ");
+                time(out, r.not_before);
+                out.push_str("), released at ");
+                time(out, r.released_at);
+            }
+            Event::JobRescheduled(r) => {
+                out.push_str("rescheduled from ");
+                time(out, r.previous);
+                out.push_str(" to ");
+                time(out, r.not_before);
+                push(out, &[" by ", &r.principal_id]);
+                if let Some(why) = &r.reason {
+                    write!(out, ": {why}")?;
+                }
+            }
         }
         Ok(())
     }
@@ -322,6 +342,16 @@ impl Event {
 fn push(out: &mut String, pieces: &[&str]) {
     for p in pieces {
         out.push_str(p);
+    }
+}
+
+/// Appends log time `ms` to `out` in RFC 3339 (UTC), or as a number where it is no time.
+fn time(out: &mut String, ms: crate::records::Millis) {
+    match jiff::Timestamp::from_millisecond(ms) {
+        Ok(t) => {
+            let _ = write!(out, "{t}");
+        }
+        Err(_) => int(out, ms),
     }
 }
 

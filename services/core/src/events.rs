@@ -15,7 +15,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::records::{
     ApproveJob, CancelJob, Constraints, DeadLetter, Heartbeat, JobProgress, JobRequest, JobResult,
-    JobStarted, JobTemplate, Millis, Priority, RedriveJob, RejectJob, ResultMeta, Tick,
+    JobStarted, JobTemplate, Millis, Priority, RedriveJob, RejectJob, RescheduleJob, ResultMeta,
+    Tick,
 };
 
 /// Where an input record came from.
@@ -79,6 +80,7 @@ pub enum Input {
     Malformed(MalformedRecord),
     Reconfigure(Reconfigure),
     Redrive(RedriveJob),
+    Reschedule(RescheduleJob),
 }
 
 impl Input {
@@ -97,6 +99,7 @@ impl Input {
             Input::Malformed(_) => "MalformedRecord",
             Input::Reconfigure(_) => "Reconfigure",
             Input::Redrive(_) => "RedriveJob",
+            Input::Reschedule(_) => "RescheduleJob",
         }
     }
 
@@ -111,6 +114,7 @@ impl Input {
             Input::Approve(r) => Some(&r.job_id),
             Input::Reject(r) => Some(&r.job_id),
             Input::Redrive(r) => Some(&r.job_id),
+            Input::Reschedule(r) => Some(&r.job_id),
             Input::Heartbeat(_) | Input::Tick(_) | Input::Malformed(_) | Input::Reconfigure(_) => {
                 None
             }
@@ -136,10 +140,12 @@ pub enum JobState {
     Timeout,
     Denied,
     OutputQuarantined,
+    /// Waits for its `not_before` (SPEC §9); appended last, as Avro enum symbols are.
+    Delayed,
 }
 
 impl JobState {
-    pub const ALL: [JobState; 11] = [
+    pub const ALL: [JobState; 12] = [
         JobState::Pending,
         JobState::ApprovalRequired,
         JobState::Scheduled,
@@ -151,6 +157,7 @@ impl JobState {
         JobState::Timeout,
         JobState::Denied,
         JobState::OutputQuarantined,
+        JobState::Delayed,
     ];
 
     pub fn is_terminal(self) -> bool {
@@ -173,6 +180,18 @@ impl JobState {
         )
     }
 
+    /// Waiting for a time, its record kept in storage rather than in memory: DELAYED
+    /// (SPEC §9). Not terminal, and not in any queue.
+    pub fn is_parked(self) -> bool {
+        matches!(self, JobState::Delayed)
+    }
+
+    /// What the processor need not hold in memory once it is written: terminal and parked
+    /// jobs. An input that names one loads it first.
+    pub fn is_cold(self) -> bool {
+        self.is_terminal() || self.is_parked()
+    }
+
     /// Counted against the tenant's `max_concurrent_jobs`.
     pub fn is_active(self) -> bool {
         matches!(
@@ -185,7 +204,11 @@ impl JobState {
     pub fn can_transition(self, to: JobState) -> bool {
         use JobState::*;
         match (self, to) {
-            (Pending, Scheduled | Denied | ApprovalRequired | Cancelled | Timeout | Failed) => true,
+            (
+                Pending,
+                Scheduled | Denied | ApprovalRequired | Cancelled | Timeout | Failed | Delayed,
+            ) => true,
+            (Delayed, Pending | Cancelled) => true,
             (ApprovalRequired, Pending | Denied | Cancelled | Timeout) => true,
             (Scheduled, Dispatched | Cancelled | Timeout) => true,
             // A worker may report its result without a JobStarted first; the start is implied.
@@ -209,6 +232,7 @@ impl JobState {
             JobState::Timeout => "TIMEOUT",
             JobState::Denied => "DENIED",
             JobState::OutputQuarantined => "OUTPUT_QUARANTINED",
+            JobState::Delayed => "DELAYED",
         }
     }
 
@@ -641,6 +665,33 @@ pub struct WorkerForgotten {
     pub last_seen: Millis,
 }
 
+/// The job waits until scheduler time reaches `not_before` (its request's, or a
+/// reschedule's); then [`JobReleased`] puts it in its queues.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobDelayed {
+    pub job_id: String,
+    pub not_before: Millis,
+}
+
+/// A DELAYED job became due: the Tick's watermark reached its `not_before`. It is PENDING
+/// from here, as if submitted at `released_at`: its deadline counts from then.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobReleased {
+    pub job_id: String,
+    pub not_before: Millis,
+    pub released_at: Millis,
+}
+
+/// A DELAYED job's time was changed ([`crate::records::RescheduleJob`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobRescheduled {
+    pub job_id: String,
+    pub not_before: Millis,
+    pub previous: Millis,
+    pub principal_id: String,
+    pub reason: Option<String>,
+}
+
 /// Every event the scheduler journals.
 // The large fields of rare or per-worker events are boxed (a saga's request and its
 // compensation, a heartbeat, a dead letter), so an event is as large as the common ones
@@ -682,6 +733,9 @@ pub enum Event {
     WorkerForgotten(WorkerForgotten),
     JobRedriven(JobRedriven),
     SagaCompensationEnded(SagaCompensationEnded),
+    JobDelayed(JobDelayed),
+    JobReleased(JobReleased),
+    JobRescheduled(JobRescheduled),
 }
 
 impl Event {
@@ -723,6 +777,9 @@ impl Event {
             Event::ClockGap(_) => "ClockGap",
             Event::WorkerForgotten(_) => "WorkerForgotten",
             Event::JobRedriven(_) => "JobRedriven",
+            Event::JobDelayed(_) => "JobDelayed",
+            Event::JobReleased(_) => "JobReleased",
+            Event::JobRescheduled(_) => "JobRescheduled",
         }
     }
 
@@ -756,6 +813,9 @@ impl Event {
             Event::SagaCompensationEnded(e) => &e.job_id,
             Event::BreakerCounted(e) => &e.job_id,
             Event::JobRedriven(e) => &e.job_id,
+            Event::JobDelayed(e) => &e.job_id,
+            Event::JobReleased(e) => &e.job_id,
+            Event::JobRescheduled(e) => &e.job_id,
             Event::WorkerUpdated(_)
             | Event::WorkerLost(_)
             | Event::CircuitChanged(_)

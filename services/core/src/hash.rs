@@ -15,7 +15,8 @@ pub const APPROVAL_LABEL_PREFIX: &str = "approval_";
 ///
 /// `traceparent` is left out: it says who traced the submission, not what the job is (a
 /// resubmission under another trace is the same job), and hashes stay what they were
-/// before the field existed.
+/// before the field existed. `not_before` counts only when set (a job's time is part of what
+/// it is), so the hash of a job without one is what it was before the field existed.
 pub fn job_hash(request: &JobRequest) -> String {
     let mut sha = ShaWriter(Sha256::new());
     serde_json::to_writer(&mut sha, &Hashed(request))
@@ -49,6 +50,7 @@ impl serde::Serialize for Hashed<'_> {
             compensation,
             submitted_at,
             traceparent: _,
+            not_before,
         } = self.0;
         let mut st = s.serialize_struct("JobRequest", 14)?;
         st.serialize_field("job_id", job_id)?;
@@ -65,6 +67,9 @@ impl serde::Serialize for Hashed<'_> {
         st.serialize_field("step_index", step_index)?;
         st.serialize_field("compensation", compensation)?;
         st.serialize_field("submitted_at", submitted_at)?;
+        if not_before.is_some() {
+            st.serialize_field("not_before", not_before)?;
+        }
         st.end()
     }
 }
@@ -179,19 +184,23 @@ mod tests {
     }
 
     /// The hash as it was computed before it was streamed: a copy of the request without
-    /// approval labels, its whole JSON, the (null) traceparent member cut out.
+    /// approval labels, its whole JSON, the (null) traceparent member cut out (and the null
+    /// not_before member, which requests did not have then).
     fn copied_hash(request: &JobRequest) -> String {
         let mut r = request.clone();
         r.labels
             .retain(|k, _| !k.starts_with(APPROVAL_LABEL_PREFIX));
         r.traceparent = None;
-        let json = serde_json::to_vec(&r).unwrap();
-        const MEMBER: &[u8] = b",\"traceparent\":null";
-        let at = json
-            .windows(MEMBER.len())
-            .position(|w| w == MEMBER)
-            .unwrap();
-        sha256_hex(&[&json[..at], &json[at + MEMBER.len()..]].concat())
+        assert_eq!(r.not_before, None);
+        let mut json = serde_json::to_vec(&r).unwrap();
+        for member in [&b",\"not_before\":null"[..], b",\"traceparent\":null"] {
+            let at = json
+                .windows(member.len())
+                .rposition(|w| w == member)
+                .unwrap();
+            json.drain(at..at + member.len());
+        }
+        sha256_hex(&json)
     }
 
     fn text() -> impl proptest::strategy::Strategy<Value = String> {

@@ -101,6 +101,9 @@ codes! {
         /// names no submitter: nobody could approve it, so it is refused at once. Bind its
         /// topic to its producer (pools.yaml `principal:`) or have producers name themselves.
         SubmitterUnknown = "submitter_unknown",
+        /// Its `not_before` (or a schedule's next firing) lies further ahead than
+        /// `limits.max_delay_ms`.
+        DelayTooLong = "delay_too_long",
     }
 }
 
@@ -156,6 +159,10 @@ codes! {
         InvalidJobId = "invalid_job_id",
         /// A redrive into a pool or tenant already at its pending-jobs limit.
         QueueFull = "queue_full",
+        /// A reschedule of a job that is not DELAYED.
+        NotDelayed = "not_delayed",
+        /// A reschedule to a time before 0 or further ahead than `limits.max_delay_ms`.
+        InvalidTime = "invalid_time",
     }
 }
 

@@ -87,6 +87,9 @@ pub struct JobRequest {
     /// W3C `traceparent` of the submission (the record's header, else this field), kept only
     /// when valid: the scheduler's spans for the job and its dispatches continue this trace.
     pub traceparent: Option<String>,
+    /// Run no earlier than this (epoch ms, scheduler time): until then the job waits
+    /// DELAYED (SPEC §9). None, or a time already passed, runs it now.
+    pub not_before: Option<Millis>,
 }
 
 /// What a compensation job looks like before it gets a job id (SPEC §7). Debug hides secret
@@ -158,6 +161,7 @@ impl fmt::Debug for JobRequest {
             .field("compensation", &self.compensation)
             .field("submitted_at", &self.submitted_at)
             .field("traceparent", &self.traceparent)
+            .field("not_before", &self.not_before)
             .finish()
     }
 }
@@ -346,6 +350,19 @@ pub struct RedriveJob {
     pub job_id: String,
     /// The new job's id; no job may have it yet.
     pub new_job_id: String,
+    /// The tenant the requester acts for (it must own the job); None for an operator.
+    pub tenant_id: Option<String>,
+    pub principal_id: String,
+    pub reason: Option<String>,
+    pub requested_at: Millis,
+}
+
+/// Move a DELAYED job to another time (topic `ksched.control`, key job_id).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct RescheduleJob {
+    pub job_id: String,
+    /// Its new time (epoch ms); one already passed releases it at the next Tick.
+    pub not_before: Millis,
     /// The tenant the requester acts for (it must own the job); None for an operator.
     pub tenant_id: Option<String>,
     pub principal_id: String,

@@ -229,6 +229,13 @@ pub struct Limits {
     /// preferred worker and memory are one lane); the lanes behind wait for the next pass.
     /// Each look asks every worker of the pool. Default 100.
     pub max_scan_per_entry: u32,
+    /// Furthest a job's `not_before` may lie ahead of its acceptance (or of a reschedule),
+    /// in ms; beyond it the job is dead-lettered `delay_too_long` (a reschedule refused).
+    /// Default 31622400000 (366 days).
+    pub max_delay_ms: i64,
+    /// Most DELAYED jobs one shard holds (they are kept in storage, not in memory); a
+    /// delayed job beyond it is dead-lettered `queue_full`. Default 100000000.
+    pub max_delayed_jobs: i64,
 }
 
 impl Default for Limits {
@@ -248,6 +255,8 @@ impl Default for Limits {
             max_active_job_ids: 1_000,
             max_heartbeat_bytes: 16 * 1024,
             max_scan_per_entry: 100,
+            max_delay_ms: 366 * 24 * 3_600_000,
+            max_delayed_jobs: 100_000_000,
         }
     }
 }
@@ -414,6 +423,12 @@ impl Rules {
         }
         if l.max_scan_per_entry < 1 {
             return err("limits.max_scan_per_entry must be at least 1".into());
+        }
+        if l.max_delay_ms < 0 {
+            return err("limits.max_delay_ms must not be negative".into());
+        }
+        if l.max_delayed_jobs < 0 {
+            return err("limits.max_delayed_jobs must not be negative".into());
         }
         if l.policy_max_steps < 1 || l.policy_max_memory_bytes < 1024 * 1024 {
             return err(format!(

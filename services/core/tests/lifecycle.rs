@@ -233,6 +233,10 @@ fn the_transition_table_matches_the_spec() {
         (Pending, Cancelled),
         (Pending, Timeout),
         (Pending, Failed),
+        // Run-at (SPEC §9): an allowed or approved job waits for its time.
+        (Pending, Delayed),
+        (Delayed, Pending),
+        (Delayed, Cancelled),
         (ApprovalRequired, Pending),
         (ApprovalRequired, Denied),
         (ApprovalRequired, Cancelled),

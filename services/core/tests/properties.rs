@@ -26,6 +26,8 @@ enum Op {
         risk: u8,
         key: Option<u8>,
         deadline: Option<u16>,
+        /// Run no earlier than this many tenths of a second from now (SPEC §9).
+        delay: Option<u16>,
     },
     Heartbeat {
         worker: u8,
@@ -69,13 +71,18 @@ enum Op {
     Tick {
         ms: u32,
     },
+    /// A reschedule of job `job` to this many tenths of a second from now.
+    Reschedule {
+        job: u8,
+        delay: u16,
+    },
     Malformed,
 }
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        3 => (0..12u8, 0..4u8, 0..3u8, 0..6u8, proptest::option::of(0..3u8), proptest::option::of(1..600u16))
-            .prop_map(|(job, topic, priority, risk, key, deadline)| Op::Submit { job, topic, priority, risk, key, deadline }),
+        3 => (0..12u8, 0..4u8, 0..3u8, 0..6u8, proptest::option::of(0..3u8), proptest::option::of(1..600u16), proptest::option::of(0..600u16))
+            .prop_map(|(job, topic, priority, risk, key, deadline, delay)| Op::Submit { job, topic, priority, risk, key, deadline, delay }),
         2 => (0..4u8, 0..4u8, 0..100u8, 0..4u8, any::<bool>())
             .prop_map(|(worker, pool, cpu, max, draining)| Op::Heartbeat { worker, pool, cpu, max, draining: draining && worker == 3 }),
         2 => (0..12u8, 0..4u8, -1..2i8).prop_map(|(job, worker, attempt_delta)| Op::Started { job, worker, attempt_delta }),
@@ -86,6 +93,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0..12u8).prop_map(|job| Op::Reject { job }),
         1 => (0..16u8, 0..16u8).prop_map(|(job, to)| Op::Redrive { job, to }),
         3 => (0..40_000u32).prop_map(|ms| Op::Tick { ms }),
+        1 => (0..12u8, 0..600u16).prop_map(|(job, delay)| Op::Reschedule { job, delay }),
         1 => Just(Op::Malformed),
     ]
 }
@@ -151,8 +159,10 @@ fn run(ops: &[Op]) -> Sim {
                 risk,
                 key,
                 deadline,
+                delay,
             } => {
                 let mut req = job(&format!("j{j}"));
+                req.not_before = delay.map(|d| sim.now + i64::from(d) * 100);
                 req.topic = TOPICS[topic as usize].into();
                 req.priority =
                     [Priority::Critical, Priority::Interactive, Priority::Batch][priority as usize];
@@ -289,6 +299,20 @@ fn run(ops: &[Op]) -> Sim {
                 // A jump: scenarios of every length, gaps (ClockGap) included.
                 sim.gap(i64::from(ms));
                 sim.tick_now();
+            }
+            Op::Reschedule { job, delay } => {
+                let not_before = sim.now + i64::from(delay) * 100;
+                sim.input(
+                    "ksched.control",
+                    Input::Reschedule(RescheduleJob {
+                        job_id: format!("j{job}"),
+                        not_before,
+                        tenant_id: None,
+                        principal_id: "op".into(),
+                        reason: None,
+                        requested_at: 0,
+                    }),
+                );
             }
             Op::Malformed => {
                 sim.input(

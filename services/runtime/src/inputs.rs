@@ -141,6 +141,7 @@ pub fn take(topics: &Topics, rec: &InputRecord, max_record_bytes: i64) -> Taken 
         (InputKind::Control, AnyRecord::ApproveJob(r)) => Input::Approve(r),
         (InputKind::Control, AnyRecord::RejectJob(r)) => Input::Reject(r),
         (InputKind::Control, AnyRecord::RedriveJob(r)) => Input::Redrive(r),
+        (InputKind::Control, AnyRecord::RescheduleJob(r)) => Input::Reschedule(r),
         (InputKind::Control, AnyRecord::Tick(mut t)) => {
             // Set by the processor from what it has read, never taken from a producer.
             t.watermark = None;

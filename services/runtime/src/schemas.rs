@@ -41,6 +41,7 @@ pub fn topic_records(topics: &Topics) -> Vec<(String, Vec<&'static str>)> {
             "io.ksched.ApproveJob",
             "io.ksched.RejectJob",
             "io.ksched.RedriveJob",
+            "io.ksched.RescheduleJob",
         ],
     ));
     out.push((topics.journal.clone(), vec!["io.ksched.JournalEntry"]));

@@ -136,6 +136,7 @@ impl Shard {
             Input::Approve(a) => Takes::IfItHolds(a.job_id.clone()),
             Input::Reject(r) => Takes::IfItHolds(r.job_id.clone()),
             Input::Redrive(r) => Takes::IfItHolds(r.job_id.clone()),
+            Input::Reschedule(r) => Takes::IfItHolds(r.job_id.clone()),
             // A heartbeat or command that does not decode: one shard dead-letters it.
             Input::Malformed(_) => {
                 if self.id == 0 {

@@ -14,7 +14,8 @@
 //! `meta` (watermark, clock, config, counters), `jobs` (job_id -> Job), `active` (job_id of
 //! every non-terminal job), `workers`, `breakers`, `sagas`, `idempotency` ((tenant, key) ->
 //! owner), `idempotency_by_time` (seen_at | tenant | key, for pruning), `dlq` (at | seq ->
-//! DeadLetter).
+//! DeadLetter), `delays` (due time | job id of every DELAYED job: the jobs themselves are
+//! not in `active`, and the processor reads these keys as it needs them, not at start).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -87,7 +88,9 @@ pub struct Scanned {
 /// value: [`HistoryLines`]), not one value per line.
 /// 6: sagas keyed by tenant and workflow, counting failed compensations; saga steps keep
 /// their topic.
-pub const FORMAT_VERSION: u32 = 6;
+/// 7: DELAYED jobs: `delays` by due time, not in `active`; a job keeps when it waits until
+/// and when it was released.
+pub const FORMAT_VERSION: u32 = 7;
 
 /// Most idempotency keys one write deletes when their retention passed; the rest follow in
 /// the next writes, so a prune never becomes one huge batch.
@@ -104,6 +107,7 @@ const CF_IDEMPOTENCY_BY_TIME: &str = "idempotency_by_time";
 const CF_DLQ: &str = "dlq";
 const CF_HISTORY: &str = "history";
 const CF_PAYLOADS: &str = "payloads";
+const CF_DELAYS: &str = "delays";
 /// Every column family, in a fixed order.
 pub const CFS: &[&str] = &[
     CF_META,
@@ -117,6 +121,7 @@ pub const CFS: &[&str] = &[
     CF_DLQ,
     CF_HISTORY,
     CF_PAYLOADS,
+    CF_DELAYS,
 ];
 
 const META_FORMAT: &[u8] = b"format";
@@ -246,7 +251,13 @@ fn cf_options(cache: &rocksdb::Cache, point_lookups: bool) -> Options {
 
 /// Column families read only by iterating (a job's history, the active set loaded at start,
 /// the dead letters and idempotency keys by time), never by key.
-const SCANNED_ONLY: &[&str] = &[CF_ACTIVE, CF_IDEMPOTENCY_BY_TIME, CF_DLQ, CF_HISTORY];
+const SCANNED_ONLY: &[&str] = &[
+    CF_ACTIVE,
+    CF_IDEMPOTENCY_BY_TIME,
+    CF_DLQ,
+    CF_HISTORY,
+    CF_DELAYS,
+];
 
 /// Every column family, sharing one block cache.
 fn column_families() -> Vec<ColumnFamilyDescriptor> {
@@ -443,6 +454,47 @@ impl Store {
         }
     }
 
+    /// The `delays` key of a job waiting until `due`: the time order-preserving (the sign
+    /// bit flipped, big-endian), then the id.
+    fn delay_key(&self, due: Millis, id: &str) -> Vec<u8> {
+        let mut k = Vec::with_capacity(2 + 8 + id.len());
+        self.key_into(&mut k, &[&order_preserving(due), id.as_bytes()]);
+        k
+    }
+
+    /// The delayed jobs' keys after `after` (from the first with None), in order, at most
+    /// `limit`.
+    pub fn delays_after(
+        &self,
+        after: Option<&(Millis, String)>,
+        limit: usize,
+    ) -> Result<Vec<(Millis, String)>> {
+        let prefix = self.partition.to_be_bytes();
+        let start = match after {
+            Some((due, id)) => self.delay_key(*due, id),
+            None => prefix.to_vec(),
+        };
+        let iter = self.db.iterator_cf(
+            self.cf(CF_DELAYS),
+            IteratorMode::From(&start, Direction::Forward),
+        );
+        let mut out = Vec::new();
+        for item in iter {
+            let (k, _) = item?;
+            if !k.starts_with(&prefix) || out.len() >= limit {
+                break;
+            }
+            if after.is_some() && *k == *start {
+                continue;
+            }
+            let Some(due) = k.get(2..10).and_then(|b| <[u8; 8]>::try_from(b).ok()) else {
+                continue;
+            };
+            out.push((from_order_preserving(due), utf8(k[10..].to_vec())));
+        }
+        Ok(out)
+    }
+
     fn get<T: DeserializeOwned>(&self, cf: &str, k: &[u8]) -> Result<Option<T>> {
         match self.db.get_pinned_cf(self.cf(cf), self.key(k))? {
             Some(v) => decode(cf, &v).map(Some),
@@ -477,10 +529,11 @@ impl Store {
     }
 
     /// The in-memory working set: config, workers, breakers, sagas mid-rollback, active jobs,
-    /// counters. Terminal jobs, idempotency keys and idle sagas stay on disk and are loaded
-    /// on demand.
+    /// counters. Terminal and delayed jobs, idempotency keys and idle sagas stay on disk and
+    /// are loaded on demand (the delays window is filled by the first Tick that needs it).
     pub fn load_state(&self) -> Result<State> {
         let mut state = State::tracking_changes();
+        state.delays = ksched_core::state::Delays::unknown(ksched_core::state::DEFAULT_WINDOW);
         state.clock = self.get_meta(META_CLOCK)?.unwrap_or(0);
         state.entries = self.get_meta(META_ENTRIES)?.unwrap_or(0);
         state.last_idempotency_prune = self.get_meta(META_LAST_PRUNE)?.unwrap_or(0);
@@ -552,7 +605,10 @@ impl Store {
                 Some(job) => {
                     encode_into(&mut value, job);
                     b.put_cf(self.cf(CF_JOBS), &key, &value);
-                    if job.state.is_terminal() {
+                    if let Some(due) = job.delayed_until.filter(|_| job.state.is_parked()) {
+                        b.put_cf(self.cf(CF_DELAYS), self.delay_key(due, id), encode(&()));
+                    }
+                    if job.state.is_cold() {
                         // A job accepted since the last set was taken was in no earlier
                         // batch: it has no marker to delete (a replay's jobs mostly start
                         // and end between two checkpoints; a delete is a tombstone to
@@ -565,6 +621,15 @@ impl Store {
                     }
                 }
                 None => b.delete_cf(self.cf(CF_ACTIVE), &key),
+            }
+        }
+        for (due, id) in &dirty.delays_removed {
+            let waits_again = state
+                .jobs
+                .get(id)
+                .is_some_and(|j| j.state.is_parked() && j.delayed_until == Some(*due));
+            if !waits_again {
+                b.delete_cf(self.cf(CF_DELAYS), self.delay_key(*due, id));
             }
         }
         for id in &dirty.workers {
@@ -976,6 +1041,23 @@ impl ColdStore for Store {
     fn idempotency(&self, tenant: &str, key: &str) -> Result<Option<IdempotencyEntry>> {
         Store::idempotency(self, tenant, key)
     }
+
+    fn delays_after(
+        &self,
+        after: Option<&(Millis, String)>,
+        limit: usize,
+    ) -> Result<Vec<(Millis, String)>> {
+        Store::delays_after(self, after, limit)
+    }
+}
+
+/// A time as 8 bytes that sort as the times do (big-endian, the sign bit flipped).
+fn order_preserving(t: Millis) -> [u8; 8] {
+    ((t as u64) ^ (1 << 63)).to_be_bytes()
+}
+
+fn from_order_preserving(b: [u8; 8]) -> Millis {
+    (u64::from_be_bytes(b) ^ (1 << 63)) as Millis
 }
 
 fn idem_key(tenant: &str, key: &str) -> Vec<u8> {

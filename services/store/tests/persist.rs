@@ -569,3 +569,106 @@ fn a_rebuild_killed_mid_way_leaves_whole_checkpoints() {
         }
     }
 }
+
+/// Delayed jobs are kept by the store, not loaded at start: their keys are in `delays`, in
+/// due order, and leave it when the jobs are released or cancelled; a state loaded from the
+/// store reads them as a Tick needs them and releases each once.
+#[test]
+fn delayed_jobs_wait_in_the_store_and_are_read_back_as_they_come_due() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), 0).unwrap();
+    let t = 1_700_000_000_000;
+    let policy = AllowAll;
+    let ctx = Ctx { policy: &policy };
+    let mut state = State::tracking_changes();
+    let reconf = Reconfigure {
+        rules_json: rules().to_canonical_json(),
+        policy_snapshot: "s".into(),
+        ..Default::default()
+    };
+    let mut offset = 0;
+    let mut feed = |state: &mut State, at: i64, topic: &str, input: Input| {
+        state.load_for_input(&input, &store).unwrap();
+        let p = process(
+            state,
+            &ctx,
+            Cause {
+                topic: topic.into(),
+                partition: 0,
+                offset,
+            },
+            at,
+            input,
+        );
+        offset += 1;
+        let dirty = state.take_dirty();
+        store.persist(state, dirty, Some(offset)).unwrap();
+        state.evict_cold();
+        p.entry.events
+    };
+    feed(&mut state, t, "ksched.control", Input::Reconfigure(reconf));
+    // Submitted in reverse: the index orders them by due time.
+    for i in (0..5).rev() {
+        let request = JobRequest {
+            job_id: format!("d{i}"),
+            topic: "job.default".into(),
+            tenant_id: "acme".into(),
+            submitted_at: t,
+            not_before: Some(t + 10_000 + i * 1_000),
+            ..Default::default()
+        };
+        feed(&mut state, t, "job.default", Input::Submit(request));
+    }
+    assert!(
+        state.jobs.is_empty(),
+        "delayed jobs left memory once written"
+    );
+    let keys = store.delays_after(None, 100).unwrap();
+    let ids: Vec<&str> = keys.iter().map(|(_, id)| id.as_str()).collect();
+    assert_eq!(ids, ["d0", "d1", "d2", "d3", "d4"]);
+    assert_eq!(store.delays_after(Some(&keys[2]), 100).unwrap(), keys[3..]);
+    assert_eq!(store.delays_after(None, 2).unwrap(), keys[..2]);
+    feed(
+        &mut state,
+        t + 1,
+        "ksched.control",
+        Input::Cancel(CancelJob {
+            job_id: "d3".into(),
+            principal_id: "op".into(),
+            ..Default::default()
+        }),
+    );
+    assert_eq!(store.delays_after(None, 100).unwrap().len(), 4);
+
+    // A restart: nothing delayed is loaded; the Tick reads what is due.
+    drop(state);
+    let mut state = store.load_state().unwrap();
+    assert!(state.jobs.is_empty());
+    assert_eq!(
+        state.jobs_by_state[&ksched_core::events::JobState::Delayed],
+        4
+    );
+    let tick = |watermark| {
+        Input::Tick(Tick {
+            source: "t".into(),
+            issued_at: watermark,
+            watermark: Some(watermark),
+        })
+    };
+    let released = |events: Vec<ksched_core::events::Event>| -> Vec<String> {
+        events
+            .into_iter()
+            .filter_map(|e| match e {
+                ksched_core::events::Event::JobReleased(r) => Some(r.job_id),
+                _ => None,
+            })
+            .collect()
+    };
+    let ev = feed(&mut state, t + 11_500, "ksched.control", tick(t + 11_500));
+    assert_eq!(released(ev), ["d0", "d1"]);
+    let ev = feed(&mut state, t + 20_000, "ksched.control", tick(t + 20_000));
+    assert_eq!(released(ev), ["d2", "d4"], "d3 was cancelled");
+    assert!(store.delays_after(None, 100).unwrap().is_empty());
+    let ev = feed(&mut state, t + 30_000, "ksched.control", tick(t + 30_000));
+    assert!(released(ev).is_empty(), "each once");
+}

@@ -53,6 +53,7 @@ pub(crate) fn job_request() -> JobRequest {
         compensation: Some(Box::new(template())),
         submitted_at: 1_700_000_000_123,
         traceparent: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
+        not_before: Some(1_764_000_000_000),
     }
 }
 

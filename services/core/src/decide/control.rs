@@ -3,7 +3,7 @@
 use crate::decide::Decider;
 use crate::events::*;
 use crate::reason::{DlqReason, Rejection};
-use crate::records::{ApproveJob, CancelJob, RejectJob};
+use crate::records::{ApproveJob, CancelJob, RejectJob, RescheduleJob};
 
 impl Decider<'_, '_> {
     /// Whether an operator's command about `job_id` (one acting for `tenant`, if any) may
@@ -73,6 +73,44 @@ impl Decider<'_, '_> {
         }
     }
 
+    /// RescheduleJob: a DELAYED job waits for another time (SPEC §9); one already passed is
+    /// released at the next Tick.
+    pub(super) fn reschedule(&mut self, r: &RescheduleJob) {
+        if !self.commanded(
+            &r.job_id,
+            r.tenant_id.as_deref(),
+            &r.principal_id,
+            "reschedule",
+        ) {
+            return;
+        }
+        let job = &self.state().jobs[&r.job_id];
+        let Some(previous) = job.delayed_until.filter(|_| job.state == JobState::Delayed) else {
+            let reason = format!(
+                "the job is {}; only a DELAYED job is rescheduled",
+                job.state
+            );
+            self.refuse(&r.job_id, Rejection::NotDelayed, reason);
+            return;
+        };
+        let max = self.rules().rules.limits.max_delay_ms;
+        if r.not_before < 0 || r.not_before.saturating_sub(self.now()) > max {
+            let reason = format!(
+                "not_before {} must be a time after 1970 and at most limits.max_delay_ms {max} ahead",
+                r.not_before
+            );
+            self.refuse(&r.job_id, Rejection::InvalidTime, reason);
+            return;
+        }
+        self.emit(Event::JobRescheduled(JobRescheduled {
+            job_id: r.job_id.clone(),
+            not_before: r.not_before,
+            previous,
+            principal_id: r.principal_id.clone(),
+            reason: r.reason.clone(),
+        }));
+    }
+
     pub(super) fn approve(&mut self, a: &ApproveJob) {
         let Some(job) = self.state().jobs.get(&a.job_id) else {
             self.refuse(
@@ -116,7 +154,7 @@ impl Decider<'_, '_> {
                 approver: a.approver.clone(),
                 comment: a.comment.clone(),
             }));
-            self.enqueue(&a.job_id);
+            self.admit(&a.job_id);
             return;
         }
         // The policy changed since approval was requested: ask it again (SPEC §6).
@@ -129,7 +167,7 @@ impl Decider<'_, '_> {
                     approver: a.approver.clone(),
                     comment: a.comment.clone(),
                 }));
-                self.enqueue(&a.job_id);
+                self.admit(&a.job_id);
             }
             Verdict::RequireApproval => {
                 let reason = format!(

@@ -112,6 +112,11 @@ impl<'s, 'c> Decider<'s, 'c> {
         true
     }
 
+    /// Units of work this entry may still do.
+    pub(crate) fn budget_left(&self) -> usize {
+        self.budget as usize
+    }
+
     /// One unit of work was done.
     pub(crate) fn spend(&mut self) {
         self.budget = self.budget.saturating_sub(1);

@@ -118,6 +118,7 @@ impl Decider<'_, '_> {
             Input::Approve(a) => self.approve(a),
             Input::Reject(r) => self.reject(r),
             Input::Redrive(r) => self.redrive(r),
+            Input::Reschedule(r) => self.reschedule(r),
             Input::Tick(t) => self.tick(t),
             Input::Malformed(m) => self.malformed(m),
             Input::Reconfigure(r) => self.reconfigure(r),

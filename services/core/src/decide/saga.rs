@@ -334,6 +334,7 @@ impl Decider<'_, '_> {
             // A compensation starts no trace (the step's job may not be in memory here, and
             // a decision may not depend on what is).
             traceparent: None,
+            not_before: None,
         }
     }
 

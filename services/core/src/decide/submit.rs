@@ -131,6 +131,11 @@ impl Decider<'_, '_> {
             );
             return;
         }
+        if let Some((code, why)) = delay_refused(self.state(), &config.rules, &request, self.now())
+        {
+            self.dead_letter_input(&request.job_id, &request.tenant_id, code, why);
+            return;
+        }
         self.accept(request, journal_request);
     }
 
@@ -219,6 +224,8 @@ impl Decider<'_, '_> {
         request.job_id = new_id.to_owned();
         request.submitted_at = self.now();
         request.meta.idempotency_key = None;
+        // Submitted now: a time it was to wait for has passed, or it would not have ended.
+        request.not_before = None;
         let config = self.rules();
         // A tenant-bound topic's job ids stay in their tenant's namespace.
         if let Some(why) =
@@ -274,7 +281,7 @@ impl Decider<'_, '_> {
         let snapshot = decision.snapshot_id.clone();
         self.emit(Event::PolicyEvaluated(decision));
         match verdict {
-            Verdict::Allow => self.enqueue(job_id),
+            Verdict::Allow => self.admit(job_id),
             Verdict::Deny => {
                 let code = if limit_exceeded {
                     DlqReason::PolicyLimitExceeded
@@ -303,9 +310,30 @@ impl Decider<'_, '_> {
         }
     }
 
+    /// An allowed (or approved) job: it waits DELAYED while its `not_before` is ahead
+    /// (SPEC §9), and goes to its queues otherwise.
+    pub(super) fn admit(&mut self, job_id: &str) {
+        match self.state().jobs[job_id].request.not_before {
+            Some(not_before) if not_before > self.now() => {
+                self.emit(Event::JobDelayed(JobDelayed {
+                    job_id: job_id.to_owned(),
+                    not_before,
+                }));
+            }
+            _ => self.enqueue(job_id),
+        }
+    }
+
     /// Puts a PENDING job in its pools' queues and tries to place it; if it cannot be placed
     /// now, journals why it waits.
     pub(super) fn enqueue(&mut self, job_id: &str) {
+        let pools = self.queue(job_id);
+        self.schedule_pools(pools);
+        self.explain_waiting(&[job_id]);
+    }
+
+    /// Puts a PENDING job in its pools' queues (JobQueued); returns the pools.
+    pub(super) fn queue(&mut self, job_id: &str) -> Vec<String> {
         let job = &self.state().jobs[job_id];
         let pools = job.pools.clone();
         let priority = job.request.priority;
@@ -314,8 +342,20 @@ impl Decider<'_, '_> {
             pools: pools.clone(),
             priority,
         }));
-        self.schedule_pools(pools);
-        if self.state().jobs[job_id].queued_at.is_some() {
+        pools
+    }
+
+    /// Journals why each of `jobs` still in a queue waits (JobWaiting).
+    pub(super) fn explain_waiting(&mut self, jobs: &[impl AsRef<str>]) {
+        for job_id in jobs.iter().map(AsRef::as_ref) {
+            if self
+                .state()
+                .jobs
+                .get(job_id)
+                .is_none_or(|j| j.queued_at.is_none())
+            {
+                continue;
+            }
             let blocked = self.blocker(job_id);
             self.emit(Event::JobWaiting(JobWaiting {
                 job_id: job_id.to_owned(),
@@ -371,6 +411,13 @@ pub(super) fn invalid_request(r: &JobRequest, limits: &Limits) -> Option<(DlqRea
                 crate::records::truncate_for_display(id, 64)
             ));
         }
+    }
+    if r.not_before.is_some_and(|t| t < 0) {
+        return malformed(format!(
+            "job {}: not_before {} is before 1970",
+            r.job_id,
+            r.not_before.unwrap_or(0)
+        ));
     }
     if r.budget.deadline_ms.is_some_and(|d| d <= 0) {
         return malformed(format!(
@@ -557,4 +604,43 @@ fn effective_constraints(
         deadline_ms,
         labels: policy.labels.clone(),
     }
+}
+
+/// Why a job that would wait DELAYED may not (`delay_too_long`, `queue_full`), if it may not:
+/// its time lies further ahead than `limits.max_delay_ms`, or the shard holds
+/// `limits.max_delayed_jobs` already.
+pub(super) fn delay_refused(
+    state: &State,
+    rules: &Rules,
+    r: &JobRequest,
+    now: crate::records::Millis,
+) -> Option<(DlqReason, String)> {
+    let not_before = r.not_before.filter(|t| *t > now)?;
+    let limits = &rules.limits;
+    if not_before - now > limits.max_delay_ms {
+        return Some((
+            DlqReason::DelayTooLong,
+            format!(
+                "job {}: not_before {not_before} is {} ms ahead, more than limits.max_delay_ms {}",
+                r.job_id,
+                not_before - now,
+                limits.max_delay_ms
+            ),
+        ));
+    }
+    let delayed = state
+        .jobs_by_state
+        .get(&crate::events::JobState::Delayed)
+        .copied()
+        .unwrap_or(0);
+    if i64::try_from(delayed).unwrap_or(i64::MAX) >= limits.max_delayed_jobs {
+        return Some((
+            DlqReason::QueueFull,
+            format!(
+                "job {}: the shard holds {delayed} delayed jobs, limits.max_delayed_jobs",
+                r.job_id
+            ),
+        ));
+    }
+    None
 }

@@ -43,11 +43,41 @@ impl Decider<'_, '_> {
             self.maybe_half_open(&pool);
         }
         self.fire_due_timers(judged);
+        let released = self.release_due(judged);
         self.resume_sagas();
         self.forget_lost_workers(judged);
         self.prune_idempotency();
         let pools: Vec<String> = self.state().queues.keys().cloned().collect();
         self.schedule_pools(pools);
+        self.explain_waiting(&released);
+    }
+
+    /// DELAYED jobs due by the watermark go to their queues (SPEC §9), earliest first, one
+    /// unit of work each; the scheduling pass that ends the Tick places them. Returns them.
+    fn release_due(&mut self, judged: Millis) -> Vec<String> {
+        let due = self.state().delays.due(judged, self.budget_left());
+        let mut released = Vec::with_capacity(due.len());
+        for (not_before, job_id) in due {
+            if !self.may_work() {
+                break;
+            }
+            if self.state().jobs.get(&job_id).map(|j| j.state) != Some(JobState::Delayed) {
+                debug_assert!(
+                    false,
+                    "the delay window holds {job_id}, which does not wait"
+                );
+                continue;
+            }
+            self.spend();
+            self.emit(Event::JobReleased(JobReleased {
+                job_id: job_id.clone(),
+                not_before,
+                released_at: judged,
+            }));
+            self.queue(&job_id);
+            released.push(job_id);
+        }
+        released
     }
 
     fn lose_silent_workers(&mut self, judged: Millis) {

@@ -313,6 +313,7 @@ impl State {
         let (jobs, mut ix, timing, floor) = self.split();
         let job = jobs.get_mut(id)?;
         let before_state = job.state;
+        let before_delay = super::delay_key_of(id, job);
         let pool = job.pool.clone().filter(|_| before_state.is_active());
         let before = Entries::of(id, job, timing, floor, ix.workers);
         #[cfg(debug_assertions)]
@@ -336,15 +337,24 @@ impl State {
             ix.change(id, job, &before, &after);
         }
         let after_state = job.state;
+        let after_delay = super::delay_key_of(id, job);
         if let Some(line) = line {
             let seq = next_history_seq(job, line.event.name());
             self.push_line(id, seq, line);
         }
         self.mark_job(id);
+        if before_delay != after_delay {
+            if let Some(key) = before_delay {
+                self.delay_remove(key);
+            }
+            if let Some(key) = after_delay {
+                self.delay_insert(key);
+            }
+        }
         if after_state != before_state {
             self.count_state(before_state, -1);
             self.count_state(after_state, 1);
-            if after_state.is_terminal() {
+            if after_state.is_cold() {
                 self.cold.insert(id.to_owned());
             }
             if !after_state.is_active()
@@ -441,7 +451,7 @@ impl State {
             self.count_state(old, -1);
         }
         self.count_state(job.state, 1);
-        if job.state.is_terminal() {
+        if job.state.is_cold() {
             self.cold.insert(id.clone());
         }
         if let Some(line) = line {
@@ -488,7 +498,7 @@ impl State {
                 .or_default() += 1;
         }
         self.cold = (self.jobs.iter_any_order())
-            .filter(|(_, j)| j.state.is_terminal())
+            .filter(|(_, j)| j.state.is_cold())
             .map(|(id, _)| id.to_owned())
             .collect();
         // Each job's index entries go into ordered sets and counts: the order does not show.
@@ -553,8 +563,9 @@ impl State {
                 problems.push(format!("tenant {t} has {n} active jobs"));
             }
         }
-        // Active jobs are always in memory, so their counts must match exactly; terminal
-        // counts may exceed what memory holds.
+        self.check_delays(&mut problems);
+        // Jobs in queues or on workers are always in memory, so their counts must match
+        // exactly; terminal and delayed counts may exceed what memory holds.
         let mut counted: BTreeMap<JobState, u64> = BTreeMap::new();
         for (_, j) in self.jobs.iter_any_order() {
             *counted.entry(j.state).or_default() += 1;
@@ -562,7 +573,7 @@ impl State {
         for st in JobState::ALL {
             let have = counted.get(&st).copied().unwrap_or(0);
             let kept = self.jobs_by_state.get(&st).copied().unwrap_or(0);
-            if (!st.is_terminal() && have != kept) || (st.is_terminal() && have > kept) {
+            if (!st.is_cold() && have != kept) || (st.is_cold() && have > kept) {
                 problems.push(format!("{kept} jobs counted {st}, {have} present"));
             }
         }
@@ -618,7 +629,9 @@ fn each_timer(
     evidence: Option<Millis>,
     mut push: impl FnMut(Millis, TimerKind),
 ) {
-    if job.state.is_terminal() {
+    // A delayed job's deadline counts from its release (SPEC §9): it has no timer while it
+    // waits; its due time is in the delay window, not here.
+    if job.state.is_terminal() || job.state.is_parked() {
         return;
     }
     if let Some(d) = job.deadline_at {

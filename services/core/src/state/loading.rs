@@ -2,6 +2,7 @@
 //! store first, and what may leave memory after a checkpoint.
 
 use crate::events::Input;
+use crate::records::Millis;
 
 use super::{IdempotencyEntry, Job, Saga, State};
 
@@ -9,6 +10,13 @@ use super::{IdempotencyEntry, Job, Saga, State};
 pub trait ColdStore {
     type Error;
     fn job(&self, id: &str) -> Result<Option<Job>, Self::Error>;
+    /// The keys of delayed jobs after `after` (from the first with None), in order, at most
+    /// `limit` ([`crate::state::Delays`]).
+    fn delays_after(
+        &self,
+        after: Option<&super::DelayKey>,
+        limit: usize,
+    ) -> Result<Vec<super::DelayKey>, Self::Error>;
     /// The saga under `key` ([`crate::state::saga_key`]).
     fn saga(&self, key: &str) -> Result<Option<Saga>, Self::Error>;
     fn idempotency(&self, tenant: &str, key: &str)
@@ -79,7 +87,19 @@ impl State {
         }
         let mut sagas = self.saga_prerequisites(input);
         self.load_sagas(&sagas, store)?;
-        if let Input::Tick(_) = input {
+        if let Input::Tick(t) = input {
+            // Every delayed job due by the watermark, as far as the entry's work reaches, and
+            // their records.
+            let through = t.watermark.unwrap_or(Millis::MIN).max(self.watermark);
+            let reach = self.rules().map_or(100, |r| r.limits.max_work_per_entry) as usize;
+            self.load_delays_through(through, reach, store)?;
+            let due: Vec<String> = self
+                .delays
+                .due(through, reach)
+                .into_iter()
+                .map(|(_, id)| id)
+                .collect();
+            self.load_jobs(&due, store)?;
             // A Tick goes on with rollbacks left for it (in memory: sagas rolling back stay).
             sagas.extend(
                 self.sagas
@@ -151,21 +171,37 @@ impl State {
         if self.jobs.contains_key(&job_id) {
             return;
         }
-        if job.state.is_terminal() {
+        if job.state.is_cold() {
             self.cold.insert(job_id.clone());
+        }
+        // A delayed job past the window, in memory now: filed with the others in memory (the
+        // store has its key as well; a refill counts it once).
+        if let Some(key) = super::delay_key_of(&job_id, &job)
+            && !self.delays.coverage().covers(&key)
+        {
+            self.delays.file_beyond(key);
         }
         self.jobs.insert(job_id.clone(), Box::new(job));
         self.index_job(&job_id);
+    }
+
+    /// Drops job `id` from memory if it is terminal or delayed (it is in storage).
+    fn evict_job(&mut self, id: &str) {
+        let Some(job) = self.jobs.get(id).filter(|j| j.state.is_cold()) else {
+            return;
+        };
+        if let Some(key) = super::delay_key_of(id, job) {
+            self.delay_left_memory(&key);
+        }
+        self.unindex_job(id);
+        self.jobs.remove(id);
     }
 
     /// Drops terminal jobs, idempotency keys and idle sagas from memory (they stay in
     /// storage). Only called by an owner that has persisted every dirty key.
     pub fn evict_cold(&mut self) {
         for id in std::mem::take(&mut self.cold) {
-            if self.jobs.get(&id).is_some_and(|j| j.state.is_terminal()) {
-                self.unindex_job(&id);
-                self.jobs.remove(&id);
-            }
+            self.evict_job(&id);
         }
         self.idempotency.clear();
         // Sagas mid-rollback stay: a tick may end their running compensation.
@@ -190,9 +226,8 @@ impl State {
             while changed.next_if(|c| **c < id).is_some() {}
             if changed.next_if_eq(&&id).is_some() {
                 kept.push(id);
-            } else if self.jobs.get(&id).is_some_and(|j| j.state.is_terminal()) {
-                self.unindex_job(&id);
-                self.jobs.remove(&id);
+            } else {
+                self.evict_job(&id);
             }
         }
         self.cold = kept.into_iter().collect();

@@ -17,12 +17,14 @@ use crate::events::JobState;
 use crate::records::Millis;
 use crate::rules::Rules;
 
+mod delays;
 mod index;
 mod jobs;
 mod loading;
 mod records;
 mod tracking;
 
+pub use delays::{Coverage, DEFAULT_WINDOW, DelayKey, Delays, REFILL_CHUNK, delay_key_of};
 pub(crate) use index::Line;
 pub use jobs::JobMap;
 pub use loading::{ColdStore, Prerequisites};
@@ -74,6 +76,9 @@ pub struct State {
     pub lanes: BTreeMap<String, BTreeMap<Lane, BTreeSet<QueueKey>>>,
     /// Derived: pool -> each lane's first job, in queue order: what a scheduling pass walks.
     pub lane_heads: BTreeMap<String, BTreeSet<(QueueKey, Lane)>>,
+    /// Derived: DELAYED jobs by due time, those the window reaches ([`Delays`]); the rest
+    /// are in storage. A cache of what the jobs say: not part of the projection's equality.
+    pub delays: Delays,
     /// Changed keys, when the owner tracks them (the runtime does; tests and audits need not).
     pub dirty: Option<Dirty>,
     /// Terminal jobs in memory, which [`State::evict_cold`] may drop (bookkeeping, like

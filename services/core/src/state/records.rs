@@ -276,6 +276,11 @@ pub struct Job {
     /// Last sign of life of the running attempt (start, progress, or a heartbeat listing it).
     pub last_evidence_at: Option<Millis>,
     pub deadline_at: Option<Millis>,
+    /// While DELAYED: when it becomes due (its `not_before`, or a reschedule's).
+    pub delayed_until: Option<Millis>,
+    /// When it left DELAYED (JobReleased): its deadline counts from here, as if submitted
+    /// then (SPEC §9).
+    pub released_at: Option<Millis>,
     pub wait_reason: Option<String>,
     pub progress: Option<f64>,
     pub last_error: Option<String>,

@@ -19,6 +19,9 @@ pub struct Dirty {
     pub config: bool,
     /// History lines written since the last persist, in order.
     pub history: HistoryLines,
+    /// Keys under which jobs no longer wait (released, cancelled, rescheduled): the store's
+    /// delay index drops them, unless the job waits under the same key again.
+    pub delays_removed: Vec<super::DelayKey>,
     /// Payloads of jobs accepted since the last persist (job_id -> payload).
     pub payloads: BTreeMap<String, Vec<u8>>,
     /// The state's clock when this set began, i.e. when the set before it was taken

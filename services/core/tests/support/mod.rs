@@ -4,7 +4,7 @@
 #![allow(dead_code)]
 
 use std::cell::RefCell;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use ksched_core::decide::{Ctx, process};
 use ksched_core::events::*;
@@ -13,7 +13,7 @@ use ksched_core::policy::{OutputDecision, PolicyDecision, PolicyEngine};
 use ksched_core::records::*;
 use ksched_core::rules::{PoolRules, Rules, StrategyKind};
 use ksched_core::state::{
-    ColdStore, Dirty, HistoryItem, HistoryLines, IdempotencyEntry, Job, Saga, State,
+    ColdStore, DelayKey, Dirty, HistoryItem, HistoryLines, IdempotencyEntry, Job, Saga, State,
 };
 use serde_json::Value;
 
@@ -53,6 +53,8 @@ pub(crate) struct ColdMap {
     /// History lines by (job, line number), as the store keeps them.
     pub history: BTreeMap<(String, u32), HistoryItem>,
     pub payloads: BTreeMap<String, Vec<u8>>,
+    /// The delayed jobs by due time, as the store indexes them.
+    pub delays: BTreeSet<DelayKey>,
 }
 
 impl ColdStore for ColdMap {
@@ -66,6 +68,17 @@ impl ColdStore for ColdMap {
     fn idempotency(&self, t: &str, k: &str) -> Result<Option<IdempotencyEntry>, Self::Error> {
         Ok(self.idempotency.get(&(t.to_owned(), k.to_owned())).cloned())
     }
+    fn delays_after(
+        &self,
+        after: Option<&DelayKey>,
+        limit: usize,
+    ) -> Result<Vec<DelayKey>, Self::Error> {
+        let keys = self.delays.iter();
+        Ok(match after {
+            Some(a) => keys.filter(|k| *k > a).take(limit).cloned().collect(),
+            None => keys.take(limit).cloned().collect(),
+        })
+    }
 }
 
 /// A checkpoint as the store's prepare encodes it: the records the dirty keys name, as the
@@ -77,12 +90,28 @@ pub(crate) struct Batch {
     pruned_before: Option<i64>,
     history: HistoryLines,
     payloads: BTreeMap<String, Vec<u8>>,
+    delays_put: Vec<DelayKey>,
+    delays_deleted: Vec<DelayKey>,
 }
 
 impl ColdMap {
     /// What the store's prepare takes from the state.
     fn prepare(state: &State, dirty: Dirty) -> Batch {
+        let delays_put = (dirty.jobs.iter())
+            .filter_map(|id| ksched_core::state::delay_key_of(id, state.jobs.get(id)?))
+            .collect();
+        let delays_deleted = (dirty.delays_removed.iter())
+            .filter(|(due, id)| {
+                !state
+                    .jobs
+                    .get(id)
+                    .is_some_and(|j| j.state.is_parked() && j.delayed_until == Some(*due))
+            })
+            .cloned()
+            .collect();
         Batch {
+            delays_put,
+            delays_deleted,
             jobs: (dirty.jobs.into_iter())
                 .filter_map(|id| Some((id.clone(), state.jobs.get(&id)?.clone())))
                 .collect(),
@@ -111,6 +140,10 @@ impl ColdMap {
                 .insert((job_id.to_owned(), seq), item.to_item());
         }
         self.payloads.extend(b.payloads);
+        self.delays.extend(b.delays_put);
+        for k in &b.delays_deleted {
+            self.delays.remove(k);
+        }
     }
 
     /// What the store's persist (prepare, then write at once) does with the dirty keys.
@@ -241,6 +274,10 @@ impl Sim {
             last_tick: T0,
             last_beat: T0,
         };
+        // Delay windows of two keys: every Tick that releases more reads them from storage.
+        for state in [&mut sim.partial, &mut sim.behind, &mut sim.folded] {
+            state.delays.limit = 2;
+        }
         sim.reconfigure(&rules, "snap-1");
         sim
     }
@@ -416,13 +453,21 @@ impl Sim {
         }
         // Eviction finds every job that became terminal, whichever way it did.
         let lingering: Vec<&str> = (self.partial.jobs.iter_any_order())
-            .filter(|(_, j)| j.state.is_terminal())
+            .filter(|(_, j)| j.state.is_cold())
             .map(|(id, _)| id)
             .collect();
         assert!(
             lingering.is_empty(),
-            "terminal jobs not evicted: {lingering:?}"
+            "terminal or delayed jobs not evicted: {lingering:?}"
         );
+        for (what, state) in [
+            ("partial", &self.partial),
+            ("behind", &self.behind),
+            ("folded", &self.folded),
+        ] {
+            let problems = state.delay_problems();
+            assert!(problems.is_empty(), "{what}: {problems:?}");
+        }
         assert_eq!(self.partial.workers, self.state.workers);
         assert_eq!(self.partial.queues, self.state.queues);
         assert_eq!(self.partial.timers, self.state.timers);

@@ -300,8 +300,8 @@ pub(crate) enum JobsCommand {
     Get { job_id: String },
     /// List jobs (filters combine).
     List {
-        /// PENDING, APPROVAL_REQUIRED, SCHEDULED, DISPATCHED, RUNNING, SUCCEEDED, FAILED,
-        /// CANCELLED, TIMEOUT, DENIED or OUTPUT_QUARANTINED.
+        /// DELAYED, PENDING, APPROVAL_REQUIRED, SCHEDULED, DISPATCHED, RUNNING, SUCCEEDED,
+        /// FAILED, CANCELLED, TIMEOUT, DENIED or OUTPUT_QUARANTINED.
         #[arg(long)]
         state: Option<String>,
         #[arg(long)]
@@ -315,6 +315,23 @@ pub(crate) enum JobsCommand {
     },
     /// A job's history: every event, in order.
     History { job_id: String },
+    /// Move a DELAYED job to another time (journaled, with who did it and why).
+    Reschedule {
+        job_id: String,
+        /// Its new time: RFC 3339, a date-time taken as UTC, or epoch milliseconds.
+        #[arg(
+            long,
+            value_name = "TIME",
+            required_unless_present = "delay",
+            conflicts_with = "delay"
+        )]
+        at: Option<String>,
+        /// Its new time as a duration from now (`90s`, `10m`, `1h30m`).
+        #[arg(long, value_name = "DURATION")]
+        delay: Option<String>,
+        #[command(flatten)]
+        acting: Acting,
+    },
 }
 
 fn query(pairs: &[(&str, Option<String>)]) -> String {
@@ -462,6 +479,26 @@ pub(crate) fn jobs(t: &Target, cmd: JobsCommand) -> CliResult {
                     table(&["AT (UTC)", "EVENT", "DETAIL"], &rows);
                 }
             }
+        }
+        JobsCommand::Reschedule {
+            job_id,
+            at,
+            delay,
+            acting,
+        } => {
+            let not_before = match (at, delay) {
+                (Some(at), _) => audit::parse_time(&at).ok_or_else(|| {
+                    Failure::new(
+                        EXIT_BAD_INPUT,
+                        format!("--at {at:?} is not a time (RFC 3339, YYYY-MM-DD HH:MM[:SS] in UTC, or epoch ms)"),
+                    )
+                })?,
+                (None, Some(d)) => ksched_runtime::clock::wall_clock_ms().saturating_add(submit::delay_ms(&d)?),
+                (None, None) => unreachable!("clap requires --at or --delay"),
+            };
+            let mut body = acting.body();
+            body.insert("not_before".into(), json!(not_before));
+            control(t, "reschedule", &job_id, Value::Object(body))?;
         }
     }
     Ok(())

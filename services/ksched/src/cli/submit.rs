@@ -77,6 +77,14 @@ pub(crate) struct SubmitArgs {
     /// (how a traced script hands its context to the tools it runs).
     #[arg(long, env = "TRACEPARENT", value_name = "TRACEPARENT")]
     pub traceparent: Option<String>,
+    /// Run no earlier than this time: RFC 3339 (`2026-12-24T18:00:00Z`, or with an offset),
+    /// a date-time taken as UTC (`2026-12-24 18:00`), or epoch milliseconds. Until then the
+    /// job waits DELAYED.
+    #[arg(long, value_name = "TIME", conflicts_with = "delay")]
+    pub at: Option<String>,
+    /// Run no earlier than this long from now (`90s`, `10m`, `1h30m`, `2 days`).
+    #[arg(long, value_name = "DURATION")]
+    pub delay: Option<String>,
 }
 
 /// The JSON file format: every field optional.
@@ -95,6 +103,8 @@ struct JobFile {
     meta: JobMeta,
     workflow_id: Option<String>,
     step_index: Option<i32>,
+    /// Epoch milliseconds.
+    not_before: Option<i64>,
 }
 
 fn pairs(items: &[String], what: &str) -> Result<BTreeMap<String, String>, Failure> {
@@ -176,6 +186,16 @@ pub(crate) fn build(args: &SubmitArgs, now_ms: i64) -> Result<JobRequest, Failur
         .clone()
         .or(file.job_id)
         .unwrap_or_else(|| format!("{tenant_id}:job-{}", uuid::Uuid::new_v4().simple()));
+    let not_before = match (&args.at, &args.delay) {
+        (Some(at), _) => Some(super::audit::parse_time(at).ok_or_else(|| {
+            Failure::new(
+                EXIT_BAD_INPUT,
+                format!("--at {at:?} is not a time (RFC 3339, YYYY-MM-DD HH:MM[:SS] in UTC, or epoch ms)"),
+            )
+        })?),
+        (None, Some(delay)) => Some(now_ms.saturating_add(delay_ms(delay)?)),
+        (None, None) => file.not_before,
+    };
     Ok(JobRequest {
         job_id,
         topic: args
@@ -210,7 +230,24 @@ pub(crate) fn build(args: &SubmitArgs, now_ms: i64) -> Result<JobRequest, Failur
                 )
             })?),
         },
+        not_before,
     })
+}
+
+/// Milliseconds of a duration written as jiff reads one (`90s`, `10m`, `1h30m`, `2 days`,
+/// or ISO 8601 `PT10M`); never negative.
+pub(crate) fn delay_ms(text: &str) -> Result<i64, Failure> {
+    let bad = || {
+        Failure::new(
+            EXIT_BAD_INPUT,
+            format!("{text:?} is not a duration (e.g. 90s, 10m, 1h30m, 2 days)"),
+        )
+    };
+    let d: jiff::SignedDuration = text.trim().parse().map_err(|_| bad())?;
+    if d.is_negative() {
+        return Err(bad());
+    }
+    i64::try_from(d.as_millis()).map_err(|_| bad())
 }
 
 /// Seals the request's secrets with the keyring; without one, a secret is an error (the
@@ -242,10 +279,7 @@ pub(crate) fn seal(args: &SubmitArgs, request: &mut JobRequest) -> Result<(), Fa
 }
 
 pub(crate) fn submit(t: &Target, args: SubmitArgs) -> CliResult {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64);
-    let mut request = build(&args, now)?;
+    let mut request = build(&args, ksched_runtime::clock::wall_clock_ms())?;
     seal(&args, &mut request)?;
     let bytes = ksched_codec::encode(&request)
         .map_err(|e| Failure::new(EXIT_BAD_INPUT, format!("encoding the job: {e}")))?;
@@ -305,4 +339,53 @@ fn login_name() -> Option<String> {
         .map(|u| u.trim().to_owned())
         .filter(|u| !u.is_empty())
         .or_else(|| Some(format!("uid-{}", rustix::process::getuid().as_raw())))
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: SubmitArgs,
+    }
+
+    fn built(flags: &[&str]) -> Result<JobRequest, Failure> {
+        let cli = Cli::try_parse_from(std::iter::once("submit").chain(flags.iter().copied()))
+            .map_err(|e| Failure::new(EXIT_BAD_INPUT, e.to_string()))?;
+        build(&cli.args, 1_000_000)
+    }
+
+    #[test]
+    fn a_job_is_run_at_a_time_or_after_a_delay() {
+        assert_eq!(built(&[]).unwrap().not_before, None);
+        assert_eq!(
+            built(&["--delay", "90s"]).unwrap().not_before,
+            Some(1_090_000)
+        );
+        assert_eq!(
+            built(&["--delay", "1h30m"]).unwrap().not_before,
+            Some(1_000_000 + 5_400_000)
+        );
+        assert_eq!(
+            built(&["--at", "2026-12-24T18:00:00Z"]).unwrap().not_before,
+            Some(1_798_135_200_000)
+        );
+        assert_eq!(
+            built(&["--at", "2026-12-24 18:00"]).unwrap().not_before,
+            Some(1_798_135_200_000),
+            "a civil time is UTC"
+        );
+        for bad in [
+            &["--delay", "-5m"][..],
+            &["--delay", "soon"],
+            &["--at", "tomorrow"],
+            &["--at", "2026-12-24T18:00:00Z", "--delay", "1m"],
+        ] {
+            assert!(built(bad).is_err(), "{bad:?}");
+        }
+    }
 }
