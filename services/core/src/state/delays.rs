@@ -235,7 +235,7 @@ impl State {
         Ok(())
     }
 
-    /// [`State::check_delays`] alone: what a partial state's delay window gets wrong.
+    /// The delay window's own consistency check alone: what a partial state's window gets wrong.
     pub fn delay_problems(&self) -> Vec<String> {
         let mut problems = Vec::new();
         self.check_delays(&mut problems);
