@@ -26,7 +26,7 @@ use apache_avro::from_value;
 use ksched_core::events::JournalEntry;
 use ksched_core::records::{
     ApproveJob, CancelDispatch, CancelJob, DeadLetter, Dispatch, Heartbeat, JobProgress,
-    JobRequest, JobResult, JobStarted, RedriveJob, RejectJob, RescheduleJob, Tick,
+    JobRequest, JobResult, JobStarted, RedriveJob, RejectJob, RescheduleJob, ScheduleCommand, Tick,
 };
 use serde::{Serialize, de::DeserializeOwned};
 
@@ -98,6 +98,7 @@ records!(
     JournalEntry,
     RedriveJob,
     RescheduleJob,
+    ScheduleCommand,
 );
 
 /// The registry of the schemas built into this binary, shared by the whole process.

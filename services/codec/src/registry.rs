@@ -43,6 +43,7 @@ pub const TOP_LEVEL: &[&str] = &[
     "io.ksched.JournalEntry",
     "io.ksched.RedriveJob",
     "io.ksched.RescheduleJob",
+    "io.ksched.ScheduleCommand",
 ];
 
 /// One self-contained schema: a current reader, a historical writer, or both.

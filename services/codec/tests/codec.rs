@@ -48,12 +48,15 @@ fn every_top_level_record_round_trips() {
     round_trip(samples::dispatch());
     round_trip(samples::cancel_dispatch());
     round_trip(samples::dead_letter());
+    round_trip(samples::redrive_job());
+    round_trip(samples::reschedule_job());
+    round_trip(samples::schedule_command());
 }
 
 #[test]
 fn every_input_and_every_event_round_trips_in_a_journal_entry() {
     let events = samples::every_event();
-    assert_eq!(events.len(), 35, "a new event needs a sample here");
+    assert_eq!(events.len(), 40, "a new event needs a sample here");
     for (i, input) in samples::every_input().into_iter().enumerate() {
         round_trip(JournalEntry {
             cause: Cause {

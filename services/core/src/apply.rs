@@ -95,7 +95,9 @@ fn deadline_base(r: &JobRequest, accepted_at: Millis, format: i32) -> Millis {
     if format < 2 {
         r.submitted_at
     } else {
-        accepted_at
+        // A job that is to wait for its time (SPEC §9) counts from then at the earliest,
+        // while it waits for an approval too; its release sets the deadline again.
+        accepted_at.max(r.not_before.unwrap_or(Millis::MIN))
     }
 }
 
@@ -641,7 +643,94 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
                 j.updated_at = now;
             });
         }
+        Event::ScheduleChanged(e) => apply_schedule_changed(state, e, now),
+        Event::ScheduleFired(e) => apply_schedule_fired(state, e, at),
     }
+}
+
+fn apply_schedule_changed(state: &mut State, e: &ScheduleChanged, now: Millis) {
+    use crate::records::ScheduleAction;
+    let key = crate::schedule::schedule_key(&e.tenant_id, &e.schedule_id);
+    match e.action {
+        ScheduleAction::Create => {
+            let spec = e.spec.as_deref().cloned().unwrap_or_default();
+            let schedule = crate::state::Schedule {
+                schedule_id: e.schedule_id.clone(),
+                tenant_id: e.tenant_id.clone(),
+                principal_id: e.principal_id.clone(),
+                paused: spec.paused,
+                spec,
+                created_at: now,
+                updated_at: now,
+                next_slot: e.next_slot,
+                ..Default::default()
+            };
+            state.put_schedule(&key, Some(schedule));
+        }
+        ScheduleAction::Update => state.update_schedule(&key, |s| {
+            if let Some(spec) = e.spec.as_deref() {
+                // An update may pause a schedule; only RESUME makes a paused one fire again
+                // (and catches up what it missed).
+                s.paused = s.paused || spec.paused;
+                s.spec = spec.clone();
+            }
+            s.principal_id = e.principal_id.clone();
+            s.next_slot = e.next_slot;
+            s.updated_at = now;
+        }),
+        ScheduleAction::Pause => state.update_schedule(&key, |s| {
+            s.paused = true;
+            s.updated_at = now;
+        }),
+        ScheduleAction::Resume => state.update_schedule(&key, |s| {
+            s.paused = false;
+            s.next_slot = e.next_slot;
+            s.updated_at = now;
+        }),
+        ScheduleAction::Delete => state.put_schedule(&key, None),
+        // A trigger is journaled as the firing it makes (ScheduleFired).
+        ScheduleAction::Trigger => {}
+    }
+}
+
+fn apply_schedule_fired(state: &mut State, e: &ScheduleFired, at: &Applying<'_>) {
+    let key = crate::schedule::schedule_key(&e.tenant_id, &e.schedule_id);
+    state.update_schedule(&key, |s| {
+        match e.outcome {
+            ScheduleOutcome::Submitted => {
+                s.submitted += 1;
+                s.last_job = e.job_id.clone();
+                if s.buffered == Some(e.slot) {
+                    s.buffered = None;
+                }
+            }
+            ScheduleOutcome::Buffered => s.buffered = Some(e.slot),
+            ScheduleOutcome::Skipped => s.skipped += 1,
+            ScheduleOutcome::Missed => s.missed += 1,
+            ScheduleOutcome::Refused => {
+                s.refused += 1;
+                if s.buffered == Some(e.slot) {
+                    s.buffered = None;
+                }
+            }
+        }
+        // The decision says where the schedule's times stand (a trigger, or a buffered
+        // firing that runs, leaves them where they were).
+        s.next_slot = e.next_slot;
+        s.recent.push(crate::state::Firing {
+            slot: e.slot,
+            outcome: e.outcome.as_str().to_owned(),
+            job_id: e.job_id.clone(),
+            triggered: e.triggered,
+            detail: e.detail.clone(),
+        });
+        let excess = s
+            .recent
+            .len()
+            .saturating_sub(crate::state::Schedule::RECENT);
+        s.recent.drain(..excess);
+        s.updated_at = at.now;
+    });
 }
 
 /// Decision format 1: the pool whose breaker a failure counts against. Only failures of a

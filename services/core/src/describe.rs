@@ -329,6 +329,41 @@ impl Event {
                     write!(out, ": {why}")?;
                 }
             }
+            Event::ScheduleChanged(c) => {
+                push(
+                    out,
+                    &[
+                        "schedule ",
+                        &c.tenant_id,
+                        ":",
+                        &c.schedule_id,
+                        " ",
+                        c.action.as_str(),
+                        " by ",
+                        &c.principal_id,
+                    ],
+                );
+                match c.next_slot {
+                    Some(t) => {
+                        out.push_str("; next firing ");
+                        time(out, t);
+                    }
+                    None => out.push_str("; no next firing"),
+                }
+                if let Some(why) = &c.reason {
+                    write!(out, ": {why}")?;
+                }
+            }
+            Event::ScheduleFired(f) => {
+                push(out, &["schedule ", &f.tenant_id, ":", &f.schedule_id, " "]);
+                out.push_str(if f.triggered { "triggered " } else { "fired " });
+                time(out, f.slot);
+                push(out, &[": ", f.outcome.as_str()]);
+                if let Some(job) = &f.job_id {
+                    push(out, &[" ", job]);
+                }
+                push(out, &[" (", &f.detail, ")"]);
+            }
         }
         Ok(())
     }

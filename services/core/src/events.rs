@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use crate::records::{
     ApproveJob, CancelJob, Constraints, DeadLetter, Heartbeat, JobProgress, JobRequest, JobResult,
     JobStarted, JobTemplate, Millis, Priority, RedriveJob, RejectJob, RescheduleJob, ResultMeta,
-    Tick,
+    ScheduleAction, ScheduleCommand, ScheduleSpec, Tick,
 };
 
 /// Where an input record came from.
@@ -81,6 +81,7 @@ pub enum Input {
     Reconfigure(Reconfigure),
     Redrive(RedriveJob),
     Reschedule(RescheduleJob),
+    Schedule(ScheduleCommand),
 }
 
 impl Input {
@@ -100,6 +101,7 @@ impl Input {
             Input::Reconfigure(_) => "Reconfigure",
             Input::Redrive(_) => "RedriveJob",
             Input::Reschedule(_) => "RescheduleJob",
+            Input::Schedule(_) => "ScheduleCommand",
         }
     }
 
@@ -115,9 +117,11 @@ impl Input {
             Input::Reject(r) => Some(&r.job_id),
             Input::Redrive(r) => Some(&r.job_id),
             Input::Reschedule(r) => Some(&r.job_id),
-            Input::Heartbeat(_) | Input::Tick(_) | Input::Malformed(_) | Input::Reconfigure(_) => {
-                None
-            }
+            Input::Heartbeat(_)
+            | Input::Tick(_)
+            | Input::Malformed(_)
+            | Input::Reconfigure(_)
+            | Input::Schedule(_) => None,
         }
     }
 }
@@ -692,6 +696,65 @@ pub struct JobRescheduled {
     pub reason: Option<String>,
 }
 
+/// A schedule was created, changed, paused, resumed or deleted.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ScheduleChanged {
+    pub schedule_id: String,
+    pub tenant_id: String,
+    pub action: ScheduleAction,
+    /// For CREATE and UPDATE: the schedule as it is now.
+    pub spec: Option<Box<ScheduleSpec>>,
+    pub principal_id: String,
+    pub reason: Option<String>,
+    /// Its next firing from here; None when it has none.
+    pub next_slot: Option<Millis>,
+}
+
+/// What became of a schedule's firing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum ScheduleOutcome {
+    /// A job was submitted.
+    Submitted,
+    /// Its previous run had not ended (overlap SKIP, or BUFFER_ONE with one waiting).
+    Skipped,
+    /// It waits for the previous run to end (overlap BUFFER_ONE).
+    Buffered,
+    /// Too late, by its catch-up policy.
+    Missed,
+    /// The job was refused as a submission would have been.
+    Refused,
+}
+
+impl ScheduleOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ScheduleOutcome::Submitted => "SUBMITTED",
+            ScheduleOutcome::Skipped => "SKIPPED",
+            ScheduleOutcome::Buffered => "BUFFERED",
+            ScheduleOutcome::Missed => "MISSED",
+            ScheduleOutcome::Refused => "REFUSED",
+        }
+    }
+}
+
+/// A schedule's firing was decided: a job submitted, or why none was.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ScheduleFired {
+    pub schedule_id: String,
+    pub tenant_id: String,
+    /// The firing's time (for MISSED, the first firing missed: those from it to before
+    /// `next_slot` were; for a trigger, the time it was asked for).
+    pub slot: Millis,
+    pub outcome: ScheduleOutcome,
+    pub job_id: Option<String>,
+    pub detail: String,
+    /// Fired by a TRIGGER command, outside the schedule's times.
+    pub triggered: bool,
+    /// The schedule's next firing from here; None when it has none.
+    pub next_slot: Option<Millis>,
+}
+
 /// Every event the scheduler journals.
 // The large fields of rare or per-worker events are boxed (a saga's request and its
 // compensation, a heartbeat, a dead letter), so an event is as large as the common ones
@@ -736,6 +799,8 @@ pub enum Event {
     JobDelayed(JobDelayed),
     JobReleased(JobReleased),
     JobRescheduled(JobRescheduled),
+    ScheduleChanged(ScheduleChanged),
+    ScheduleFired(ScheduleFired),
 }
 
 impl Event {
@@ -780,6 +845,8 @@ impl Event {
             Event::JobDelayed(_) => "JobDelayed",
             Event::JobReleased(_) => "JobReleased",
             Event::JobRescheduled(_) => "JobRescheduled",
+            Event::ScheduleChanged(_) => "ScheduleChanged",
+            Event::ScheduleFired(_) => "ScheduleFired",
         }
     }
 
@@ -816,7 +883,12 @@ impl Event {
             Event::JobDelayed(e) => &e.job_id,
             Event::JobReleased(e) => &e.job_id,
             Event::JobRescheduled(e) => &e.job_id,
-            Event::WorkerUpdated(_)
+            Event::ScheduleFired(e) => match &e.job_id {
+                Some(id) => id,
+                None => return None,
+            },
+            Event::ScheduleChanged(_)
+            | Event::WorkerUpdated(_)
             | Event::WorkerLost(_)
             | Event::CircuitChanged(_)
             | Event::SagaFinished(_)
@@ -874,6 +946,11 @@ impl JournalEntry {
         if let Input::Submit(r) = &mut e.input {
             *r = r.redacted();
         }
+        if let Input::Schedule(c) = &mut e.input
+            && let Some(spec) = &mut c.spec
+        {
+            spec.template.env = crate::records::redact_env(&spec.template.env);
+        }
         for ev in &mut e.events {
             match ev {
                 Event::JobAccepted(a) => {
@@ -881,6 +958,11 @@ impl JournalEntry {
                 }
                 Event::SagaStepRecorded(s) => {
                     s.compensation.env = crate::records::redact_env(&s.compensation.env)
+                }
+                Event::ScheduleChanged(c) => {
+                    if let Some(spec) = &mut c.spec {
+                        spec.template.env = crate::records::redact_env(&spec.template.env);
+                    }
                 }
                 _ => {}
             }

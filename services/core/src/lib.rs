@@ -26,6 +26,8 @@
 //! | §6 | idempotency, duplicate job ids | `decide/submit.rs` |
 //! | §7 | sagas | `decide/saga.rs` |
 //! | §8 | what the journal records for audits | `events.rs`, `describe.rs` |
+//! | §9 | run-at and delayed jobs | `decide/submit.rs` (`admit`), `decide/tick.rs` (`release_due`), `state/delays.rs` |
+//! | §9 | schedules: times, overlap, catch-up | `schedule.rs`, `decide/schedules.rs` |
 
 pub mod apply;
 pub mod decide;
@@ -38,6 +40,7 @@ pub mod properties;
 pub mod reason;
 pub mod records;
 pub mod rules;
+pub mod schedule;
 pub mod state;
 pub mod strategy;
 

@@ -163,6 +163,14 @@ codes! {
         NotDelayed = "not_delayed",
         /// A reschedule to a time before 0 or further ahead than `limits.max_delay_ms`.
         InvalidTime = "invalid_time",
+        /// A schedule command naming no schedule of its tenant.
+        UnknownSchedule = "unknown_schedule",
+        /// A CREATE of a schedule id its tenant has already.
+        ScheduleExists = "schedule_exists",
+        /// A schedule whose id, times or template are not valid (the reason says which).
+        InvalidSchedule = "invalid_schedule",
+        /// A CREATE on a shard that holds `limits.max_schedules` schedules.
+        TooManySchedules = "too_many_schedules",
     }
 }
 

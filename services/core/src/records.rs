@@ -357,6 +357,104 @@ pub struct RedriveJob {
     pub requested_at: Millis,
 }
 
+/// What a schedule does when its previous run has not ended by its next firing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum ScheduleOverlap {
+    /// The firing is skipped.
+    #[default]
+    Skip,
+    /// One firing waits for the previous run to end; further ones are skipped.
+    BufferOne,
+    /// Every firing runs, whatever runs already.
+    AllowAll,
+    /// The previous run is cancelled, and the firing runs.
+    CancelPrevious,
+}
+
+/// What a schedule does with firings it missed (ksched down, the schedule paused).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum ScheduleCatchUp {
+    /// Missed firings are skipped.
+    None,
+    /// The latest missed firing runs (unless one on time does), the others are skipped.
+    #[default]
+    Last,
+    /// Every missed firing within `catch_up_window_ms` runs, in order.
+    All,
+}
+
+/// What a schedule is: when it fires, what it submits, and how it treats overlaps and misses
+/// (SPEC §9).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ScheduleSpec {
+    /// A cron expression: 5 fields (minute granularity) or 6 (seconds first), or @yearly,
+    /// @monthly, @weekly, @daily, @hourly. Exactly one of `cron` and `interval_ms`.
+    pub cron: Option<String>,
+    /// A fixed interval in ms, counted from `start_at` (or the creation).
+    pub interval_ms: Option<i64>,
+    /// The IANA time zone the cron expression is read in. Default UTC.
+    pub time_zone: String,
+    /// The job each firing submits (its topic decides the shard and the pools).
+    pub template: JobTemplate,
+    pub overlap: ScheduleOverlap,
+    pub catch_up: ScheduleCatchUp,
+    /// With `catch_up: ALL`, how far back missed firings still run. Default 86400000 (a day).
+    pub catch_up_window_ms: i64,
+    /// Each firing's job waits up to this long after its time (the same for a given firing,
+    /// derived from the schedule and the time). Default 0.
+    pub jitter_ms: i64,
+    /// No firing before this time.
+    pub start_at: Option<Millis>,
+    /// No firing after this time.
+    pub end_at: Option<Millis>,
+    /// Created paused.
+    pub paused: bool,
+}
+
+/// What a [`ScheduleCommand`] asks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum ScheduleAction {
+    #[default]
+    Create,
+    Update,
+    Pause,
+    Resume,
+    /// Fire once now, outside the schedule's times.
+    Trigger,
+    Delete,
+}
+
+impl ScheduleAction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ScheduleAction::Create => "CREATE",
+            ScheduleAction::Update => "UPDATE",
+            ScheduleAction::Pause => "PAUSE",
+            ScheduleAction::Resume => "RESUME",
+            ScheduleAction::Trigger => "TRIGGER",
+            ScheduleAction::Delete => "DELETE",
+        }
+    }
+}
+
+/// Creates, changes, pauses, resumes, triggers or deletes a schedule (topic
+/// `ksched.control`, key `<tenant>:<schedule_id>`).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ScheduleCommand {
+    /// The schedule's name within its tenant.
+    pub schedule_id: String,
+    pub tenant_id: String,
+    pub action: ScheduleAction,
+    /// For CREATE and UPDATE: the whole schedule.
+    pub spec: Option<ScheduleSpec>,
+    pub principal_id: String,
+    pub reason: Option<String>,
+    pub requested_at: Millis,
+}
+
 /// Move a DELAYED job to another time (topic `ksched.control`, key job_id).
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct RescheduleJob {

@@ -85,6 +85,10 @@ pub struct Timing {
     pub clock_gap_ms: i64,
     /// A lost worker's record is dropped this long after its last heartbeat. Default 1 h.
     pub worker_retention_ms: i64,
+    /// A schedule's firing is on time while scheduler time is at most this far past it; an
+    /// older one was missed (ksched down, the schedule paused) and its catch-up policy
+    /// decides. Default 30 s.
+    pub schedule_grace_ms: i64,
 }
 
 impl Default for Timing {
@@ -97,6 +101,7 @@ impl Default for Timing {
             idempotency_retention_ms: 7 * 24 * 3_600_000,
             clock_gap_ms: 5_000,
             worker_retention_ms: 3_600_000,
+            schedule_grace_ms: 30_000,
         }
     }
 }
@@ -236,6 +241,9 @@ pub struct Limits {
     /// Most DELAYED jobs one shard holds (they are kept in storage, not in memory); a
     /// delayed job beyond it is dead-lettered `queue_full`. Default 100000000.
     pub max_delayed_jobs: i64,
+    /// Most schedules one shard holds (they are kept in memory, with their job templates).
+    /// Default 100000.
+    pub max_schedules: u32,
 }
 
 impl Default for Limits {
@@ -257,6 +265,7 @@ impl Default for Limits {
             max_scan_per_entry: 100,
             max_delay_ms: 366 * 24 * 3_600_000,
             max_delayed_jobs: 100_000_000,
+            max_schedules: 100_000,
         }
     }
 }
@@ -429,6 +438,9 @@ impl Rules {
         }
         if l.max_delayed_jobs < 0 {
             return err("limits.max_delayed_jobs must not be negative".into());
+        }
+        if self.timing.schedule_grace_ms < 0 {
+            return err("timing.schedule_grace_ms must not be negative".into());
         }
         if l.policy_max_steps < 1 || l.policy_max_memory_bytes < 1024 * 1024 {
             return err(format!(

@@ -417,3 +417,27 @@ fn a_stale_key_in_the_stores_index_does_not_release_a_rescheduled_job() {
     let ev = sim.tick_after(500);
     assert_eq!(released(&ev), ["a", "b", "d", "c"]);
 }
+
+#[test]
+fn a_delayed_job_awaiting_approval_does_not_time_out_before_its_time() {
+    let mut policy = ScriptPolicy::default();
+    policy.input.push(Box::new(|_| {
+        Some(decision(Verdict::RequireApproval, "prod"))
+    }));
+    let mut sim = Sim::with_policy(rules(), policy);
+    sim.keep_alive(&[("w1", "default")]);
+    sim.worker("w1", "default");
+    let mut request = at("j1", T0 + 3_600_000);
+    request.budget = Budget {
+        deadline_ms: Some(60_000),
+        ..Budget::default()
+    };
+    sim.submit(request);
+    assert_eq!(sim.job_state("j1"), JobState::ApprovalRequired);
+    // An hour passes without an approval: its deadline counts from its time.
+    sim.tick_after(3_600_000 - 1_000);
+    assert_eq!(sim.job_state("j1"), JobState::ApprovalRequired);
+    approve(&mut sim, "j1");
+    sim.tick_after(2_000);
+    assert_eq!(sim.job_state("j1"), JobState::Dispatched);
+}

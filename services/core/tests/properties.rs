@@ -76,6 +76,14 @@ enum Op {
         job: u8,
         delay: u16,
     },
+    /// A command about schedule `s<schedule>`: create (an interval of `interval` seconds,
+    /// with overlap and catch-up `policy`), pause, resume, trigger or delete.
+    Schedule {
+        schedule: u8,
+        action: u8,
+        interval: u8,
+        policy: u8,
+    },
     Malformed,
 }
 
@@ -94,6 +102,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0..16u8, 0..16u8).prop_map(|(job, to)| Op::Redrive { job, to }),
         3 => (0..40_000u32).prop_map(|ms| Op::Tick { ms }),
         1 => (0..12u8, 0..600u16).prop_map(|(job, delay)| Op::Reschedule { job, delay }),
+        1 => (0..3u8, 0..6u8, 1..30u8, 0..12u8).prop_map(|(schedule, action, interval, policy)| Op::Schedule { schedule, action, interval, policy }),
         1 => Just(Op::Malformed),
     ]
 }
@@ -311,6 +320,56 @@ fn run(ops: &[Op]) -> Sim {
                         principal_id: "op".into(),
                         reason: None,
                         requested_at: 0,
+                    }),
+                );
+            }
+            Op::Schedule {
+                schedule,
+                action,
+                interval,
+                policy,
+            } => {
+                let action = [
+                    ScheduleAction::Create,
+                    ScheduleAction::Update,
+                    ScheduleAction::Pause,
+                    ScheduleAction::Resume,
+                    ScheduleAction::Trigger,
+                    ScheduleAction::Delete,
+                ][usize::from(action)];
+                let spec = ScheduleSpec {
+                    interval_ms: Some(i64::from(interval) * 1_000),
+                    template: JobTemplate {
+                        topic: "job.default".into(),
+                        ..Default::default()
+                    },
+                    overlap: [
+                        ScheduleOverlap::Skip,
+                        ScheduleOverlap::BufferOne,
+                        ScheduleOverlap::AllowAll,
+                        ScheduleOverlap::CancelPrevious,
+                    ][usize::from(policy % 4)],
+                    catch_up: [
+                        ScheduleCatchUp::None,
+                        ScheduleCatchUp::Last,
+                        ScheduleCatchUp::All,
+                    ][usize::from(policy / 4)],
+                    catch_up_window_ms: 20_000,
+                    jitter_ms: i64::from(policy % 3) * 1_500,
+                    ..Default::default()
+                };
+                let now = sim.now;
+                sim.input(
+                    "ksched.control",
+                    Input::Schedule(ScheduleCommand {
+                        schedule_id: format!("s{schedule}"),
+                        tenant_id: "acme".into(),
+                        action,
+                        spec: matches!(action, ScheduleAction::Create | ScheduleAction::Update)
+                            .then_some(spec),
+                        principal_id: "alice".into(),
+                        reason: None,
+                        requested_at: now,
                     }),
                 );
             }

@@ -142,6 +142,23 @@ pub fn take(topics: &Topics, rec: &InputRecord, max_record_bytes: i64) -> Taken 
         (InputKind::Control, AnyRecord::RejectJob(r)) => Input::Reject(r),
         (InputKind::Control, AnyRecord::RedriveJob(r)) => Input::Redrive(r),
         (InputKind::Control, AnyRecord::RescheduleJob(r)) => Input::Reschedule(r),
+        (InputKind::Control, AnyRecord::ScheduleCommand(c)) => {
+            // A schedule's template is journaled as it is given: a secret in it must come
+            // sealed, as in a job.
+            if let Some(spec) = &c.spec {
+                let probe = ksched_core::records::JobRequest {
+                    job_id: format!("{}:{}", c.tenant_id, c.schedule_id),
+                    tenant_id: c.tenant_id.clone(),
+                    env: spec.template.env.clone(),
+                    ..Default::default()
+                };
+                let unsealed = ksched_secrets::unsealed_secrets(&probe);
+                if !unsealed.is_empty() {
+                    return Taken::Input(refuse_unsealed(rec, &probe, &unsealed));
+                }
+            }
+            Input::Schedule(c)
+        }
         (InputKind::Control, AnyRecord::Tick(mut t)) => {
             // Set by the processor from what it has read, never taken from a producer.
             t.watermark = None;

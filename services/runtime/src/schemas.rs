@@ -42,6 +42,7 @@ pub fn topic_records(topics: &Topics) -> Vec<(String, Vec<&'static str>)> {
             "io.ksched.RejectJob",
             "io.ksched.RedriveJob",
             "io.ksched.RescheduleJob",
+            "io.ksched.ScheduleCommand",
         ],
     ));
     out.push((topics.journal.clone(), vec!["io.ksched.JournalEntry"]));

@@ -20,6 +20,7 @@
 use std::collections::BTreeMap;
 
 use ksched_core::events::Input;
+use ksched_core::records::ScheduleAction;
 use ksched_core::rules::{Rules, shard_of_pool, shard_of_topic};
 
 use crate::topics::{InputKind, Topics};
@@ -39,6 +40,8 @@ pub enum Takes {
     No,
     /// Only if this shard holds the job.
     IfItHolds(String),
+    /// Only if this shard holds the schedule (by [`ksched_core::schedule::schedule_key`]).
+    IfItHoldsSchedule(String),
 }
 
 impl Shard {
@@ -137,6 +140,24 @@ impl Shard {
             Input::Reject(r) => Takes::IfItHolds(r.job_id.clone()),
             Input::Redrive(r) => Takes::IfItHolds(r.job_id.clone()),
             Input::Reschedule(r) => Takes::IfItHolds(r.job_id.clone()),
+            // A schedule lives on the shard of its template's topic (which an update may not
+            // change): that shard takes its creation, and the holder every later command.
+            Input::Schedule(c) => match (c.action, &c.spec) {
+                (ScheduleAction::Create, Some(spec)) => {
+                    match shard_of_topic(rules, &spec.template.topic, self.count) {
+                        Some(shard) if shard == self.id => Takes::Yes,
+                        // Refused (unmapped topic) by one shard.
+                        None if self.id == 0 => Takes::Yes,
+                        _ => Takes::No,
+                    }
+                }
+                (ScheduleAction::Create, None) if self.id == 0 => Takes::Yes,
+                (ScheduleAction::Create, None) => Takes::No,
+                _ => Takes::IfItHoldsSchedule(ksched_core::schedule::schedule_key(
+                    &c.tenant_id,
+                    &c.schedule_id,
+                )),
+            },
             // A heartbeat or command that does not decode: one shard dead-letters it.
             Input::Malformed(_) => {
                 if self.id == 0 {

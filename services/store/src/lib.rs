@@ -89,7 +89,8 @@ pub struct Scanned {
 /// 6: sagas keyed by tenant and workflow, counting failed compensations; saga steps keep
 /// their topic.
 /// 7: DELAYED jobs: `delays` by due time, not in `active`; a job keeps when it waits until
-/// and when it was released.
+/// and when it was released; schedules (`schedules`, a family a store of 7 without them
+/// gains empty when it opens).
 pub const FORMAT_VERSION: u32 = 7;
 
 /// Most idempotency keys one write deletes when their retention passed; the rest follow in
@@ -108,6 +109,7 @@ const CF_DLQ: &str = "dlq";
 const CF_HISTORY: &str = "history";
 const CF_PAYLOADS: &str = "payloads";
 const CF_DELAYS: &str = "delays";
+const CF_SCHEDULES: &str = "schedules";
 /// Every column family, in a fixed order.
 pub const CFS: &[&str] = &[
     CF_META,
@@ -122,6 +124,7 @@ pub const CFS: &[&str] = &[
     CF_HISTORY,
     CF_PAYLOADS,
     CF_DELAYS,
+    CF_SCHEDULES,
 ];
 
 const META_FORMAT: &[u8] = b"format";
@@ -257,6 +260,7 @@ const SCANNED_ONLY: &[&str] = &[
     CF_DLQ,
     CF_HISTORY,
     CF_DELAYS,
+    CF_SCHEDULES,
 ];
 
 /// Every column family, sharing one block cache.
@@ -554,6 +558,9 @@ impl Store {
         for (k, b) in self.scan::<Breaker>(CF_BREAKERS)? {
             state.breakers.insert(utf8(k), b);
         }
+        for (k, s) in self.scan::<ksched_core::state::Schedule>(CF_SCHEDULES)? {
+            state.schedules.insert(utf8(k), s);
+        }
         for (k, s) in self.scan::<Saga>(CF_SAGAS)? {
             if s.rolling_back() {
                 state.sagas.insert(utf8(k), s);
@@ -573,6 +580,32 @@ impl Store {
 
     pub fn job(&self, id: &str) -> Result<Option<Job>> {
         self.get(CF_JOBS, id.as_bytes())
+    }
+
+    /// The rules in force as of the last checkpoint, if the shard was ever configured.
+    pub fn rules(&self) -> Result<Option<Rules>> {
+        let Some(raw) = self.get_meta::<Reconfigure>(META_CONFIG)? else {
+            return Ok(None);
+        };
+        Rules::from_json(&raw.rules_json)
+            .map(Some)
+            .map_err(|e| Error::Decode {
+                what: "config rules".into(),
+                detail: e.to_string(),
+            })
+    }
+
+    /// Every schedule, by key (`<tenant>:<schedule id>`), in key order.
+    pub fn schedules(&self) -> Result<Vec<(String, ksched_core::state::Schedule)>> {
+        Ok(self
+            .scan(CF_SCHEDULES)?
+            .into_iter()
+            .map(|(k, s)| (utf8(k), s))
+            .collect())
+    }
+
+    pub fn schedule(&self, key: &str) -> Result<Option<ksched_core::state::Schedule>> {
+        self.get(CF_SCHEDULES, key.as_bytes())
     }
 
     pub fn saga(&self, workflow_id: &str) -> Result<Option<Saga>> {
@@ -647,6 +680,12 @@ impl Store {
         for wf in &dirty.sagas {
             if let Some(s) = state.sagas.get(wf) {
                 b.put_cf(self.cf(CF_SAGAS), self.key(wf.as_bytes()), encode(s));
+            }
+        }
+        for key in &dirty.schedules {
+            match state.schedules.get(key) {
+                Some(s) => b.put_cf(self.cf(CF_SCHEDULES), self.key(key.as_bytes()), encode(s)),
+                None => b.delete_cf(self.cf(CF_SCHEDULES), self.key(key.as_bytes())),
             }
         }
         for (tenant, key) in &dirty.idempotency {

@@ -438,7 +438,92 @@ pub(crate) fn every_event() -> Vec<Event> {
             succeeded: false,
             detail: "refused: a compensation runs on its step's topic".into(),
         }),
+        Event::JobDelayed(JobDelayed {
+            job_id: "job-1".into(),
+            not_before: 1_700_000_060_000,
+        }),
+        Event::JobReleased(JobReleased {
+            job_id: "job-1".into(),
+            not_before: 1_700_000_060_000,
+            released_at: 1_700_000_060_400,
+        }),
+        Event::JobRescheduled(JobRescheduled {
+            job_id: "job-1".into(),
+            not_before: 1_700_000_120_000,
+            previous: 1_700_000_060_000,
+            principal_id: "op".into(),
+            reason: Some("later".into()),
+        }),
+        Event::ScheduleChanged(ScheduleChanged {
+            schedule_id: "nightly".into(),
+            tenant_id: "acme".into(),
+            action: ScheduleAction::Create,
+            spec: Some(Box::new(schedule_spec())),
+            principal_id: "alice".into(),
+            reason: Some("reports".into()),
+            next_slot: Some(1_700_006_400_000),
+        }),
+        Event::ScheduleFired(ScheduleFired {
+            schedule_id: "nightly".into(),
+            tenant_id: "acme".into(),
+            slot: 1_700_006_400_000,
+            outcome: ScheduleOutcome::Submitted,
+            job_id: Some("acme:nightly@2023-11-15T00:00:00Z".into()),
+            detail: "submitted".into(),
+            triggered: false,
+            next_slot: Some(1_700_092_800_000),
+        }),
     ]
+}
+
+pub(crate) fn schedule_spec() -> ScheduleSpec {
+    ScheduleSpec {
+        cron: Some("0 2 * * *".into()),
+        interval_ms: None,
+        time_zone: "Europe/Berlin".into(),
+        template: template(),
+        overlap: ScheduleOverlap::BufferOne,
+        catch_up: ScheduleCatchUp::All,
+        catch_up_window_ms: 3_600_000,
+        jitter_ms: 5_000,
+        start_at: Some(1_700_000_000_000),
+        end_at: Some(1_800_000_000_000),
+        paused: true,
+    }
+}
+
+pub(crate) fn schedule_command() -> ScheduleCommand {
+    ScheduleCommand {
+        schedule_id: "nightly".into(),
+        tenant_id: "acme".into(),
+        action: ScheduleAction::Update,
+        spec: Some(schedule_spec()),
+        principal_id: "alice".into(),
+        reason: Some("an hour later".into()),
+        requested_at: 1_700_000_000_000,
+    }
+}
+
+pub(crate) fn reschedule_job() -> RescheduleJob {
+    RescheduleJob {
+        job_id: "job-1".into(),
+        not_before: 1_700_000_120_000,
+        tenant_id: Some("acme".into()),
+        principal_id: "op".into(),
+        reason: Some("later".into()),
+        requested_at: 1_700_000_000_000,
+    }
+}
+
+pub(crate) fn redrive_job() -> RedriveJob {
+    RedriveJob {
+        job_id: "job-1".into(),
+        new_job_id: "job-1.redrive".into(),
+        tenant_id: None,
+        principal_id: "op".into(),
+        reason: Some("fixed".into()),
+        requested_at: 1_700_000_000_000,
+    }
 }
 
 /// One of every input, in union order.
@@ -462,5 +547,8 @@ pub(crate) fn every_input() -> Vec<Input> {
             tenant_id: None,
         }),
         Input::Reconfigure(reconfigure()),
+        Input::Redrive(redrive_job()),
+        Input::Reschedule(reschedule_job()),
+        Input::Schedule(schedule_command()),
     ]
 }

@@ -42,6 +42,25 @@ impl Decider<'_, '_> {
             self.refuse(&c.job_id, Rejection::InvalidTransition, reason);
             return;
         }
+        self.cancel_job(&c.job_id, &c.principal_id, c.reason.clone());
+    }
+
+    /// A schedule's previous run cancelled by its next firing (overlap CANCEL_PREVIOUS), as
+    /// an operator's cancel would: the schedule's principal cancels it.
+    pub(super) fn cancel_by_schedule(&mut self, job_id: &str, principal: &str, reason: String) {
+        if self
+            .state()
+            .jobs
+            .get(job_id)
+            .is_some_and(|j| !j.state.is_terminal())
+        {
+            self.cancel_job(job_id, principal, Some(reason));
+        }
+    }
+
+    /// Cancels a job that has not ended: JobCancelled, and the worker told if it has it.
+    fn cancel_job(&mut self, job_id: &str, principal: &str, reason: Option<String>) {
+        let job = &self.state().jobs[job_id];
         let on_worker = matches!(
             job.state,
             JobState::Scheduled | JobState::Dispatched | JobState::Running
@@ -53,23 +72,23 @@ impl Decider<'_, '_> {
             job.partition,
         );
         self.emit(Event::JobCancelled(JobCancelled {
-            job_id: c.job_id.clone(),
-            principal_id: c.principal_id.clone(),
-            reason: c.reason.clone(),
+            job_id: job_id.to_owned(),
+            principal_id: principal.to_owned(),
+            reason,
         }));
         if on_worker && let (Some(worker_id), Some(pool)) = (worker, pool) {
             self.emit(Event::DispatchCancelled(DispatchCancelled {
-                job_id: c.job_id.clone(),
+                job_id: job_id.to_owned(),
                 attempt,
                 pool: pool.clone(),
                 worker_id,
                 partition: partition.unwrap_or(-1),
                 reason: "cancelled".to_owned(),
             }));
-            self.saga_on_terminal(&c.job_id);
+            self.saga_on_terminal(job_id);
             self.schedule_pools(vec![pool]);
         } else {
-            self.saga_on_terminal(&c.job_id);
+            self.saga_on_terminal(job_id);
         }
     }
 

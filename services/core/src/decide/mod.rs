@@ -19,6 +19,7 @@ mod placement;
 mod reports;
 mod retry;
 mod saga;
+mod schedules;
 mod submit;
 mod tick;
 
@@ -119,6 +120,7 @@ impl Decider<'_, '_> {
             Input::Reject(r) => self.reject(r),
             Input::Redrive(r) => self.redrive(r),
             Input::Reschedule(r) => self.reschedule(r),
+            Input::Schedule(c) => self.schedule_command(c),
             Input::Tick(t) => self.tick(t),
             Input::Malformed(m) => self.malformed(m),
             Input::Reconfigure(r) => self.reconfigure(r),

@@ -38,6 +38,20 @@ impl Decider<'_, '_> {
             return;
         }
 
+        if crate::schedule::is_firing_job_id(&request.job_id) {
+            let problem = format!(
+                "job {}: ids ending in @<RFC 3339 time> are schedule firings' own; choose another",
+                crate::records::truncate_for_display(&request.job_id, 64)
+            );
+            self.dead_letter_input(
+                &request.job_id,
+                &request.tenant_id,
+                DlqReason::MalformedRecord,
+                problem,
+            );
+            return;
+        }
+
         if let Some(why) = self.rules().rules.tenant_not_allowed(
             &request.topic,
             &request.tenant_id,
@@ -206,9 +220,10 @@ impl Decider<'_, '_> {
             || new_id != r.new_job_id
             || new_id.chars().any(char::is_control)
             || new_id.contains(super::saga::COMPENSATION_MARKER)
+            || crate::schedule::is_firing_job_id(new_id)
         {
             let reason = format!(
-                "new job id {:?} must be 1 to {MAX_ID_BYTES} bytes without surrounding spaces or control characters, and not a saga compensation's (holding {:?})",
+                "new job id {:?} must be 1 to {MAX_ID_BYTES} bytes without surrounding spaces or control characters, and not a saga compensation's (holding {:?}) or a schedule firing's (ending in @<time>)",
                 crate::records::truncate_for_display(&r.new_job_id, 64),
                 super::saga::COMPENSATION_MARKER
             );

@@ -44,6 +44,7 @@ impl Decider<'_, '_> {
         }
         self.fire_due_timers(judged);
         let released = self.release_due(judged);
+        self.fire_due_schedules(judged);
         self.resume_sagas();
         self.forget_lost_workers(judged);
         self.prune_idempotency();

@@ -490,6 +490,7 @@ impl State {
         self.tenant_pending.clear();
         self.orphans.clear();
         self.workers_by_pool.clear();
+        self.index_schedules();
         for w in self.workers.values_mut() {
             w.inflight.clear();
             *self
@@ -517,7 +518,7 @@ impl State {
     /// Checks the derived indexes against the records; returns what disagrees. Used by tests
     /// and by `audit rebuild`.
     pub fn check_invariants(&self) -> Vec<String> {
-        let mut problems = Vec::new();
+        let mut problems = self.schedule_problems();
         let mut rebuilt = self.clone();
         rebuilt.dirty = None;
         rebuilt.rebuild_indexes();

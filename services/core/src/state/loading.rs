@@ -87,6 +87,11 @@ impl State {
         }
         let mut sagas = self.saga_prerequisites(input);
         self.load_sagas(&sagas, store)?;
+        if let Input::Schedule(c) = input {
+            let key = crate::schedule::schedule_key(&c.tenant_id, &c.schedule_id);
+            let ids = self.schedule_prerequisites(&key, &[c.requested_at.max(0)]);
+            self.load_jobs(&ids, store)?;
+        }
         if let Input::Tick(t) = input {
             // Every delayed job due by the watermark, as far as the entry's work reaches, and
             // their records.
@@ -100,6 +105,31 @@ impl State {
                 .map(|(_, id)| id)
                 .collect();
             self.load_jobs(&due, store)?;
+            // The schedules due, and those buffered: their previous runs (the overlap
+            // policy reads them) and the ids their firings would take (never one a job has).
+            let mut firing: Vec<String> = Vec::new();
+            let keys: Vec<String> = self
+                .schedules_buffered
+                .iter()
+                .cloned()
+                .chain(self.schedules_due_by(through, reach))
+                .collect();
+            for key in keys {
+                let Some(s) = self.schedules.get(&key) else {
+                    continue;
+                };
+                let times = crate::schedule::Times::of(&s.spec, s.created_at).ok();
+                let slots: Vec<Millis> = [
+                    s.buffered,
+                    s.next_slot,
+                    times.and_then(|t| t.latest_at_or_before(through)),
+                ]
+                .into_iter()
+                .flatten()
+                .collect();
+                firing.extend(self.schedule_prerequisites(&key, &slots));
+            }
+            self.load_jobs(&firing, store)?;
             // A Tick goes on with rollbacks left for it (in memory: sagas rolling back stay).
             sagas.extend(
                 self.sagas
@@ -123,6 +153,25 @@ impl State {
             .collect();
         self.load_jobs(&next, store)?;
         Ok(())
+    }
+
+    /// The jobs a decision on the schedule under `key` may read: its previous run, and the
+    /// ids of its firings at `slots` (and of a trigger at the first of them).
+    fn schedule_prerequisites(&self, key: &str, slots: &[Millis]) -> Vec<String> {
+        let Some(s) = self.schedules.get(key) else {
+            return Vec::new();
+        };
+        let mut ids: Vec<String> = s.last_job.iter().cloned().collect();
+        for (i, slot) in slots.iter().enumerate() {
+            let id = |triggered| {
+                crate::schedule::firing_job_id(&s.tenant_id, &s.schedule_id, *slot, triggered)
+            };
+            ids.push(id(false));
+            if i == 0 {
+                ids.push(id(true));
+            }
+        }
+        ids
     }
 
     /// Loads from `store` everything applying `entry` reads or changes.

@@ -22,6 +22,7 @@ mod index;
 mod jobs;
 mod loading;
 mod records;
+mod schedules;
 mod tracking;
 
 pub use delays::{Coverage, DEFAULT_WINDOW, DelayKey, Delays, REFILL_CHUNK, delay_key_of};
@@ -79,6 +80,13 @@ pub struct State {
     /// Derived: DELAYED jobs by due time, those the window reaches ([`Delays`]); the rest
     /// are in storage. A cache of what the jobs say: not part of the projection's equality.
     pub delays: Delays,
+    /// Schedules by [`crate::schedule::schedule_key`] (all in memory: at most
+    /// `limits.max_schedules` a shard).
+    pub schedules: BTreeMap<String, Schedule>,
+    /// Derived: active schedules by their next firing.
+    pub schedules_due: BTreeSet<(Millis, String)>,
+    /// Derived: active schedules with a firing waiting for their previous run (BUFFER_ONE).
+    pub schedules_buffered: BTreeSet<String>,
     /// Changed keys, when the owner tracks them (the runtime does; tests and audits need not).
     pub dirty: Option<Dirty>,
     /// Terminal jobs in memory, which [`State::evict_cold`] may drop (bookkeeping, like
@@ -96,6 +104,7 @@ impl PartialEq for State {
             && self.workers == other.workers
             && self.breakers == other.breakers
             && self.sagas == other.sagas
+            && self.schedules == other.schedules
             && self.idempotency == other.idempotency
             && self.last_idempotency_prune == other.last_idempotency_prune
             && self.watermark == other.watermark

@@ -612,3 +612,49 @@ mod tests {
         assert_eq!(read.len(), 3);
     }
 }
+
+/// A schedule (SPEC §9): its spec, who made it, and where its firings stand.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct Schedule {
+    pub schedule_id: String,
+    pub tenant_id: String,
+    /// Who created or last changed it; its jobs are submitted as this principal.
+    pub principal_id: String,
+    pub spec: crate::records::ScheduleSpec,
+    pub created_at: Millis,
+    pub updated_at: Millis,
+    /// Its next firing (before jitter); None when it has ended.
+    pub next_slot: Option<Millis>,
+    pub paused: bool,
+    /// The job of its latest firing, which the overlap policy looks at.
+    pub last_job: Option<String>,
+    /// A firing waiting for the previous run to end (overlap BUFFER_ONE).
+    pub buffered: Option<Millis>,
+    /// Its latest firings, newest last (at most [`Schedule::RECENT`]).
+    pub recent: Vec<Firing>,
+    pub submitted: u64,
+    pub skipped: u64,
+    pub missed: u64,
+    pub refused: u64,
+}
+
+impl Schedule {
+    /// How many firings a schedule remembers.
+    pub const RECENT: usize = 10;
+
+    /// Whether a Tick should look at it by `t`: active, with a firing due.
+    pub fn due_by(&self, t: Millis) -> bool {
+        !self.paused && self.next_slot.is_some_and(|s| s <= t)
+    }
+}
+
+/// One firing of a schedule, as its list of recent firings shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Firing {
+    pub slot: Millis,
+    /// SUBMITTED, SKIPPED, BUFFERED, MISSED or REFUSED.
+    pub outcome: String,
+    pub job_id: Option<String>,
+    pub triggered: bool,
+    pub detail: String,
+}

@@ -13,6 +13,8 @@ pub struct Dirty {
     pub workers: BTreeSet<String>,
     pub breakers: BTreeSet<String>,
     pub sagas: BTreeSet<String>,
+    /// Schedules changed or deleted (a key the state no longer holds was deleted).
+    pub schedules: BTreeSet<String>,
     pub idempotency: BTreeSet<(String, String)>,
     pub idempotency_pruned_before: Option<Millis>,
     pub dead_letters: Vec<DeadLetter>,

@@ -476,6 +476,9 @@ impl Sim {
         assert_eq!(self.folded.queues, self.state.queues);
         assert_eq!(self.folded.timers, self.state.timers);
         assert_eq!(self.folded.jobs_by_state, self.state.jobs_by_state);
+        assert_eq!(self.partial.schedules, self.state.schedules);
+        assert_eq!(self.behind.schedules, self.state.schedules);
+        assert_eq!(self.folded.schedules, self.state.schedules);
         assert_eq!(self.cold.history, self.folded_cold.history);
     }
 

@@ -251,6 +251,11 @@ impl Processor {
                     return Ok(());
                 }
             }
+            Takes::IfItHoldsSchedule(key) => {
+                if !self.engine.state().schedules.contains_key(&key) {
+                    return Ok(());
+                }
+            }
         }
         let ts = rec.log_append_time.unwrap_or(self.engine.state().clock);
         if let Input::Heartbeat(hb) = &input
