@@ -38,7 +38,7 @@ async fn send_control<T: ksched_codec::Record>(
     Ok(())
 }
 
-fn parse_body<T: for<'de> Deserialize<'de>>(body: &[u8]) -> ApiResult<T> {
+pub(super) fn parse_body<T: for<'de> Deserialize<'de>>(body: &[u8]) -> ApiResult<T> {
     let body = if body.is_empty() {
         b"{}".as_slice()
     } else {

@@ -41,6 +41,8 @@ pub enum Action {
     Cancel,
     /// Submit a dead-lettered job again (an operator's, like cancel).
     Redrive,
+    /// Create, change, pause, resume, trigger or delete a schedule (an operator's).
+    Schedule,
     Decide,
     Checkpoint,
     /// Time travel and what-if: replays of a shard's whole journal (an auditor's or an
@@ -72,7 +74,7 @@ impl Identity {
         let has = |r: Role| self.roles.contains(&r) || self.roles.contains(&Role::Admin);
         match action {
             Action::Read => !self.roles.is_empty(),
-            Action::Cancel | Action::Redrive => has(Role::Operator),
+            Action::Cancel | Action::Redrive | Action::Schedule => has(Role::Operator),
             Action::Decide => has(Role::Approver),
             Action::Checkpoint => has(Role::Admin),
             Action::Replay => has(Role::Auditor) || has(Role::Operator),

@@ -15,11 +15,13 @@ mod console;
 mod fleet;
 mod jobs;
 mod routes;
+mod schedules;
 mod server;
 pub mod tls;
 mod views;
 
 pub use routes::router;
+pub use schedules::schedule_view;
 pub use server::serve;
 pub use views::{JOB_COLUMNS, dead_letter_view, job_view, worker_view};
 
@@ -228,6 +230,7 @@ fn require(id: &Identity, action: Action) -> ApiResult<()> {
                 Action::Read => "read",
                 Action::Cancel => "cancel jobs (role operator)",
                 Action::Redrive => "redrive dead-lettered jobs (role operator)",
+                Action::Schedule => "create or change schedules (role operator)",
                 Action::Decide => "approve or reject jobs (role approver)",
                 Action::Checkpoint => "take checkpoints (role admin)",
                 Action::Replay =>

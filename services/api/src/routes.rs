@@ -14,6 +14,7 @@ use crate::actions::{approve, cancel, checkpoint, redrive, reject, reschedule};
 use crate::auth::{Denied, host_allowed};
 use crate::fleet::{dlq, tenants, workers};
 use crate::jobs::{get_job, job_history, list_jobs};
+use crate::schedules;
 use crate::{Api, ApiError, bad_request};
 
 /// The routes.
@@ -30,6 +31,20 @@ pub fn router(api: Arc<Api>) -> Router {
         .route("/api/v1/jobs/{id}/cancel", post(cancel))
         .route("/api/v1/jobs/{id}/redrive", post(redrive))
         .route("/api/v1/jobs/{id}/reschedule", post(reschedule))
+        .route(
+            "/api/v1/schedules",
+            get(schedules::list_schedules).post(schedules::create_schedule),
+        )
+        .route(
+            "/api/v1/schedules/{tenant}/{id}",
+            get(schedules::get_schedule)
+                .put(schedules::update_schedule)
+                .delete(schedules::delete_schedule),
+        )
+        .route(
+            "/api/v1/schedules/{tenant}/{id}/{action}",
+            post(schedules::act_on_schedule),
+        )
         .route("/api/v1/workers", get(workers))
         .route("/api/v1/dlq", get(dlq))
         .route("/api/v1/tenants", get(tenants))

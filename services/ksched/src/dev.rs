@@ -188,6 +188,9 @@ pub(crate) fn demo_jobs() -> Vec<(JobRequest, &'static str)> {
         secret,
         "carries a secret, sealed for its tenant: only its worker opens it",
     ));
+    let mut later = job("demo-later-1", CPU_TOPIC);
+    later.not_before = Some(now_ms() + 30_000);
+    out.push((later, "waits DELAYED for 30 s, then runs"));
     let mut broken = job("demo-broken-1", CPU_TOPIC);
     broken.labels.insert("demo.fatal".into(), "true".into());
     out.push((
@@ -195,6 +198,30 @@ pub(crate) fn demo_jobs() -> Vec<(JobRequest, &'static str)> {
         "fails fatally: dead-lettered with the worker's error code",
     ));
     out
+}
+
+/// The demo schedule: a job on the cpu pool every 20 s.
+fn demo_schedule() -> ksched_core::records::ScheduleCommand {
+    use ksched_core::records::{JobTemplate, ScheduleAction, ScheduleCommand, ScheduleSpec};
+    ScheduleCommand {
+        schedule_id: "every-20s".into(),
+        tenant_id: "demo".into(),
+        action: ScheduleAction::Create,
+        spec: Some(ScheduleSpec {
+            interval_ms: Some(20_000),
+            time_zone: "UTC".into(),
+            template: JobTemplate {
+                topic: CPU_TOPIC.into(),
+                payload: b"demo".to_vec(),
+                ..Default::default()
+            },
+            catch_up_window_ms: 86_400_000,
+            ..Default::default()
+        }),
+        principal_id: "dev".into(),
+        reason: Some("the demo".into()),
+        requested_at: now_ms(),
+    }
 }
 
 /// The secret env of the demo job that shows sealing.
@@ -345,6 +372,7 @@ fn dev(args: DevArgs) -> anyhow::Result<()> {
     let (submitter, shutdown) = (stop.clone(), service.shutdown());
     let trickle = args.trickle;
     let client_for_jobs = client.clone();
+    let control = topics.control.clone();
     service.rt.spawn(async move {
         let producer: FutureProducer = match client_for_jobs.create() {
             Ok(p) => p,
@@ -362,6 +390,22 @@ fn dev(args: DevArgs) -> anyhow::Result<()> {
             println!("submit   {:<18} {what}", job.job_id);
             submit(&producer, &job).await;
             tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        let schedule = demo_schedule();
+        if let Ok(bytes) = ksched_codec::encode(&schedule) {
+            let key = format!("{}:{}", schedule.tenant_id, schedule.schedule_id);
+            let sent = producer
+                .send(
+                    FutureRecord::to(&control).key(&key).payload(&bytes),
+                    Duration::from_secs(10),
+                )
+                .await;
+            match sent {
+                Ok(_) => println!(
+                    "schedule {key:<18} submits a job every 20 s (ksched schedules show {key})"
+                ),
+                Err((e, _)) => eprintln!("ksched dev: creating the demo schedule: {e}"),
+            }
         }
         if trickle == 0 {
             return;

@@ -51,6 +51,13 @@ enum Command {
         #[command(flatten)]
         conn: Connection,
     },
+    /// Schedules: cron expressions or intervals that submit a job at each firing.
+    Schedules {
+        #[command(subcommand)]
+        command: cli::schedules::SchedulesCommand,
+        #[command(flatten)]
+        conn: Connection,
+    },
     /// Inspect workers.
     Workers {
         #[command(subcommand)]
@@ -186,6 +193,10 @@ fn main() -> ExitCode {
         Command::Jobs { command, conn } => {
             finish(conn.resolve().and_then(|t| cli::jobs(&t, command)))
         }
+        Command::Schedules { command, conn } => finish(
+            conn.resolve()
+                .and_then(|t| cli::schedules::schedules(&t, command)),
+        ),
         Command::Workers {
             command: WorkersCommand::List,
             conn,

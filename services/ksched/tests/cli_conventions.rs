@@ -40,9 +40,14 @@ fn version_names_the_build() {
 fn completion_scripts_load_in_their_shells() {
     let (code, script, err) = ksched(&["completions", "bash"]);
     assert_eq!(code, 0, "{err}");
+    // Through a file, as users load it: the script is larger than one argument may be.
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), &script).unwrap();
     let bash = Command::new("bash")
         .arg("-c")
-        .arg(format!("{script}\ncomplete -p ksched"))
+        .arg("source \"$1\" && complete -p ksched")
+        .arg("bash")
+        .arg(file.path())
         .output()
         .unwrap();
     assert!(

@@ -66,6 +66,8 @@ fn ksched_dev_runs_the_demo_to_its_expected_outcomes() {
         ("demo-broken-1", "FAILED"),
         // Sealed by `ksched dev` with its keyring, opened by the demo worker.
         ("demo-secret-1", "SUCCEEDED"),
+        // Submitted with a time 30 s ahead.
+        ("demo-later-1", "SUCCEEDED"),
     ] {
         wait_until(&format!("{job} to be {state}"), 60, || {
             job_state(&api, job).as_deref() == Some(state)
@@ -85,6 +87,32 @@ fn ksched_dev_runs_the_demo_to_its_expected_outcomes() {
     assert!(
         codes.contains(&"safety_denied") && codes.contains(&"demo_input_invalid"),
         "{codes:?}"
+    );
+    let later = json(&format!("{api}/api/v1/jobs/demo-later-1"));
+    assert!(
+        later["released_at"].as_i64() >= later["not_before"].as_i64(),
+        "{later}"
+    );
+    // The demo schedule fires at once, then every 20 s.
+    wait_until("the demo schedule's first run", 30, || {
+        let (code, body) = http(
+            &format!("{api}/api/v1/schedules/demo/every-20s"),
+            "GET",
+            None,
+        )
+        .unwrap();
+        code == 200
+            && serde_json::from_str::<serde_json::Value>(&body)
+                .is_ok_and(|v| v["submitted"].as_u64() >= Some(1))
+    });
+    // The console's schedules page lists it, with its buttons.
+    let (code, page) = http(&format!("{api}/ui/schedules"), "GET", None).unwrap();
+    assert_eq!(code, 200, "{page}");
+    assert!(
+        page.contains("demo:every-20s")
+            && page.contains("/ui/schedules/demo/every-20s/pause")
+            && page.contains("SUBMITTED"),
+        "{page}"
     );
     wait_until("a trickle job", 30, || {
         job_state(&api, "demo-batch-1").is_some()

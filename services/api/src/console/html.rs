@@ -83,6 +83,7 @@ if (window.EventSource) {
 const NAV: &[(&str, &str)] = &[
     ("/ui", "Overview"),
     ("/ui/jobs", "Jobs"),
+    ("/ui/schedules", "Schedules"),
     ("/ui/workers", "Workers"),
     ("/ui/pools", "Pools & tenants"),
     ("/ui/dlq", "DLQ"),

@@ -18,6 +18,7 @@ mod overview;
 mod plot;
 mod replays;
 mod samples;
+mod schedules;
 
 pub(crate) use samples::Samples;
 
@@ -55,6 +56,8 @@ pub(super) fn routes(api: Arc<Api>) -> Router<Arc<Api>> {
         .route("/ui/jobs", get(jobs))
         .route("/ui/jobs/{id}", get(job))
         .route("/ui/jobs/{id}/{action}", post(act))
+        .route("/ui/schedules", get(schedules::schedules))
+        .route("/ui/schedules/{tenant}/{id}/{action}", post(schedules::act))
         .route("/ui/workers", get(workers))
         .route("/ui/pools", get(pools))
         .route("/ui/dlq", get(dlq))

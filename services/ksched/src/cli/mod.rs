@@ -12,6 +12,7 @@ pub(crate) mod audit;
 pub(crate) mod journal;
 pub(crate) mod keys;
 pub(crate) mod output;
+pub(crate) mod schedules;
 pub(crate) mod submit;
 
 use std::path::PathBuf;
@@ -241,6 +242,13 @@ pub(crate) fn call(
             }
             r.call()
         }
+        ("PUT", body) => {
+            let mut r = agent.put(&url);
+            if let Some(b) = &bearer {
+                r = r.header("Authorization", b);
+            }
+            r.send_json(body.unwrap_or_else(|| json!({})))
+        }
         (_, body) => {
             let mut r = agent.post(&url);
             if let Some(b) = &bearer {
@@ -354,7 +362,7 @@ const COMPONENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMER
     .remove(b'_')
     .remove(b'~');
 
-fn urlencode(s: &str) -> String {
+pub(crate) fn urlencode(s: &str) -> String {
     percent_encoding::utf8_percent_encode(s, COMPONENT).to_string()
 }
 

@@ -107,7 +107,7 @@ struct JobFile {
     not_before: Option<i64>,
 }
 
-fn pairs(items: &[String], what: &str) -> Result<BTreeMap<String, String>, Failure> {
+pub(super) fn pairs(items: &[String], what: &str) -> Result<BTreeMap<String, String>, Failure> {
     items
         .iter()
         .map(|kv| {
@@ -121,7 +121,7 @@ fn pairs(items: &[String], what: &str) -> Result<BTreeMap<String, String>, Failu
         .collect()
 }
 
-fn priority(s: &str) -> Result<Priority, Failure> {
+pub(super) fn priority(s: &str) -> Result<Priority, Failure> {
     match s.to_ascii_lowercase().as_str() {
         "critical" => Ok(Priority::Critical),
         "interactive" => Ok(Priority::Interactive),
