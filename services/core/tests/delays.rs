@@ -441,3 +441,22 @@ fn a_delayed_job_awaiting_approval_does_not_time_out_before_its_time() {
     sim.tick_after(2_000);
     assert_eq!(sim.job_state("j1"), JobState::Dispatched);
 }
+
+/// More jobs due at once than an entry's work bound: all of them are released by the Tick
+/// that finds them due (its continuations), not one bound's worth per Tick.
+#[test]
+fn jobs_due_at_once_beyond_the_work_bound_are_released_by_one_tick() {
+    let mut rules: Rules = rules();
+    rules.limits.max_work_per_entry = 10;
+    let mut sim = Sim::with_rules(rules);
+    for i in 0..60 {
+        sim.submit(at(&format!("j{i:03}"), T0 + 1_000 + (i % 3) * 100));
+    }
+    // Ticks at +1000 (20 due) and at +1200 (40 due): each releases all it finds due.
+    let ev = sim.tick_after(1_200);
+    let mut order = released(&ev);
+    assert_eq!(order.len(), 60, "{order:?}");
+    order.sort_unstable();
+    order.dedup();
+    assert_eq!(order.len(), 60, "each once");
+}

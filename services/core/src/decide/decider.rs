@@ -112,6 +112,12 @@ impl<'s, 'c> Decider<'s, 'c> {
         true
     }
 
+    /// Leaves work for a continuation although the budget is not spent: what the entry
+    /// loaded to decide on is done, and more of the same waits in storage.
+    pub(crate) fn continue_later(&mut self) {
+        self.more = true;
+    }
+
     /// Units of work this entry may still do.
     pub(crate) fn budget_left(&self) -> usize {
         self.budget as usize

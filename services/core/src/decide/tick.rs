@@ -78,6 +78,11 @@ impl Decider<'_, '_> {
             self.queue(&job_id);
             released.push(job_id);
         }
+        // The entry loaded as many due jobs as its work bound reaches; more may be due, in
+        // the window or in storage: a continuation releases them now, not a Tick later.
+        if !released.is_empty() && self.state().delays.may_hold_due(judged) {
+            self.continue_later();
+        }
         released
     }
 

@@ -120,6 +120,11 @@ impl Delays {
             .collect()
     }
 
+    /// Whether a job due by `through` may wait still: in the window, or in storage past it.
+    pub fn may_hold_due(&self, through: Millis) -> bool {
+        !self.due(through, 1).is_empty() || self.refill_after(through, 1).is_some()
+    }
+
     /// Whether the window must grow before `want` jobs due by `through` can be listed; if
     /// so, the key to read the store after (None: from its start).
     fn refill_after(&self, through: Millis, want: usize) -> Option<Option<DelayKey>> {
