@@ -101,3 +101,26 @@ fn the_shards_benchmark_measures_every_shard_count() {
         }
     }
 }
+
+#[test]
+fn the_timers_benchmark_releases_and_fires_everything() {
+    let (_, r) = bench(&[
+        "--timers".as_ref(),
+        "3000".as_ref(),
+        "--timers-window-secs".as_ref(),
+        "3".as_ref(),
+        "--timers-schedules".as_ref(),
+        "300".as_ref(),
+    ]);
+    // The bench itself fails unless every job was released and every schedule fired.
+    assert_eq!(r["delayed_jobs"], 3000);
+    assert_eq!(r["firings"], 300);
+    assert!(
+        r["release_late_ms_max"].as_i64().is_some_and(|ms| ms < 100),
+        "{r}"
+    );
+    assert!(
+        r["rss_waiting_mib"].as_f64().is_some_and(|m| m > 0.0),
+        "{r}"
+    );
+}

@@ -11,6 +11,7 @@ mod memory;
 mod recovery;
 mod report;
 mod shards;
+mod timers;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -101,6 +102,14 @@ pub(crate) struct BenchArgs {
     /// (Internal) load the store in this directory and print what it cost.
     #[arg(long, hide = true, value_name = "DIR")]
     pub memory_load: Option<PathBuf>,
+    /// Only measure timers (no broker needed): this many delayed jobs due over
+    /// `--timers-window-secs`, then `--timers-schedules` schedules firing at one minute.
+    #[arg(long, value_name = "JOBS")]
+    pub timers: Option<u64>,
+    #[arg(long, default_value_t = 60, value_name = "SECONDS")]
+    pub timers_window_secs: u64,
+    #[arg(long, default_value_t = 10_000, value_name = "N")]
+    pub timers_schedules: u64,
     #[command(flatten)]
     pub kafka: crate::kafka_args::KafkaArgs,
 }
@@ -359,6 +368,9 @@ fn bench(args: BenchArgs) -> Result<()> {
     }
     if let Some(jobs) = args.memory {
         return memory_only(&args, jobs);
+    }
+    if let Some(jobs) = args.timers {
+        return timers::timers_only(&args, jobs);
     }
     if let Some(counts) = &args.shards {
         return shards_only(&args, counts);
