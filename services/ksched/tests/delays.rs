@@ -18,29 +18,13 @@ use rdkafka::producer::{BaseProducer, Producer};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-fn role(c: &RunningScheduler) -> Option<String> {
-    let (_, body) = http(&format!("{}/health/ready", c.api), "GET", None).ok()?;
-    let v: Value = serde_json::from_str(&body).ok()?;
-    v["role"].as_str().map(str::to_owned)
-}
-
 fn now_ms() -> i64 {
     ksched_runtime::clock::wall_clock_ms()
 }
 
 #[test]
 fn delayed_jobs_survive_a_kill_and_a_takeover_none_lost_early_or_twice() {
-    let a = RunningScheduler::start("");
-    let b = a.another_instance();
-    wait_until("one owner and one standby", 60, || {
-        let roles = [role(&a), role(&b)];
-        roles.contains(&Some("owner".into())) && roles.contains(&Some("standby".into()))
-    });
-    let (mut owner, standby) = if role(&a).as_deref() == Some("owner") {
-        (a, b)
-    } else {
-        (b, a)
-    };
+    let (mut owner, standby) = owner_and_standby();
 
     // When each job reached the worker, by the host's clock (the broker's, on this host).
     let received: Arc<Mutex<BTreeMap<String, Vec<i64>>>> = Arc::default();

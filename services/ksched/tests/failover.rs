@@ -17,12 +17,6 @@ use rdkafka::producer::{BaseProducer, Producer};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-fn role(c: &RunningScheduler) -> Option<String> {
-    let (_, body) = http(&format!("{}/health/ready", c.api), "GET", None).ok()?;
-    let v: Value = serde_json::from_str(&body).ok()?;
-    v["role"].as_str().map(str::to_owned)
-}
-
 #[test]
 fn an_owner_alone_stopped_and_started_again_owns_the_journal_again() {
     let mut a = RunningScheduler::start("");
@@ -63,17 +57,7 @@ fn the_standby_takes_over_when_the_owner_stops() {
 }
 
 fn failover(going: Going) {
-    let a = RunningScheduler::start("");
-    let b = a.another_instance();
-    wait_until("one owner and one standby", 60, || {
-        let roles = [role(&a), role(&b)];
-        roles.contains(&Some("owner".into())) && roles.contains(&Some("standby".into()))
-    });
-    let (mut owner, standby) = if role(&a).as_deref() == Some("owner") {
-        (a, b)
-    } else {
-        (b, a)
-    };
+    let (mut owner, standby) = owner_and_standby();
 
     let rt = tokio::runtime::Runtime::new().unwrap();
     let stop = CancellationToken::new();

@@ -15,12 +15,6 @@ use ksched_worker::{Outcome, Worker};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-fn role(c: &RunningScheduler) -> Option<String> {
-    let (_, body) = http(&format!("{}/health/ready", c.api), "GET", None).ok()?;
-    let v: Value = serde_json::from_str(&body).ok()?;
-    v["role"].as_str().map(str::to_owned)
-}
-
 fn show(c: &RunningScheduler) -> Option<Value> {
     let (code, out, _) = c.cli(&["schedules", "show", "acme:beat", "-o", "json"]);
     (code == 0)
@@ -30,17 +24,7 @@ fn show(c: &RunningScheduler) -> Option<Value> {
 
 #[test]
 fn a_schedule_fires_once_per_time_across_a_kill_and_a_takeover() {
-    let a = RunningScheduler::start("");
-    let b = a.another_instance();
-    wait_until("one owner and one standby", 60, || {
-        let roles = [role(&a), role(&b)];
-        roles.contains(&Some("owner".into())) && roles.contains(&Some("standby".into()))
-    });
-    let (mut owner, standby) = if role(&a).as_deref() == Some("owner") {
-        (a, b)
-    } else {
-        (b, a)
-    };
+    let (mut owner, standby) = owner_and_standby();
 
     let received: Arc<Mutex<BTreeMap<String, u32>>> = Arc::default();
     let rt = tokio::runtime::Runtime::new().unwrap();

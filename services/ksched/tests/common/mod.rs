@@ -572,3 +572,26 @@ pub(crate) fn ksched(args: &[&str]) -> (i32, String, String) {
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
 }
+
+/// The role an instance reports (`owner`, `standby`), if it answers.
+pub(crate) fn role(c: &RunningScheduler) -> Option<String> {
+    let (_, body) = http(&format!("{}/health/ready", c.api), "GET", None).ok()?;
+    let v: serde_json::Value = serde_json::from_str(&body).ok()?;
+    v["role"].as_str().map(str::to_owned)
+}
+
+/// Two instances of one scheduler, once one owns the journal and the other stands by:
+/// (owner, standby).
+pub(crate) fn owner_and_standby() -> (RunningScheduler, RunningScheduler) {
+    let a = RunningScheduler::start("");
+    let b = a.another_instance();
+    wait_until("one owner and one standby", 60, || {
+        let roles = [role(&a), role(&b)];
+        roles.contains(&Some("owner".into())) && roles.contains(&Some("standby".into()))
+    });
+    if role(&a).as_deref() == Some("owner") {
+        (a, b)
+    } else {
+        (b, a)
+    }
+}
