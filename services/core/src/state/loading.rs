@@ -107,26 +107,22 @@ impl State {
             self.load_jobs(&due, store)?;
             // The schedules due, and those buffered: their previous runs (the overlap
             // policy reads them) and the ids their firings would take (never one a job has).
+            // A buffered firing's time is known; a due one's is its next firing or, caught
+            // up, the latest by the watermark (its times are read for the first `reach` only).
             let mut firing: Vec<String> = Vec::new();
-            let keys: Vec<String> = self
-                .schedules_buffered
-                .iter()
-                .cloned()
-                .chain(self.schedules_due_by(through, reach))
-                .collect();
-            for key in keys {
+            for key in &self.schedules_buffered {
+                if let Some(slot) = self.schedules.get(key).and_then(|s| s.buffered) {
+                    firing.extend(self.schedule_prerequisites(key, &[slot]));
+                }
+            }
+            for key in self.schedules_due_by(through, reach) {
                 let Some(s) = self.schedules.get(&key) else {
                     continue;
                 };
-                let times = crate::schedule::Times::of(&s.spec, s.created_at).ok();
-                let slots: Vec<Millis> = [
-                    s.buffered,
-                    s.next_slot,
-                    times.and_then(|t| t.latest_at_or_before(through)),
-                ]
-                .into_iter()
-                .flatten()
-                .collect();
+                let latest = crate::schedule::Times::of(&s.spec, s.created_at)
+                    .ok()
+                    .and_then(|t| t.latest_at_or_before(through));
+                let slots: Vec<Millis> = [s.next_slot, latest].into_iter().flatten().collect();
                 firing.extend(self.schedule_prerequisites(&key, &slots));
             }
             self.load_jobs(&firing, store)?;
