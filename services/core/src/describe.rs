@@ -29,10 +29,22 @@ impl Event {
     fn write_description(&self, input: &Input, out: &mut String) -> std::fmt::Result {
         match self {
             Event::JobAccepted(a) => {
-                let topic = accepted_request(a, input).map_or("?", |r| r.topic.as_str());
+                let request = accepted_request(a, input);
+                let topic = request.map_or("?", |r| r.topic.as_str());
                 push(out, &["accepted from ", topic, " -> pools ["]);
                 join(out, &a.pools, ", ");
                 out.push(']');
+                // A schedule's job names its schedule and firing (ScheduleFired precedes it).
+                if let Some(r) = request
+                    && let Some(schedule) = r.labels.get(crate::schedule::LABEL_SCHEDULE)
+                    && crate::schedule::is_firing_job_id(&a.job_id)
+                {
+                    let slot = r
+                        .labels
+                        .get(crate::schedule::LABEL_SLOT)
+                        .map_or("?", |s| s.as_str());
+                    push(out, &["; fired by schedule ", schedule, " for ", slot]);
+                }
                 for n in &a.routing_notes {
                     write!(out, "; {n}")?;
                 }

@@ -109,6 +109,14 @@ fn an_interval_schedule_fires_each_time_once_with_its_template() {
     assert_eq!(job.request.labels["ksched.schedule"], "s");
     assert_eq!(job.request.labels["ksched.slot"], "2023-11-14T22:13:20Z");
     assert_eq!(sim.payload(&id_at(T0)), b"report");
+    // Its history names the schedule and the firing.
+    let accepted = &sim.history(&id_at(T0))[0];
+    assert!(
+        accepted
+            .detail
+            .ends_with("fired by schedule s for 2023-11-14T22:13:20Z"),
+        "{accepted:?}"
+    );
     assert_eq!(sim.job_state(&id_at(T0)), JobState::Dispatched);
     succeed(&mut sim, &id_at(T0));
     // Many Ticks within the minute fire nothing more.

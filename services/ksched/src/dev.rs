@@ -200,15 +200,15 @@ pub(crate) fn demo_jobs() -> Vec<(JobRequest, &'static str)> {
     out
 }
 
-/// The demo schedule: a job on the cpu pool every 20 s.
+/// The demo schedule: a job on the cpu pool every 10 s.
 fn demo_schedule() -> ksched_core::records::ScheduleCommand {
     use ksched_core::records::{JobTemplate, ScheduleAction, ScheduleCommand, ScheduleSpec};
     ScheduleCommand {
-        schedule_id: "every-20s".into(),
+        schedule_id: "every-10s".into(),
         tenant_id: "demo".into(),
         action: ScheduleAction::Create,
         spec: Some(ScheduleSpec {
-            interval_ms: Some(20_000),
+            interval_ms: Some(10_000),
             time_zone: "UTC".into(),
             template: JobTemplate {
                 topic: CPU_TOPIC.into(),
@@ -402,7 +402,7 @@ fn dev(args: DevArgs) -> anyhow::Result<()> {
                 .await;
             match sent {
                 Ok(_) => println!(
-                    "schedule {key:<18} submits a job every 20 s (ksched schedules show {key})"
+                    "schedule {key:<18} submits a job every 10 s (ksched schedules show {key})"
                 ),
                 Err((e, _)) => eprintln!("ksched dev: creating the demo schedule: {e}"),
             }

@@ -93,10 +93,10 @@ fn ksched_dev_runs_the_demo_to_its_expected_outcomes() {
         later["released_at"].as_i64() >= later["not_before"].as_i64(),
         "{later}"
     );
-    // The demo schedule fires at once, then every 20 s.
+    // The demo schedule fires at once, then every 10 s.
     wait_until("the demo schedule's first run", 30, || {
         let (code, body) = http(
-            &format!("{api}/api/v1/schedules/demo/every-20s"),
+            &format!("{api}/api/v1/schedules/demo/every-10s"),
             "GET",
             None,
         )
@@ -109,8 +109,8 @@ fn ksched_dev_runs_the_demo_to_its_expected_outcomes() {
     let (code, page) = http(&format!("{api}/ui/schedules"), "GET", None).unwrap();
     assert_eq!(code, 200, "{page}");
     assert!(
-        page.contains("demo:every-20s")
-            && page.contains("/ui/schedules/demo/every-20s/pause")
+        page.contains("demo:every-10s")
+            && page.contains("/ui/schedules/demo/every-10s/pause")
             && page.contains("SUBMITTED"),
         "{page}"
     );
