@@ -310,50 +310,35 @@ impl Decider<'_, '_> {
         };
         if let Some((previous, state)) = self.previous_run(&s) {
             let running = format!("its previous run {previous} is {state}");
-            match s.spec.overlap {
-                ScheduleOverlap::Skip => {
-                    let why = format!("{running} (overlap SKIP)");
-                    self.fired(
-                        key,
-                        slot,
-                        ScheduleOutcome::Skipped,
-                        None,
-                        why,
-                        triggered,
-                        next,
-                    );
-                    return;
-                }
-                ScheduleOverlap::BufferOne if s.buffered.is_none() && !triggered => {
-                    let why = format!("{running}: it runs when that ends (overlap BUFFER_ONE)");
-                    self.fired(key, slot, ScheduleOutcome::Buffered, None, why, false, next);
-                    return;
-                }
-                ScheduleOverlap::BufferOne => {
-                    let why = if triggered {
-                        format!("{running} (overlap BUFFER_ONE buffers scheduled firings only)")
-                    } else {
-                        format!("{running} and a firing waits already (overlap BUFFER_ONE)")
-                    };
-                    self.fired(
-                        key,
-                        slot,
-                        ScheduleOutcome::Skipped,
-                        None,
-                        why,
-                        triggered,
-                        next,
-                    );
-                    return;
-                }
-                ScheduleOverlap::AllowAll => {}
-                ScheduleOverlap::CancelPrevious => {
-                    let reason = format!(
-                        "schedule {} fired again (overlap CANCEL_PREVIOUS)",
-                        s.schedule_id
-                    );
-                    self.cancel_by_schedule(&previous, &s.principal_id, reason);
-                }
+            let held = match s.spec.overlap {
+                ScheduleOverlap::Skip => Some((
+                    ScheduleOutcome::Skipped,
+                    format!("{running} (overlap SKIP)"),
+                )),
+                ScheduleOverlap::BufferOne if s.buffered.is_none() && !triggered => Some((
+                    ScheduleOutcome::Buffered,
+                    format!("{running}: it runs when that ends (overlap BUFFER_ONE)"),
+                )),
+                ScheduleOverlap::BufferOne if triggered => Some((
+                    ScheduleOutcome::Skipped,
+                    format!("{running} (overlap BUFFER_ONE buffers scheduled firings only)"),
+                )),
+                ScheduleOverlap::BufferOne => Some((
+                    ScheduleOutcome::Skipped,
+                    format!("{running} and a firing waits already (overlap BUFFER_ONE)"),
+                )),
+                ScheduleOverlap::AllowAll | ScheduleOverlap::CancelPrevious => None,
+            };
+            if let Some((outcome, why)) = held {
+                self.fired(key, slot, outcome, None, why, triggered, next);
+                return;
+            }
+            if s.spec.overlap == ScheduleOverlap::CancelPrevious {
+                let reason = format!(
+                    "schedule {} fired again (overlap CANCEL_PREVIOUS)",
+                    s.schedule_id
+                );
+                self.cancel_by_schedule(&previous, &s.principal_id, reason);
             }
         }
         self.submit_firing(key, slot, triggered, next);

@@ -46,9 +46,9 @@ pub(super) fn rss_bytes() -> u64 {
 
 const MIB: f64 = 1024.0 * 1024.0;
 
-pub(super) fn run(config: &Config, jobs: u64, payload_bytes: usize, dir: &Path) -> Result<Memory> {
-    let before = rss_bytes();
-    let started = Instant::now();
+/// The bench config's first job topic, and its rules with no bound on pending jobs: what a
+/// backlog built through the core needs.
+pub(super) fn backlog_rules(config: &Config) -> (String, ksched_core::rules::Rules) {
     let topic = config
         .rules
         .topics
@@ -58,6 +58,13 @@ pub(super) fn run(config: &Config, jobs: u64, payload_bytes: usize, dir: &Path) 
         .unwrap_or_default();
     let mut rules = config.rules.clone();
     rules.limits.max_pending_per_pool = i64::MAX;
+    (topic, rules)
+}
+
+pub(super) fn run(config: &Config, jobs: u64, payload_bytes: usize, dir: &Path) -> Result<Memory> {
+    let before = rss_bytes();
+    let started = Instant::now();
+    let (topic, rules) = backlog_rules(config);
     let reconfigure = Config {
         rules,
         ..config.clone()

@@ -26,7 +26,7 @@ use ksched_runtime::{Config, Engine};
 use ksched_store::Store;
 use serde::Serialize;
 
-use super::memory::rss_bytes;
+use super::memory::{backlog_rules, rss_bytes};
 use super::{BenchArgs, bench_config, phase};
 
 /// Scheduler time the bench starts at (2026-01-01T00:00:00Z), a whole minute.
@@ -110,15 +110,7 @@ pub(super) fn run(
     dir: &Path,
 ) -> Result<Timers> {
     let before = rss_bytes();
-    let topic = config
-        .rules
-        .topics
-        .keys()
-        .next()
-        .cloned()
-        .unwrap_or_default();
-    let mut rules = config.rules.clone();
-    rules.limits.max_pending_per_pool = i64::MAX;
+    let (topic, mut rules) = backlog_rules(config);
     rules.limits.max_schedules = u32::try_from(schedules).unwrap_or(u32::MAX).max(1);
     rules.timing.placement_timeout_ms = 24 * 3_600_000;
     let reconfigure = Config {

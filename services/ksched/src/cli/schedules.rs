@@ -259,18 +259,7 @@ pub(crate) fn schedules(t: &Target, cmd: SchedulesCommand) -> CliResult {
                         .as_array()
                         .map(|a| a.iter().map(row).collect())
                         .unwrap_or_default();
-                    table(
-                        &[
-                            "SCHEDULE",
-                            "WHEN",
-                            "TOPIC",
-                            "PAUSED",
-                            "NEXT (UTC)",
-                            "LAST JOB",
-                            "RUNS",
-                        ],
-                        &rows,
-                    );
+                    table(&COLUMNS, &rows);
                 }
             }
         }
@@ -279,18 +268,7 @@ pub(crate) fn schedules(t: &Target, cmd: SchedulesCommand) -> CliResult {
             match t.output {
                 Format::Json => output::json(&v),
                 Format::Table => {
-                    table(
-                        &[
-                            "SCHEDULE",
-                            "WHEN",
-                            "TOPIC",
-                            "PAUSED",
-                            "NEXT (UTC)",
-                            "LAST JOB",
-                            "RUNS",
-                        ],
-                        &[row(&v)],
-                    );
+                    table(&COLUMNS, &[row(&v)]);
                     println!(
                         "overlap {}, catch-up {}, jitter {} ms; next firings: {}",
                         cell(&v["overlap"]),
@@ -356,6 +334,17 @@ fn sent(t: &Target, v: &Value) {
         ),
     }
 }
+
+/// The columns of a schedule's row ([`row`]).
+const COLUMNS: [&str; 7] = [
+    "SCHEDULE",
+    "WHEN",
+    "TOPIC",
+    "PAUSED",
+    "NEXT (UTC)",
+    "LAST JOB",
+    "RUNS",
+];
 
 fn row(s: &Value) -> Vec<String> {
     let when = match s["cron"].as_str() {
