@@ -454,6 +454,57 @@ mod tests {
     }
 
     #[test]
+    fn a_schedule_whose_template_holds_an_unsealed_secret_is_refused_without_its_value() {
+        use ksched_core::records::{JobTemplate, ScheduleAction, ScheduleCommand, ScheduleSpec};
+        let topics = Topics::new(
+            "ksched.",
+            vec!["job.default".into()],
+            vec!["default".into()],
+        );
+        let mut sealed = JobRequest {
+            job_id: "acme:nightly".into(),
+            tenant_id: "acme".into(),
+            ..JobRequest::default()
+        };
+        sealed.env.insert("$TOKEN".into(), "s3cret-in-clear".into());
+        let clear = sealed.env.clone();
+        let mut keyring = ksched_secrets::Keyring::new();
+        keyring.rotate("acme").unwrap();
+        keyring.seal_request(&mut sealed, false).unwrap();
+        let command = |env| ScheduleCommand {
+            schedule_id: "nightly".into(),
+            tenant_id: "acme".into(),
+            action: ScheduleAction::Create,
+            spec: Some(ScheduleSpec {
+                interval_ms: Some(60_000),
+                template: JobTemplate {
+                    topic: "job.default".into(),
+                    env,
+                    ..JobTemplate::default()
+                },
+                ..ScheduleSpec::default()
+            }),
+            principal_id: "alice".into(),
+            reason: None,
+            requested_at: 1,
+        };
+        let mut record = rec(&topics.control, 0, 3, Some(1));
+        record.payload = Some(ksched_codec::encode(&command(clear)).unwrap());
+        let Taken::Input(Input::Malformed(m)) = take(&topics, &record, 1 << 20) else {
+            panic!("not refused");
+        };
+        assert_eq!(m.reason_code, "secret_in_clear");
+        assert!(m.error.contains("$TOKEN"), "{}", m.error);
+        assert!(!format!("{m:?}").contains("s3cret-in-clear"));
+        // Sealed for the tenant, it is taken as a schedule command.
+        record.payload = Some(ksched_codec::encode(&command(sealed.env)).unwrap());
+        assert!(matches!(
+            take(&topics, &record, 1 << 20),
+            Taken::Input(Input::Schedule(_))
+        ));
+    }
+
+    #[test]
     fn a_skipped_record_is_found_at_the_next_one_of_its_partition() {
         let mut u = Unreadable::default();
         assert!(u.read(&rec("t", 0, 5, None)).is_none());
