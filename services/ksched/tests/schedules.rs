@@ -2,7 +2,8 @@
 //! standby): a schedule made through the CLI fires every two seconds; the owner is
 //! SIGKILLed and the standby goes on with it. No firing submits twice (one JobAccepted and
 //! one dispatch per firing's job, each received once by the worker), pause stops the
-//! firings, trigger fires once, delete ends them, and `audit verify` reproduces the journal.
+//! firings, trigger fires once, delete ends them, `audit verify` reproduces the journal, and
+//! `audit what-if --pause-schedule` names exactly the jobs its timed firings made.
 
 mod common;
 
@@ -170,4 +171,31 @@ fn a_schedule_fires_once_per_time_across_a_kill_and_a_takeover() {
     }
     let (code, out, err) = standby.cli(&["audit", "verify"]);
     assert_eq!(code, 0, "{out}{err}");
+
+    // What if it had been paused from the start: none of its timed firings' jobs would have
+    // existed; the trigger, a human's act, stands.
+    let (code, out, err) = standby.cli(&[
+        "audit",
+        "what-if",
+        "--pause-schedule",
+        "acme:beat",
+        "--pause-schedule",
+        "acme:never",
+        "-o",
+        "json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    let rows = v["rows"].as_array().unwrap();
+    let differing: Vec<&str> = rows.iter().map(|r| r["job_id"].as_str().unwrap()).collect();
+    let timed: Vec<&str> = (accepted.keys())
+        .map(String::as_str)
+        .filter(|id| !id.ends_with("/trigger"))
+        .collect();
+    assert_eq!(differing, timed, "{out}");
+    for r in rows {
+        assert_eq!(r["alternative"]["state"], Value::Null, "{r}");
+        assert_ne!(r["actual"]["state"], Value::Null, "{r}");
+    }
+    assert_eq!(v["schedules_not_found"], serde_json::json!(["acme:never"]));
 }

@@ -9,6 +9,7 @@ use axum::Extension;
 use axum::extract::{Form, Query, State as AxState};
 use axum::http::StatusCode;
 use axum::response::{Html, IntoResponse, Response};
+use ksched_runtime::audit::PausedSchedule;
 use ksched_runtime::audit::isolated::{self, ReplayAnswer, ReplayRequest, ReplayTask};
 
 use super::failed;
@@ -151,20 +152,26 @@ pub(super) async fn at(
     Html(page("Time travel", "/ui/at", Some(&who), &body)).into_response()
 }
 
-fn what_if_form(pools: &str, policy: &str, shard: i32) -> String {
+fn what_if_form(pools: &str, policy: &str, paused: &str, shard: i32) -> String {
     format!(
         "<h1>What if</h1><p class=\"muted\">Decides every recorded input of a shard again under \
-         other pools (a pools.yaml: topics, pools, tenants) and/or another input policy (one \
-         Rego module), and lists the jobs that would have ended differently (as \
-         <code>ksched audit what-if</code>). Nothing is written anywhere.</p>\
+         other pools (a pools.yaml: topics, pools, tenants), another input policy (one \
+         Rego module) and/or with schedules paused from their start, and lists the jobs that \
+         would have ended differently (as <code>ksched audit what-if</code>). Nothing is \
+         written anywhere.</p>\
          <form method=\"post\" action=\"/ui/what-if\" id=\"what-if\">\
          <p><label>pools.yaml<br><textarea name=\"pools\" rows=\"10\" cols=\"90\" id=\"pools\">{}</textarea></label></p>\
          <p><label>policy (Rego, package ksched.input)<br><textarea name=\"policy\" rows=\"8\" cols=\"90\" id=\"policy\">{}</textarea></label></p>\
+         <p><label>schedules paused (TENANT:ID, one a line)<br><textarea name=\"paused\" rows=\"3\" cols=\"90\" id=\"paused\">{}</textarea></label></p>\
          <p>shard <input name=\"shard\" value=\"{shard}\" size=\"3\"> <button type=\"submit\" id=\"compare\">Compare</button></p></form>",
         esc(pools),
-        esc(policy)
+        esc(policy),
+        esc(paused)
     )
 }
+
+/// Most schedules one what-if pauses.
+const MAX_PAUSED: usize = 100;
 
 pub(super) async fn what_if_page(Extension(who): Extension<Identity>) -> Response {
     if let Err(e) = crate::require(&who, Action::Replay) {
@@ -174,7 +181,7 @@ pub(super) async fn what_if_page(Extension(who): Extension<Identity>) -> Respons
         "What if",
         "/ui/what-if",
         Some(&who),
-        &what_if_form("", "", 0),
+        &what_if_form("", "", "", 0),
     ))
     .into_response()
 }
@@ -194,18 +201,37 @@ pub(super) async fn what_if(
         f.get(k)
             .map_or(String::new(), |s| s.trim().replace("\r\n", "\n"))
     };
-    let (pools_text, policy_text) = (text("pools"), text("policy"));
+    let (pools_text, policy_text, paused_text) = (text("pools"), text("policy"), text("paused"));
     let shard: i32 = f
         .get("shard")
         .and_then(|s| s.trim().parse().ok())
         .filter(|s| *s >= 0 && (*s as usize) < api.stores.len())
         .unwrap_or(0);
-    let mut body = what_if_form(&pools_text, &policy_text, shard);
+    let mut body = what_if_form(&pools_text, &policy_text, &paused_text, shard);
     let error = |body: &mut String, msg: String| body.push_str(&flash(&msg, true));
-    if pools_text.is_empty() && policy_text.is_empty() {
-        error(&mut body, "give a pools.yaml, a policy, or both".into());
+    if pools_text.is_empty() && policy_text.is_empty() && paused_text.is_empty() {
+        error(
+            &mut body,
+            "give a pools.yaml, a policy or schedules to pause (or several)".into(),
+        );
         return Html(page("What if", "/ui/what-if", Some(&who), &body)).into_response();
     }
+    let paused = match (paused_text.lines())
+        .filter(|l| !l.trim().is_empty())
+        .take(MAX_PAUSED + 1)
+        .map(|l| PausedSchedule::parse(l, None))
+        .collect::<Result<Vec<_>, _>>()
+    {
+        Ok(p) if p.len() > MAX_PAUSED => {
+            error(&mut body, format!("at most {MAX_PAUSED} schedules at once"));
+            return Html(page("What if", "/ui/what-if", Some(&who), &body)).into_response();
+        }
+        Ok(p) => p,
+        Err(e) => {
+            error(&mut body, e);
+            return Html(page("What if", "/ui/what-if", Some(&who), &body)).into_response();
+        }
+    };
     if !pools_text.is_empty()
         && let Err(e) = ksched_runtime::settings::parse_pools(&pools_text)
     {
@@ -228,6 +254,7 @@ pub(super) async fn what_if(
     let task = ReplayTask::WhatIf {
         pools_yaml: (!pools_text.is_empty()).then(|| pools_text.clone()),
         policy_rego: (!policy_text.is_empty()).then(|| policy_text.clone()),
+        paused_schedules: paused,
         max_rows: 1_000,
     };
     match replay(&api, &who, shard, task).await {
@@ -236,7 +263,14 @@ pub(super) async fn what_if(
             differing,
             rows,
             totals,
+            schedules_not_found,
         }) => {
+            for s in &schedules_not_found {
+                error(
+                    &mut body,
+                    format!("schedule {s} is not in this shard's journal"),
+                );
+            }
             let totals: Vec<String> = totals.iter().map(|(k, n)| format!("{n} by {k}")).collect();
             let outcome = |o: &isolated::DiffOutcome| {
                 format!(

@@ -22,7 +22,7 @@ use rdkafka::ClientConfig;
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::{Alternative, Outcome, Source, Until, replay_until, what_if};
+use super::{Alternative, Outcome, PausedSchedule, Source, Until, replay_until, what_if};
 
 /// Most bytes of a request the child reads (a pools.yaml and a policy, both capped by the
 /// HTTP body limit long before this).
@@ -64,6 +64,10 @@ pub enum ReplayTask {
     WhatIf {
         pools_yaml: Option<String>,
         policy_rego: Option<String>,
+        /// Schedules taken to have been paused from their start; a scoped caller may name
+        /// its own tenants' only.
+        #[serde(default)]
+        paused_schedules: Vec<PausedSchedule>,
         max_rows: usize,
     },
 }
@@ -119,6 +123,9 @@ pub enum ReplayAnswer {
         rows: Vec<DiffRow>,
         /// How many visible jobs differ in each respect.
         totals: BTreeMap<String, usize>,
+        /// Named schedules this shard's journal never held (`TENANT:ID`).
+        #[serde(default)]
+        schedules_not_found: Vec<String>,
     },
     /// The replay could not be done (bad pools or policy, an unreadable journal).
     Failed(String),
@@ -378,11 +385,13 @@ pub fn replay(request: &ReplayRequest) -> ReplayAnswer {
         ReplayTask::WhatIf {
             pools_yaml,
             policy_rego,
+            paused_schedules,
             max_rows,
         } => diff(
             &src,
             pools_yaml.as_deref(),
             policy_rego.as_deref(),
+            paused_schedules,
             *max_rows,
             &visible,
             request.visible_tenants.is_some(),
@@ -424,10 +433,18 @@ fn diff(
     src: &Source,
     pools_yaml: Option<&str>,
     policy_rego: Option<&str>,
+    paused_schedules: &[PausedSchedule],
     max_rows: usize,
     visible: &dyn Fn(&str) -> bool,
     scoped: bool,
 ) -> Result<ReplayAnswer, String> {
+    // Another tenant's schedule is refused whether or not it exists.
+    if let Some(p) = paused_schedules.iter().find(|p| !visible(&p.tenant_id)) {
+        return Err(format!(
+            "schedules of tenant {} are not yours to pause",
+            p.tenant_id
+        ));
+    }
     let pools = pools_yaml
         .map(crate::settings::parse_pools)
         .transpose()
@@ -446,7 +463,11 @@ fn diff(
     let engine = RegoEngine::new();
     let report = what_if(
         src,
-        &Alternative { pools, policy },
+        &Alternative {
+            pools,
+            policy,
+            paused_schedules: paused_schedules.to_vec(),
+        },
         &engine,
         visible,
         scoped,
@@ -455,6 +476,7 @@ fn diff(
     .map_err(|e| e.to_string())?;
     Ok(ReplayAnswer::WhatIf {
         jobs: report.jobs,
+        schedules_not_found: report.schedules_not_found.clone(),
         differing: report.rows.len(),
         rows: report
             .rows
@@ -511,6 +533,27 @@ mod tests {
                 time_ms: 0,
                 max_jobs: 1,
             },
+        }
+    }
+
+    /// A tenant-scoped caller may pause its own tenants' schedules only; another tenant's is
+    /// refused before the journal is read, whether it exists or not.
+    #[test]
+    fn a_scoped_what_if_may_not_pause_another_tenants_schedule() {
+        let mut r = request();
+        r.visible_tenants = Some(["acme".to_owned()].into());
+        r.task = ReplayTask::WhatIf {
+            pools_yaml: None,
+            policy_rego: None,
+            paused_schedules: vec![
+                PausedSchedule::parse("acme:nightly", None).unwrap(),
+                PausedSchedule::parse("globex:nightly", None).unwrap(),
+            ],
+            max_rows: 10,
+        };
+        match replay(&r) {
+            ReplayAnswer::Failed(e) => assert!(e.contains("tenant globex"), "{e}"),
+            other => panic!("{other:?}"),
         }
     }
 

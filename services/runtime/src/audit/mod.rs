@@ -7,7 +7,8 @@
 //!   recorded entry byte for byte.
 //! - [`timeline`]: everything the journal says about one job.
 //! - [`replay_until`]: the projection as of a time or an offset.
-//! - [`what_if`]: the recorded inputs decided under other pools or another policy.
+//! - [`what_if`]: the recorded inputs decided under other pools or another policy, or with
+//!   schedules paused.
 //! - [`export_jsonl`] / [`export_avro`]: the journal for other systems, secrets hidden.
 
 use std::time::Duration;
@@ -29,7 +30,7 @@ pub use export::{entry_json, export_avro, export_jsonl};
 pub use rebuild::{Difference, RebuildReport, compare, rebuild};
 pub use timeline::{TimelineItem, Until, job_window, replay_until, timeline};
 pub use verify::{Divergence, VerifyReport, verify};
-pub use what_if::{Alternative, Outcome, WhatIfReport, WhatIfRow, what_if};
+pub use what_if::{Alternative, Outcome, PausedSchedule, WhatIfReport, WhatIfRow, what_if};
 
 /// Where the journal is.
 #[derive(Debug, Clone)]

@@ -5,9 +5,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use ksched_core::decide::{Ctx, process};
 use ksched_core::events::{Event, Input, JobState, Reconfigure, Verdict};
 use ksched_core::policy::{OutputDecision, PolicyDecision, PolicyEngine};
+use ksched_core::records::{Millis, ScheduleAction, ScheduleCommand};
+use ksched_core::schedule::schedule_key;
 use ksched_core::state::State;
 use ksched_core::{apply_entry, hash::sha256_parts};
 use ksched_policy::{PolicyBundle, RegoEngine};
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::error::{Error, Result};
@@ -23,6 +26,37 @@ pub struct Alternative {
     pub pools: Option<PoolsFile>,
     /// Replaces the policy bundle.
     pub policy: Option<PolicyBundle>,
+    /// Schedules taken to have been paused (from `paused_from` on, or from their start).
+    pub paused_schedules: Vec<PausedSchedule>,
+}
+
+/// A schedule the alternative world pauses: `(tenant, schedule id)`, from a log time on
+/// (`None`: from its creation). Recorded resumes and updates do not wake it there; a
+/// recorded trigger, a human's explicit act, still fires it, as triggering a paused schedule
+/// does.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PausedSchedule {
+    pub tenant_id: String,
+    pub schedule_id: String,
+    pub paused_from: Option<Millis>,
+}
+
+impl PausedSchedule {
+    /// `TENANT:ID`, as the CLI and the console name a schedule.
+    pub fn parse(text: &str, paused_from: Option<Millis>) -> std::result::Result<Self, String> {
+        match text.trim().split_once(':') {
+            Some((t, id)) if !t.is_empty() && !id.is_empty() => Ok(Self {
+                tenant_id: t.to_owned(),
+                schedule_id: id.to_owned(),
+                paused_from,
+            }),
+            _ => Err(format!("{text:?}: name a schedule as TENANT:ID")),
+        }
+    }
+
+    fn key(&self) -> String {
+        schedule_key(&self.tenant_id, &self.schedule_id)
+    }
 }
 
 impl Alternative {
@@ -82,6 +116,8 @@ pub struct WhatIfRow {
 #[derive(Debug, Clone)]
 pub struct WhatIfReport {
     pub jobs: usize,
+    /// Schedules the alternative was to pause that this journal never held (`TENANT:ID`).
+    pub schedules_not_found: Vec<String>,
     pub rows: Vec<WhatIfRow>,
     /// How many jobs differ in each respect.
     pub totals: BTreeMap<&'static str, usize>,
@@ -154,6 +190,45 @@ impl PolicyEngine for Scoped<'_> {
     }
 }
 
+/// Pauses, in the alternative world, each schedule `alt` names that is active there and whose
+/// pause has begun by `log_time`, through a pause command decided like any other (so the
+/// schedule's record and its due index agree). `paused` collects the schedules ever paused.
+fn pause_hypothesised(
+    other: &mut State,
+    ctx: &Ctx<'_>,
+    alt: &Alternative,
+    cause: &ksched_core::events::Cause,
+    log_time: Millis,
+    paused: &mut BTreeSet<String>,
+) {
+    for p in &alt.paused_schedules {
+        if p.paused_from.is_some_and(|from| log_time < from) {
+            continue;
+        }
+        let key = p.key();
+        if !other.schedules.get(&key).is_some_and(|s| !s.paused) {
+            continue;
+        }
+        let command = ScheduleCommand {
+            schedule_id: p.schedule_id.clone(),
+            tenant_id: p.tenant_id.clone(),
+            action: ScheduleAction::Pause,
+            spec: None,
+            principal_id: "what-if".into(),
+            reason: Some("paused in the alternative world".into()),
+            requested_at: log_time,
+        };
+        process(
+            other,
+            ctx,
+            cause.clone(),
+            log_time,
+            Input::Schedule(command),
+        );
+        paused.insert(key);
+    }
+}
+
 /// Replays the recorded inputs through `decide` under `alt` and reports, per job, where the
 /// outcome differs from what happened. Recorded approvals and rejections stand in the
 /// alternative world (an approval that matched its job's policy snapshot then is taken to
@@ -189,7 +264,16 @@ pub fn what_if(
             None => policy,
         },
     };
+    let mut paused_once = BTreeSet::new();
     src.read(0, |rec| {
+        pause_hypothesised(
+            &mut other,
+            &ctx,
+            alt,
+            &rec.entry.cause,
+            rec.entry.log_time,
+            &mut paused_once,
+        );
         apply_entry(&mut actual, &rec.entry);
         if let (Some(s), Some(c)) = (&scoped, &actual.config) {
             *s.recorded.borrow_mut() = c.raw.clone();
@@ -226,6 +310,15 @@ pub fn what_if(
             input,
         );
         record_verdicts(&p.entry.events, &mut other_verdicts);
+        // A schedule the input made or woke is paused before anything else is decided.
+        pause_hypothesised(
+            &mut other,
+            &ctx,
+            alt,
+            &rec.entry.cause,
+            rec.entry.log_time,
+            &mut paused_once,
+        );
         entries += 1;
         events += rec.entry.events.len() as u64;
         reporting.done(entries, events, rec.offset);
@@ -280,8 +373,13 @@ pub fn what_if(
             differs_in,
         });
     }
+    let schedules_not_found = (alt.paused_schedules.iter())
+        .map(PausedSchedule::key)
+        .filter(|k| !paused_once.contains(k) && !other.schedules.contains_key(k))
+        .collect();
     Ok(WhatIfReport {
         jobs: ids.len(),
+        schedules_not_found,
         rows,
         totals,
     })

@@ -76,8 +76,8 @@ pub(crate) enum AuditCommand {
         #[arg(long)]
         all: bool,
     },
-    /// Replay the recorded inputs under other pools or another policy; report where each
-    /// job's outcome would differ.
+    /// Replay the recorded inputs under other pools or another policy, or with schedules
+    /// paused; report where each job's outcome would differ.
     WhatIf {
         /// A pools.yaml to decide with (replaces topics, pools and tenants).
         #[arg(long)]
@@ -85,6 +85,13 @@ pub(crate) enum AuditCommand {
         /// A policy directory to decide with.
         #[arg(long)]
         policy: Option<PathBuf>,
+        /// A schedule (TENANT:ID) taken to have been paused; repeatable.
+        #[arg(long = "pause-schedule", value_name = "TENANT:ID")]
+        pause_schedules: Vec<String>,
+        /// When those schedules were paused (RFC 3339, YYYY-MM-DD HH:MM[:SS] in UTC, or
+        /// epoch ms); default: from their start.
+        #[arg(long, requires = "pause_schedules")]
+        paused_from: Option<String>,
     },
     /// The journal for other systems, secrets hidden.
     Export {
@@ -279,8 +286,14 @@ pub(crate) fn audit(t: &Target, args: AuditArgs) -> CliResult {
                 at::at(t, src, until, tenant.as_deref(), pool.as_deref(), all, out)
             })
         }
-        AuditCommand::WhatIf { pools, policy } => {
-            let alternative = what_if::alternative(pools, policy)?;
+        AuditCommand::WhatIf {
+            pools,
+            policy,
+            pause_schedules,
+            paused_from,
+        } => {
+            let alternative =
+                what_if::alternative(pools, policy, &pause_schedules, paused_from.as_deref())?;
             shards.each(|src, out| what_if::what_if(t, src, &alternative, out))
         }
         AuditCommand::Export { format, out } => {

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use ksched_policy::{PolicyBundle, RegoEngine};
-use ksched_runtime::audit::{self, Alternative, Source};
+use ksched_runtime::audit::{self, Alternative, PausedSchedule, Source};
 use ksched_runtime::settings::PoolsFile;
 use serde_json::json;
 
@@ -12,17 +12,33 @@ use crate::cli::{CliResult, EXIT_BAD_INPUT, Failure, Target};
 
 use super::{Answers, failed};
 
-/// The configuration to decide with instead, from `--pools` and `--policy`.
+/// The world to decide in instead, from `--pools`, `--policy` and `--pause-schedule`.
 pub(super) fn alternative(
     pools: Option<PathBuf>,
     policy: Option<PathBuf>,
+    pause_schedules: &[String],
+    paused_from: Option<&str>,
 ) -> Result<Alternative, Failure> {
-    if pools.is_none() && policy.is_none() {
+    if pools.is_none() && policy.is_none() && pause_schedules.is_empty() {
         return Err(Failure::new(
             EXIT_BAD_INPUT,
-            "give --pools or --policy (or both)",
+            "give --pools, --policy or --pause-schedule (or several)",
         ));
     }
+    let paused_from = match paused_from {
+        Some(t) => Some(super::parse_time(t).ok_or_else(|| {
+            Failure::new(
+                EXIT_BAD_INPUT,
+                format!("--paused-from {t:?} is not a time (RFC 3339, YYYY-MM-DD HH:MM[:SS] in UTC, or epoch ms)"),
+            )
+        })?),
+        None => None,
+    };
+    let paused_schedules = pause_schedules
+        .iter()
+        .map(|s| PausedSchedule::parse(s, paused_from))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| Failure::new(EXIT_BAD_INPUT, format!("--pause-schedule {e}")))?;
     let pools = match pools {
         Some(p) => {
             let text = std::fs::read_to_string(&p)
@@ -41,7 +57,11 @@ pub(super) fn alternative(
         ),
         None => None,
     };
-    Ok(Alternative { pools, policy })
+    Ok(Alternative {
+        pools,
+        policy,
+        paused_schedules,
+    })
 }
 
 pub(super) fn what_if(
@@ -67,6 +87,7 @@ pub(super) fn what_if(
                 "jobs": report.jobs,
                 "differing": report.rows.len(),
                 "totals": report.totals,
+                "schedules_not_found": report.schedules_not_found,
                 "rows": report.rows.iter().map(|r| json!({
                     "job_id": r.job_id,
                     "tenant_id": r.tenant_id,
@@ -125,6 +146,9 @@ pub(super) fn what_if(
                     format!(" ({})", totals.join(", "))
                 }
             );
+            for s in &report.schedules_not_found {
+                println!("schedule {s} is not in this journal");
+            }
         }
     }
     Ok(())
