@@ -206,7 +206,7 @@ fn pause_hypothesised(
             continue;
         }
         let key = p.key();
-        if !other.schedules.get(&key).is_some_and(|s| !s.paused) {
+        if other.schedules.get(&key).is_none_or(|s| s.paused) {
             continue;
         }
         let command = ScheduleCommand {
