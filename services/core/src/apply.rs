@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use crate::events::*;
-use crate::reason::{AttemptError, DlqReason};
+use crate::reason::{AttemptError, DlqReason, WaitReason};
 use crate::records::{JobRequest, Millis};
 use crate::rules::Rules;
 use crate::state::{
@@ -42,6 +42,7 @@ pub fn apply_entry(state: &mut State, entry: &JournalEntry) {
 pub(crate) fn begin_entry(state: &mut State, log_time: Millis, input: &Input) {
     state.clock = state.clock.max(log_time);
     state.entries += 1;
+    state.woken.clear();
     if let Some(d) = state.dirty.as_mut() {
         d.history.begin_entry();
     }
@@ -161,6 +162,8 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
                 deadline_at,
                 delayed_until: None,
                 released_at: None,
+                concurrency: None,
+                placement_from: None,
                 wait_reason: None,
                 progress: None,
                 last_error: None,
@@ -207,9 +210,14 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
             });
         }
         Event::JobQueued(e) => {
+            let config = state.config.clone();
             state.update_job_logged(&e.job_id, Some(line(event, at)), |j| {
                 enter(j, JobState::Pending);
                 j.queued_at = Some(now);
+                j.placement_from = None;
+                j.concurrency = config
+                    .as_deref()
+                    .and_then(|c| j.concurrency_under(&c.rules));
                 j.retry_at = None;
                 j.worker_id = None;
                 j.pool = None;
@@ -220,6 +228,10 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
         Event::JobWaiting(e) => {
             state.update_job_logged(&e.job_id, Some(line(event, at)), |j| {
                 j.wait_reason = Some(e.reason_code.clone());
+                // Held by its key: its placement timeout starts again (SPEC §10).
+                if e.reason_code == WaitReason::ConcurrencyLimited.as_str() {
+                    j.placement_from = Some(now);
+                }
             });
         }
         Event::JobScheduled(e) => {
@@ -576,6 +588,7 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
                 raw: e.config.clone(),
                 rules,
             }));
+            state.resolve_queued_concurrency();
             state.rebuild_indexes();
             if let Some(d) = state.dirty.as_mut() {
                 d.config = true;

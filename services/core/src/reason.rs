@@ -114,6 +114,9 @@ codes! {
         PoolOverloaded = "pool_overloaded",
         TenantLimit = "tenant_limit",
         CircuitOpen = "circuit_open",
+        /// Its concurrency key has as many jobs active as its limit allows (SPEC §10). A job
+        /// held so is never dead-lettered for it: its placement timeout starts again.
+        ConcurrencyLimited = "concurrency_limited",
     }
 }
 
@@ -125,6 +128,8 @@ impl WaitReason {
             WaitReason::NoWorkers => DlqReason::NoWorkers,
             WaitReason::PoolOverloaded | WaitReason::CircuitOpen => DlqReason::PoolOverloaded,
             WaitReason::TenantLimit => DlqReason::TenantLimit,
+            // Not dead-lettered (the timeout starts again); a pass would name another reason.
+            WaitReason::ConcurrencyLimited => DlqReason::PoolOverloaded,
         }
     }
 }

@@ -244,6 +244,10 @@ pub struct Limits {
     /// Most schedules one shard holds (they are kept in memory, with their job templates).
     /// Default 100000.
     pub max_schedules: u32,
+    /// Most concurrency keys with jobs queued or active at once in one shard (each costs a
+    /// counter and a lane); a job that would bring one more is dead-lettered `queue_full`.
+    /// Default 100000.
+    pub max_concurrency_keys: u32,
 }
 
 impl Default for Limits {
@@ -266,6 +270,7 @@ impl Default for Limits {
             max_delay_ms: 366 * 24 * 3_600_000,
             max_delayed_jobs: 100_000_000,
             max_schedules: 100_000,
+            max_concurrency_keys: 100_000,
         }
     }
 }
@@ -287,6 +292,10 @@ pub struct Rules {
     /// approver with. Left out of the journaled rules when empty.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub topic_principals: BTreeMap<String, String>,
+    /// Job topic -> the concurrency limit of its jobs' keys (SPEC §10). Left out of the
+    /// journaled rules when empty.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub topic_concurrency: BTreeMap<String, ConcurrencyRule>,
     pub pools: BTreeMap<String, PoolRules>,
     pub tenants: BTreeMap<String, TenantRules>,
     pub timing: Timing,
@@ -306,6 +315,52 @@ pub struct Rules {
     /// refused (`four_eyes`), whichever way the control record came. The runtime sets it
     /// from `http.four_eyes` (default on); rules journaled before it existed read as off.
     pub four_eyes: bool,
+}
+
+/// A job topic's concurrency limit (SPEC §10): at most `limit` jobs of one key SCHEDULED,
+/// DISPATCHED or RUNNING at once; the others wait `concurrency_limited`, in queue order.
+/// Keys are a tenant's own: two tenants' jobs never share one.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConcurrencyRule {
+    /// Where a job's key comes from: `label:NAME` (the job's label NAME, its own or one the
+    /// policy added; a job without it, or with it empty, has no key and no limit) or
+    /// `tenant` (one key for all of the tenant's jobs on such topics). Default
+    /// `label:concurrency_key`.
+    #[serde(default = "ConcurrencyRule::default_key")]
+    pub key: String,
+    /// Most jobs of one key at once, at least 1 (1: one at a time, in queue order).
+    pub limit: u32,
+}
+
+impl ConcurrencyRule {
+    /// The label a key comes from when a rule names none.
+    pub const DEFAULT_LABEL: &str = "concurrency_key";
+
+    fn default_key() -> String {
+        format!("label:{}", Self::DEFAULT_LABEL)
+    }
+
+    /// The label the key comes from; None for `tenant`.
+    pub fn label(&self) -> Option<&str> {
+        self.key.strip_prefix("label:")
+    }
+
+    fn check(&self, topic: &str) -> Result<(), RulesError> {
+        let valid = self.key == "tenant" || self.label().is_some_and(|l| !l.trim().is_empty());
+        if !valid {
+            return Err(RulesError(format!(
+                "topic {topic}: concurrency key {:?} must be `label:NAME` or `tenant`",
+                self.key
+            )));
+        }
+        if self.limit < 1 {
+            return Err(RulesError(format!(
+                "topic {topic}: concurrency limit must be at least 1"
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// A rule set that does not hold together.
@@ -328,6 +383,14 @@ impl Rules {
                     ));
                 }
             }
+        }
+        for (topic, rule) in &self.topic_concurrency {
+            if !self.topics.contains_key(topic) {
+                return err(format!(
+                    "topic {topic} has a concurrency limit but maps to no pool"
+                ));
+            }
+            rule.check(topic)?;
         }
         for (topic, tenants) in &self.topic_tenants {
             if !self.topics.contains_key(topic) {
@@ -430,6 +493,9 @@ impl Rules {
         if l.max_workers_per_pool < 1 {
             return err("limits.max_workers_per_pool must be at least 1".into());
         }
+        if l.max_concurrency_keys < 1 {
+            return err("limits.max_concurrency_keys must be at least 1".into());
+        }
         if l.max_scan_per_entry < 1 {
             return err("limits.max_scan_per_entry must be at least 1".into());
         }
@@ -515,6 +581,26 @@ impl Rules {
     pub fn max_pending_for_tenant(&self, tenant: &str) -> Option<i64> {
         self.tenant_limit(tenant, |t| t.max_pending_jobs)
             .or(self.limits.max_pending_per_tenant)
+    }
+
+    /// The concurrency key and limit of a job on `topic` (SPEC §10), its labels read through
+    /// `label` (the job's own, then the policy's): None when the topic has no limit or the
+    /// job lacks (or leaves empty) the label its key comes from. A `tenant` key is `""`,
+    /// which no label gives.
+    pub fn concurrency_of<'a>(
+        &self,
+        topic: &str,
+        label: impl Fn(&str) -> Option<&'a str>,
+    ) -> Option<crate::state::KeyLimit> {
+        let rule = self.topic_concurrency.get(topic)?;
+        let key = match rule.label() {
+            None => String::new(),
+            Some(name) => label(name).filter(|v| !v.is_empty())?.to_owned(),
+        };
+        Some(crate::state::KeyLimit {
+            key,
+            limit: rule.limit,
+        })
     }
 
     /// Most SCHEDULED + DISPATCHED + RUNNING jobs `tenant` may have, if limited.

@@ -28,6 +28,8 @@ enum Op {
         deadline: Option<u16>,
         /// Run no earlier than this many tenths of a second from now (SPEC §9).
         delay: Option<u16>,
+        /// Its `concurrency_key` label (SPEC §10).
+        ckey: Option<u8>,
     },
     Heartbeat {
         worker: u8,
@@ -85,12 +87,16 @@ enum Op {
         policy: u8,
     },
     Malformed,
+    /// The concurrency limits change (0: none).
+    Limit {
+        limit: u8,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        3 => (0..12u8, 0..4u8, 0..3u8, 0..6u8, proptest::option::of(0..3u8), proptest::option::of(1..600u16), proptest::option::of(0..600u16))
-            .prop_map(|(job, topic, priority, risk, key, deadline, delay)| Op::Submit { job, topic, priority, risk, key, deadline, delay }),
+        3 => (0..12u8, 0..4u8, 0..3u8, 0..6u8, proptest::option::of(0..3u8), proptest::option::of(1..600u16), proptest::option::of(0..600u16), proptest::option::of(0..3u8))
+            .prop_map(|(job, topic, priority, risk, key, deadline, delay, ckey)| Op::Submit { job, topic, priority, risk, key, deadline, delay, ckey }),
         2 => (0..4u8, 0..4u8, 0..100u8, 0..4u8, any::<bool>())
             .prop_map(|(worker, pool, cpu, max, draining)| Op::Heartbeat { worker, pool, cpu, max, draining: draining && worker == 3 }),
         2 => (0..12u8, 0..4u8, -1..2i8).prop_map(|(job, worker, attempt_delta)| Op::Started { job, worker, attempt_delta }),
@@ -104,6 +110,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0..12u8, 0..600u16).prop_map(|(job, delay)| Op::Reschedule { job, delay }),
         1 => (0..3u8, 0..6u8, 1..30u8, 0..12u8).prop_map(|(schedule, action, interval, policy)| Op::Schedule { schedule, action, interval, policy }),
         1 => Just(Op::Malformed),
+        1 => (0..4u8).prop_map(|limit| Op::Limit { limit }),
     ]
 }
 
@@ -150,14 +157,35 @@ const TOPICS: [&str; 4] = ["job.default", "job.multi", "job.gpu", "job.unmapped"
 const POOLS: [&str; 4] = ["default", "a", "b", "gpu"];
 const RISKS: [&str; 6] = ["", "", "deny", "approve", "limited", "pii"];
 
-fn run(ops: &[Op]) -> Sim {
+/// The rules of a run, with concurrency limits of `limit` (0: none): `job.default` by its
+/// `concurrency_key` label, `job.multi` one key per tenant.
+fn run_rules(limit: u8) -> ksched_core::rules::Rules {
     let mut r = rules();
     r.breaker.consecutive_failures = 3;
     r.breaker.window = 6;
     r.breaker.cooldown_ms = 5_000;
     r.timing.dispatch_timeout_ms = 20_000;
     r.timing.placement_timeout_ms = 60_000;
-    let mut sim = Sim::with_policy(r, policy());
+    r.limits.max_concurrency_keys = 2;
+    if limit > 0 {
+        for (topic, key) in [
+            ("job.default", "label:concurrency_key"),
+            ("job.multi", "tenant"),
+        ] {
+            r.topic_concurrency.insert(
+                topic.into(),
+                ksched_core::rules::ConcurrencyRule {
+                    key: key.into(),
+                    limit: u32::from(limit),
+                },
+            );
+        }
+    }
+    r
+}
+
+fn run(ops: &[Op]) -> Sim {
+    let mut sim = Sim::with_policy(run_rules(1), policy());
     for op in ops {
         sim.advance(7);
         match op.clone() {
@@ -169,8 +197,12 @@ fn run(ops: &[Op]) -> Sim {
                 key,
                 deadline,
                 delay,
+                ckey,
             } => {
                 let mut req = job(&format!("j{j}"));
+                if let Some(c) = ckey {
+                    req.labels.insert("concurrency_key".into(), format!("c{c}"));
+                }
                 req.not_before = delay.map(|d| sim.now + i64::from(d) * 100);
                 req.topic = TOPICS[topic as usize].into();
                 req.priority =
@@ -372,6 +404,9 @@ fn run(ops: &[Op]) -> Sim {
                         requested_at: now,
                     }),
                 );
+            }
+            Op::Limit { limit } => {
+                sim.reconfigure(&run_rules(limit), "snap-1");
             }
             Op::Malformed => {
                 sim.input(

@@ -91,7 +91,9 @@ pub struct Scanned {
 /// 7: DELAYED jobs: `delays` by due time, not in `active`; a job keeps when it waits until
 /// and when it was released; schedules (`schedules`, a family a store of 7 without them
 /// gains empty when it opens).
-pub const FORMAT_VERSION: u32 = 7;
+/// 8: a job keeps its concurrency key and limit, and when its placement timeout last
+/// started again.
+pub const FORMAT_VERSION: u32 = 8;
 
 /// Most idempotency keys one write deletes when their retention passed; the rest follow in
 /// the next writes, so a prune never becomes one huge batch.

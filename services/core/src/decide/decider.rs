@@ -85,6 +85,12 @@ impl<'s, 'c> Decider<'s, 'c> {
         self.state
     }
 
+    /// The pools whose parked lanes this entry brought back (a concurrency key's slot
+    /// freed), emptied.
+    pub(crate) fn take_woken(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.state.woken).into_iter().collect()
+    }
+
     /// Applies `event` and records it (and the record it sends, if any).
     pub(crate) fn emit(&mut self, event: Event) {
         let at = Applying {

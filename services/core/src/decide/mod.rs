@@ -125,6 +125,15 @@ impl Decider<'_, '_> {
             Input::Malformed(m) => self.malformed(m),
             Input::Reconfigure(r) => self.reconfigure(r),
         }
+        // A concurrency key's slot freed by this input: its jobs waiting in other pools than
+        // the one the input passed are placed now, not at the next Tick.
+        loop {
+            let woken = self.take_woken();
+            if woken.is_empty() || !self.may_work() {
+                break;
+            }
+            self.schedule_pools(woken);
+        }
     }
 
     fn malformed(&mut self, m: &MalformedRecord) {

@@ -232,7 +232,7 @@ impl Decider<'_, '_> {
 /// so it also answers "why is it waiting" without side effects.
 fn evaluate(state: &State, rules: &Rules, job_id: &str) -> Decision {
     let job = &state.jobs[job_id];
-    if let Some(blocked) = tenant_blocks(state, job) {
+    if let Some(blocked) = tenant_blocks(state, job).or_else(|| key_blocks(state, job)) {
         return Decision::Blocked(blocked);
     }
     let mut notes = Vec::new();
@@ -350,6 +350,31 @@ fn tenant_blocks(state: &State, job: &Job) -> Option<Blocked> {
     })
 }
 
+/// A concurrency key at its limit (SPEC §10).
+fn key_blocks(state: &State, job: &Job) -> Option<Blocked> {
+    let c = job.concurrency.as_ref()?;
+    let active = state.key_active_jobs(&job.request.tenant_id, &c.key);
+    (active >= i64::from(c.limit)).then(|| Blocked {
+        code: WaitReason::ConcurrencyLimited,
+        detail: format!(
+            "concurrency key {} of tenant {} has {active} active jobs, its limit is {}",
+            key_name(&c.key),
+            job.request.tenant_id,
+            c.limit
+        ),
+        candidates: Candidates::default(),
+    })
+}
+
+/// A concurrency key as messages name it (`""` is the whole tenant's).
+pub(crate) fn key_name(key: &str) -> String {
+    if key.is_empty() {
+        "(the tenant's)".to_owned()
+    } else {
+        format!("{:?}", crate::records::truncate_for_display(key, 64))
+    }
+}
+
 /// Why a live worker cannot take any job now, whatever the job.
 fn common_skip(w: &Worker, overload: &Overload) -> Option<String> {
     let hb: &Heartbeat = &w.heartbeat;
@@ -400,6 +425,7 @@ pub(crate) fn lane_of(job: &Job) -> Lane {
         placement,
         preferred_worker: job.request.labels.get(LABEL_PREFERRED_WORKER).cloned(),
         memory: job.memory_demand(),
+        concurrency: job.concurrency.clone(),
     }
 }
 

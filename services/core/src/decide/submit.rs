@@ -496,6 +496,15 @@ pub(super) fn queue_full(
             "pool {pool} already has {max_pool} pending jobs (limits.max_pending_per_pool); submit again later"
         ));
     }
+    if let Some(c) = rules.concurrency_of(&r.topic, |name| r.labels.get(name).map(String::as_str)) {
+        let max = rules.limits.max_concurrency_keys as usize;
+        let live = &state.key_live;
+        if live.len() >= max && !live.contains_key(&(r.tenant_id.clone(), c.key.clone())) {
+            return Some(format!(
+                "the shard has {max} concurrency keys with jobs queued or active (limits.max_concurrency_keys); submit again later"
+            ));
+        }
+    }
     let max_tenant = rules.max_pending_for_tenant(&r.tenant_id)?;
     let pending = state.tenant_pending.get(&r.tenant_id).copied().unwrap_or(0);
     (pending >= max_tenant).then(|| {

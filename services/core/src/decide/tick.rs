@@ -10,7 +10,7 @@
 
 use crate::decide::Decider;
 use crate::events::*;
-use crate::reason::{AttemptError, DlqReason};
+use crate::reason::{AttemptError, DlqReason, WaitReason};
 use crate::records::{Millis, Tick};
 use crate::state::{Timer, TimerKind};
 
@@ -177,6 +177,20 @@ impl Decider<'_, '_> {
                 TimerKind::RetryAt => requeued.push(t.job_id.clone()),
                 TimerKind::PlacementTimeout => {
                     let blocked = self.blocker(&t.job_id);
+                    // Held by its key, not by the pools: it waits on, its timeout anew.
+                    if blocked.code == WaitReason::ConcurrencyLimited {
+                        self.emit(Event::JobWaiting(JobWaiting {
+                            job_id: t.job_id.clone(),
+                            reason_code: blocked.code.as_str().to_owned(),
+                            detail: format!(
+                                "{}; its placement timeout starts again",
+                                blocked.detail
+                            ),
+                            candidates: Vec::new(),
+                            candidates_omitted: 0,
+                        }));
+                        continue;
+                    }
                     let code = blocked.code.dlq_reason();
                     let reason = format!(
                         "not placed within {} ms: {}",

@@ -28,6 +28,9 @@ const MAX_TIMERS: usize = 3;
 #[derive(Debug, PartialEq)]
 struct Entries {
     queued_at: Option<Millis>,
+    /// Its (tenant, concurrency key) while it is active, and while it is queued or active.
+    active_key: Option<(String, String)>,
+    live_key: Option<(String, String)>,
     /// The worker whose in-flight set holds it (`Some(None)`: active on no worker).
     active_on: Option<Option<String>>,
     timers: [Option<(Millis, TimerKind)>; MAX_TIMERS],
@@ -54,9 +57,17 @@ impl Entries {
                 n += 1;
             });
         }
+        let active = job.state.is_active();
+        let key = |on: bool| {
+            (job.concurrency.as_ref())
+                .filter(|_| on)
+                .map(|c| (job.request.tenant_id.clone(), c.key.clone()))
+        };
         Entries {
             queued_at: job.queued_at,
-            active_on: job.state.is_active().then(|| job.worker_id.clone()),
+            active_key: key(active),
+            live_key: key(active || job.queued_at.is_some()),
+            active_on: active.then(|| job.worker_id.clone()),
             timers,
         }
     }
@@ -65,6 +76,8 @@ impl Entries {
     fn none() -> Entries {
         Entries {
             queued_at: None,
+            active_key: None,
+            live_key: None,
             active_on: None,
             timers: [None; MAX_TIMERS],
         }
@@ -81,6 +94,11 @@ struct Indexes<'a> {
     queues: &'a mut BTreeMap<String, std::collections::BTreeSet<QueueKey>>,
     lanes: &'a mut BTreeMap<String, BTreeMap<Lane, std::collections::BTreeSet<QueueKey>>>,
     lane_heads: &'a mut BTreeMap<String, std::collections::BTreeSet<(QueueKey, Lane)>>,
+    parked: &'a mut BTreeMap<String, std::collections::BTreeSet<(QueueKey, Lane)>>,
+    key_active: &'a mut BTreeMap<String, BTreeMap<String, i64>>,
+    key_live: &'a mut BTreeMap<(String, String), i64>,
+    key_lanes: &'a mut BTreeMap<(String, String), std::collections::BTreeSet<(String, Lane)>>,
+    woken: &'a mut std::collections::BTreeSet<String>,
     timers: &'a mut std::collections::BTreeSet<Timer>,
     tenant_active: &'a mut BTreeMap<String, i64>,
     tenant_pending: &'a mut BTreeMap<String, i64>,
@@ -108,6 +126,27 @@ impl Indexes<'_> {
             }
             (true, false) => decrement(self.tenant_active, &job.request.tenant_id),
             _ => {}
+        }
+        if before.live_key != after.live_key {
+            if let Some(k) = &before.live_key
+                && let Some(n) = self.key_live.get_mut(k)
+            {
+                *n -= 1;
+                if *n <= 0 {
+                    self.key_live.remove(k);
+                }
+            }
+            if let Some(k) = &after.live_key {
+                *self.key_live.entry(k.clone()).or_default() += 1;
+            }
+        }
+        if before.active_key != after.active_key {
+            if let Some((tenant, key)) = &before.active_key {
+                self.count_key(tenant, key, -1);
+            }
+            if let Some((tenant, key)) = &after.active_key {
+                self.count_key(tenant, key, 1);
+            }
         }
         let was = before.active_on.as_ref().and_then(Option::as_deref);
         let is = after.active_on.as_ref().and_then(Option::as_deref);
@@ -155,12 +194,16 @@ impl Indexes<'_> {
                 .or_default();
             let head_before = jobs.first().cloned();
             jobs.insert(key.clone());
+            if head_before.is_none()
+                && let Some(c) = &lane.concurrency
+            {
+                (self.key_lanes)
+                    .entry((lane.tenant.clone(), c.key.clone()))
+                    .or_default()
+                    .insert((pool.clone(), lane.clone()));
+            }
             if head_before.as_ref().is_none_or(|h| key < *h) {
-                let heads = self.lane_heads.entry(pool.clone()).or_default();
-                if let Some(h) = head_before {
-                    heads.remove(&(h, lane.clone()));
-                }
-                heads.insert((key.clone(), lane.clone()));
+                self.move_head(pool, &lane, head_before, Some(key.clone()));
             }
             match self.queues.get_mut(pool) {
                 Some(q) => {
@@ -207,18 +250,78 @@ impl Indexes<'_> {
                 if lanes.is_empty() {
                     self.lanes.remove(pool);
                 }
+                if let Some(c) = &lane.concurrency {
+                    let k = (lane.tenant.clone(), c.key.clone());
+                    if let Some(set) = self.key_lanes.get_mut(&k) {
+                        set.remove(&(pool.clone(), lane.clone()));
+                        if set.is_empty() {
+                            self.key_lanes.remove(&k);
+                        }
+                    }
+                }
             }
-            if was_head && let Some(heads) = self.lane_heads.get_mut(pool) {
-                heads.remove(&(key, lane.clone()));
-                if let Some(n) = next {
-                    heads.insert((n, lane.clone()));
-                }
-                if heads.is_empty() {
-                    self.lane_heads.remove(pool);
-                }
+            if was_head {
+                self.move_head(pool, &lane, Some(key), next);
             }
         }
         decrement(self.tenant_pending, &job.request.tenant_id);
+    }
+
+    /// Moves a lane's head from `old` to `new` (either None: the lane begins or ends),
+    /// among the heads a pass walks, or among the parked ones while its key is at its limit.
+    fn move_head(&mut self, pool: &str, lane: &Lane, old: Option<QueueKey>, new: Option<QueueKey>) {
+        if let Some(o) = old {
+            let entry = (o, lane.clone());
+            if !remove_head(self.lane_heads, pool, &entry) {
+                remove_head(self.parked, pool, &entry);
+            }
+        }
+        if let Some(n) = new {
+            let into = if at_limit(self.key_active, lane) {
+                &mut *self.parked
+            } else {
+                &mut *self.lane_heads
+            };
+            into.entry(pool.to_owned())
+                .or_default()
+                .insert((n, lane.clone()));
+        }
+    }
+
+    /// Adds `delta` to a key's active jobs, then parks its lanes that reached their limit
+    /// and brings back those below it (their pools are `woken`, for the decider to pass).
+    fn count_key(&mut self, tenant: &str, key: &str, delta: i64) {
+        let counts = self.key_active.entry(tenant.to_owned()).or_default();
+        let n = counts.entry(key.to_owned()).or_default();
+        *n += delta;
+        if *n <= 0 {
+            counts.remove(key);
+            if counts.is_empty() {
+                self.key_active.remove(tenant);
+            }
+        }
+        let Some(lanes) = self.key_lanes.get(&(tenant.to_owned(), key.to_owned())) else {
+            return;
+        };
+        for (pool, lane) in lanes {
+            let Some(head) = (self.lanes.get(pool))
+                .and_then(|l| l.get(lane))
+                .and_then(|jobs| jobs.first())
+            else {
+                continue;
+            };
+            let entry = (head.clone(), lane.clone());
+            let full = at_limit(self.key_active, lane);
+            if full && remove_head(self.lane_heads, pool, &entry) {
+                self.parked.entry(pool.clone()).or_default().insert(entry);
+            } else if !full && remove_head(self.parked, pool, &entry) {
+                self.lane_heads
+                    .entry(pool.clone())
+                    .or_default()
+                    .insert(entry);
+                self.woken.insert(pool.clone());
+            }
+        }
     }
 
     fn join_worker(&mut self, id: &str, worker_id: &str) {
@@ -252,6 +355,31 @@ impl Indexes<'_> {
     }
 }
 
+/// Removes a lane head from a pool's set; false when it was not there.
+fn remove_head(
+    map: &mut BTreeMap<String, std::collections::BTreeSet<(QueueKey, Lane)>>,
+    pool: &str,
+    entry: &(QueueKey, Lane),
+) -> bool {
+    let Some(set) = map.get_mut(pool) else {
+        return false;
+    };
+    let removed = set.remove(entry);
+    if set.is_empty() {
+        map.remove(pool);
+    }
+    removed
+}
+
+/// Whether a lane's concurrency key has as many active jobs as the lane's limit allows.
+fn at_limit(key_active: &BTreeMap<String, BTreeMap<String, i64>>, lane: &Lane) -> bool {
+    lane.concurrency.as_ref().is_some_and(|c| {
+        (key_active.get(&lane.tenant))
+            .and_then(|k| k.get(&c.key))
+            .is_some_and(|n| *n >= i64::from(c.limit))
+    })
+}
+
 /// What of a job may not change while it lives: the indexes file it by these.
 #[cfg(debug_assertions)]
 fn fixed_keys(job: &Job) -> (Vec<String>, String, u8) {
@@ -270,6 +398,11 @@ impl State {
             queues,
             lanes,
             lane_heads,
+            parked,
+            key_active,
+            key_live,
+            key_lanes,
+            woken,
             timers,
             tenant_active,
             tenant_pending,
@@ -285,6 +418,11 @@ impl State {
                 queues,
                 lanes,
                 lane_heads,
+                parked,
+                key_active,
+                key_live,
+                key_lanes,
+                woken,
                 timers,
                 tenant_active,
                 tenant_pending,
@@ -485,6 +623,10 @@ impl State {
         self.queues.clear();
         self.lanes.clear();
         self.lane_heads.clear();
+        self.parked.clear();
+        self.key_active.clear();
+        self.key_live.clear();
+        self.key_lanes.clear();
         self.timers.clear();
         self.tenant_active.clear();
         self.tenant_pending.clear();
@@ -510,6 +652,36 @@ impl State {
         }
     }
 
+    /// Gives each queued job the concurrency key and limit of the rules now in force (after
+    /// a Reconfigure; the indexes are rebuilt next).
+    pub(crate) fn resolve_queued_concurrency(&mut self) {
+        let Some(config) = self.config.clone() else {
+            return;
+        };
+        let mut changed = Vec::new();
+        for (id, job) in self.jobs.iter_any_order_mut() {
+            if job.queued_at.is_none() {
+                continue;
+            }
+            let now = job.concurrency_under(&config.rules);
+            if now != job.concurrency {
+                job.concurrency = now;
+                changed.push(id.to_owned());
+            }
+        }
+        for id in changed {
+            self.mark_job(&id);
+        }
+    }
+
+    /// Active jobs of a concurrency key of a tenant.
+    pub fn key_active_jobs(&self, tenant: &str, key: &str) -> i64 {
+        (self.key_active.get(tenant))
+            .and_then(|k| k.get(key))
+            .copied()
+            .unwrap_or(0)
+    }
+
     /// Active jobs of a tenant (SCHEDULED + DISPATCHED + RUNNING).
     pub fn tenant_active_jobs(&self, tenant: &str) -> i64 {
         self.tenant_active.get(tenant).copied().unwrap_or(0)
@@ -525,7 +697,11 @@ impl State {
         if rebuilt.queues != self.queues {
             problems.push("pending queues disagree with job records".to_owned());
         }
-        if rebuilt.lanes != self.lanes || rebuilt.lane_heads != self.lane_heads {
+        if rebuilt.lanes != self.lanes
+            || rebuilt.lane_heads != self.lane_heads
+            || rebuilt.parked != self.parked
+            || rebuilt.key_lanes != self.key_lanes
+        {
             problems.push("queue lanes disagree with job records".to_owned());
         }
         if rebuilt.timers != self.timers {
@@ -644,8 +820,10 @@ fn each_timer(
                 push(r, TimerKind::RetryAt);
             }
             if let Some(q) = job.queued_at {
+                // Started again while its concurrency key held it (SPEC §10).
+                let from = q.max(job.placement_from.unwrap_or(q));
                 push(
-                    q.max(floor).saturating_add(timing.placement_timeout_ms),
+                    from.max(floor).saturating_add(timing.placement_timeout_ms),
                     TimerKind::PlacementTimeout,
                 );
             }

@@ -63,6 +63,12 @@ impl JobMap {
     pub fn iter_any_order(&self) -> impl Iterator<Item = (&str, &Job)> {
         self.0.iter().map(|(id, j)| (id.as_str(), &**j))
     }
+
+    /// [`JobMap::iter_any_order`], to change jobs in place (no index follows: the caller
+    /// rebuilds them).
+    pub(crate) fn iter_any_order_mut(&mut self) -> impl Iterator<Item = (&str, &mut Job)> {
+        self.0.iter_mut().map(|(id, j)| (id.as_str(), &mut **j))
+    }
 }
 
 impl std::ops::Index<&str> for JobMap {

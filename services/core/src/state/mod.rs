@@ -76,7 +76,21 @@ pub struct State {
     /// Derived: pool -> lane -> its jobs in the pool's queue ([`Lane`]).
     pub lanes: BTreeMap<String, BTreeMap<Lane, BTreeSet<QueueKey>>>,
     /// Derived: pool -> each lane's first job, in queue order: what a scheduling pass walks.
+    /// A lane whose concurrency key is at its limit is not here but in `parked`.
     pub lane_heads: BTreeMap<String, BTreeSet<(QueueKey, Lane)>>,
+    /// Derived: pool -> the heads of lanes whose concurrency key is at its limit (SPEC §10):
+    /// no pass looks at them until a job of the key ends, which moves them back.
+    pub parked: BTreeMap<String, BTreeSet<(QueueKey, Lane)>>,
+    /// Derived: tenant -> concurrency key -> its SCHEDULED + DISPATCHED + RUNNING jobs.
+    pub key_active: BTreeMap<String, BTreeMap<String, i64>>,
+    /// Derived: (tenant, concurrency key) -> its jobs queued or active: the live keys
+    /// (`limits.max_concurrency_keys`).
+    pub key_live: BTreeMap<(String, String), i64>,
+    /// Derived: (tenant, concurrency key) -> the (pool, lane)s holding its queued jobs.
+    pub key_lanes: BTreeMap<(String, String), BTreeSet<(String, Lane)>>,
+    /// Pools with a lane moved out of `parked` by the entry being decided, which the decider
+    /// then passes over. Bookkeeping of one entry: cleared at the next, not projected.
+    pub woken: BTreeSet<String>,
     /// Derived: DELAYED jobs by due time, those the window reaches ([`Delays`]); the rest
     /// are in storage. A cache of what the jobs say: not part of the projection's equality.
     pub delays: Delays,
@@ -114,6 +128,10 @@ impl PartialEq for State {
             && self.workers_by_pool == other.workers_by_pool
             && self.lanes == other.lanes
             && self.lane_heads == other.lane_heads
+            && self.parked == other.parked
+            && self.key_active == other.key_active
+            && self.key_live == other.key_live
+            && self.key_lanes == other.key_lanes
             && self.dead_letters_by_reason == other.dead_letters_by_reason
             && self.jobs_by_state == other.jobs_by_state
             && self.queues == other.queues

@@ -281,6 +281,13 @@ pub struct Job {
     /// When it left DELAYED (JobReleased): its deadline counts from here, as if submitted
     /// then (SPEC §9).
     pub released_at: Option<Millis>,
+    /// Its concurrency key and that key's limit (SPEC §10), as the rules in force said when
+    /// it was last queued (and again whenever they change while it is queued). Kept while it
+    /// is active, so its key's count goes down when it ends whatever the rules say then.
+    pub concurrency: Option<KeyLimit>,
+    /// While queued and held by its concurrency key past `placement_timeout`: when its
+    /// placement timeout started again (a job waits for its key as long as it takes).
+    pub placement_from: Option<Millis>,
     pub wait_reason: Option<String>,
     pub progress: Option<f64>,
     pub last_error: Option<String>,
@@ -487,6 +494,28 @@ pub struct Lane {
     pub placement: Vec<(String, String)>,
     pub preferred_worker: Option<String>,
     pub memory: Option<i64>,
+    /// Its concurrency key and limit: a lane whose key is at its limit is parked
+    /// ([`crate::state::State::parked`]), out of every scheduling pass, until a slot frees.
+    pub concurrency: Option<KeyLimit>,
+}
+
+impl Job {
+    /// Its concurrency key and limit under `rules` (its own labels, then the policy's).
+    pub fn concurrency_under(&self, rules: &crate::rules::Rules) -> Option<KeyLimit> {
+        rules.concurrency_of(&self.request.topic, |name| {
+            (self.request.labels.get(name))
+                .or_else(|| self.constraints.labels.get(name))
+                .map(String::as_str)
+        })
+    }
+}
+
+/// A job's concurrency key (its tenant's own) and the most jobs of that key that may be
+/// SCHEDULED, DISPATCHED or RUNNING at once.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct KeyLimit {
+    pub key: String,
+    pub limit: u32,
 }
 
 /// Position of a job in a pool's pending queue: priority, then age, then job_id.

@@ -110,6 +110,10 @@ pub(crate) struct BenchArgs {
     pub timers_window_secs: u64,
     #[arg(long, default_value_t = 10_000, value_name = "N")]
     pub timers_schedules: u64,
+    /// With `--timers`: stop once every delayed job waits (what waiting costs), without
+    /// releasing them or making schedules.
+    #[arg(long, requires = "timers")]
+    pub timers_waiting_only: bool,
     #[command(flatten)]
     pub kafka: crate::kafka_args::KafkaArgs,
 }

@@ -35,13 +35,15 @@ const T0: Millis = 1_767_225_600_000;
 const TICK_MS: Millis = 100;
 const MIB: f64 = 1024.0 * 1024.0;
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Default, Serialize)]
 pub(super) struct Timers {
     pub delayed_jobs: u64,
     pub window_ms: i64,
     pub rss_before_mib: f64,
     /// Every job submitted and waiting DELAYED (checkpointed, evicted from memory).
     pub rss_waiting_mib: f64,
+    /// Resident memory as the jobs were submitted: (jobs waiting, MiB), ten points.
+    pub rss_waiting_curve: Vec<(u64, f64)>,
     pub submit_seconds: f64,
     /// Released - due, in scheduler time.
     pub release_late_ms_p50: i64,
@@ -108,6 +110,7 @@ pub(super) fn run(
     window_ms: i64,
     schedules: u64,
     dir: &Path,
+    waiting_only: bool,
 ) -> Result<Timers> {
     let before = rss_bytes();
     let (topic, mut rules) = backlog_rules(config);
@@ -131,6 +134,7 @@ pub(super) fn run(
     drive(&mut engine, &cause(), T0, Input::Reconfigure(reconfigure))?;
 
     // Delayed jobs, due over the window in an order unlike their submission.
+    let mut curve = Vec::new();
     let started = Instant::now();
     let step = (window_ms.max(1) as u64).max(1);
     for n in 0..jobs {
@@ -152,10 +156,24 @@ pub(super) fn run(
         if n % 5_000 == 4_999 {
             engine.checkpoint(None)?;
         }
+        if (n + 1) % (jobs / 10).max(1) == 0 {
+            curve.push((n + 1, rss_bytes() as f64 / MIB));
+        }
     }
     engine.checkpoint(None)?;
     let submit_seconds = started.elapsed().as_secs_f64();
     let waiting = rss_bytes();
+    if waiting_only {
+        return Ok(Timers {
+            delayed_jobs: jobs,
+            window_ms,
+            rss_before_mib: before as f64 / MIB,
+            rss_waiting_mib: waiting as f64 / MIB,
+            rss_waiting_curve: curve,
+            submit_seconds,
+            ..Timers::default()
+        });
+    }
 
     // Release them, a Tick every 100 ms of scheduler time.
     let mut late = Vec::with_capacity(usize::try_from(jobs).unwrap_or(0));
@@ -227,6 +245,7 @@ pub(super) fn run(
         window_ms,
         rss_before_mib: before as f64 / MIB,
         rss_waiting_mib: waiting as f64 / MIB,
+        rss_waiting_curve: curve,
         submit_seconds,
         release_late_ms_p50: percentile_i(&mut late, 0.5),
         release_late_ms_p99: percentile_i(&mut late, 0.99),
@@ -264,11 +283,23 @@ pub(super) fn timers_only(args: &BenchArgs, jobs: u64) -> Result<()> {
         window_ms,
         args.timers_schedules,
         &dir.path().join("store"),
+        args.timers_waiting_only,
     )?;
     eprintln!(
-        "        waiting: RSS {:.0} MiB -> {:.0} MiB with {} jobs DELAYED (submitted in {:.1} s)",
-        t.rss_before_mib, t.rss_waiting_mib, t.delayed_jobs, t.submit_seconds
+        "        waiting: RSS {:.0} MiB -> {:.0} MiB with {} jobs DELAYED (submitted in {:.1} s); on the way: {}",
+        t.rss_before_mib,
+        t.rss_waiting_mib,
+        t.delayed_jobs,
+        t.submit_seconds,
+        (t.rss_waiting_curve.iter())
+            .map(|(n, m)| format!("{n} {m:.0}"))
+            .collect::<Vec<_>>()
+            .join(", ")
     );
+    if args.timers_waiting_only {
+        std::fs::write(&args.out, serde_json::to_string_pretty(&t)?)?;
+        return Ok(());
+    }
     eprintln!(
         "        released: late by p50 {} / p99 {} / max {} ms of scheduler time (Ticks every {TICK_MS} ms); \
          {:.1} s of wall time for {:.1} s of scheduler time (load {:.2}); a Tick p50 {:.1} / p99 {:.1} / max {:.1} ms",

@@ -119,6 +119,12 @@ impl RunningScheduler {
         RunningScheduler::start_full(extra, topics, None)
     }
 
+    /// Like [`RunningScheduler::start`], with `rules` (pools.yaml for a topic prefix) instead
+    /// of the one topic `<prefix>jobs` routed to pool `default`.
+    pub(crate) fn start_with_rules(rules: &dyn Fn(&str) -> String) -> RunningScheduler {
+        RunningScheduler::start_custom(rules, "jobs", "", "", "", None)
+    }
+
     /// Like [`RunningScheduler::start`], with `processor` lines added to the `processor`
     /// section of the settings.
     pub(crate) fn start_with_processor(processor: &str) -> RunningScheduler {
@@ -583,7 +589,11 @@ pub(crate) fn role(c: &RunningScheduler) -> Option<String> {
 /// Two instances of one scheduler, once one owns the journal and the other stands by:
 /// (owner, standby).
 pub(crate) fn owner_and_standby() -> (RunningScheduler, RunningScheduler) {
-    let a = RunningScheduler::start("");
+    owner_and_standby_of(RunningScheduler::start(""))
+}
+
+/// [`owner_and_standby`] of an instance already started, and another like it.
+pub(crate) fn owner_and_standby_of(a: RunningScheduler) -> (RunningScheduler, RunningScheduler) {
     let b = a.another_instance();
     wait_until("one owner and one standby", 60, || {
         let roles = [role(&a), role(&b)];

@@ -45,6 +45,11 @@ impl PoolsFile {
             .iter()
             .filter_map(|(t, p)| Some((t.clone(), p.principal()?.to_owned())))
             .collect();
+        rules.topic_concurrency = self
+            .topics
+            .iter()
+            .filter_map(|(t, p)| Some((t.clone(), p.concurrency()?.clone())))
+            .collect();
         rules.pools = self.pools.clone();
         rules.tenants = self.tenants.clone();
     }
@@ -71,14 +76,15 @@ impl OneOrMany {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(
     untagged,
-    expecting = "a pool, a list of pools, or {pools: [...], tenants: [...], principal: ...} (no other keys)"
+    expecting = "a pool, a list of pools, or {pools: [...], tenants: [...], principal: ..., concurrency: {key: ..., limit: N}} (no other keys)"
 )]
 pub enum TopicRoute {
     Pools(OneOrMany),
     Bound(BoundTopic),
 }
 
-/// `{pools: [batch, default], tenants: [acme], principal: acme-producer}`.
+/// `{pools: [batch, default], tenants: [acme], principal: acme-producer, concurrency:
+/// {key: "label:customer", limit: 1}}`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BoundTopic {
@@ -91,6 +97,9 @@ pub struct BoundTopic {
     /// who submitted them. Optional.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub principal: Option<String>,
+    /// At most `limit` of its jobs of one concurrency key at once (SPEC §10). Optional.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<ksched_core::rules::ConcurrencyRule>,
 }
 
 impl TopicRoute {
@@ -112,6 +121,13 @@ impl TopicRoute {
         match self {
             TopicRoute::Pools(_) => None,
             TopicRoute::Bound(b) => b.principal.as_deref(),
+        }
+    }
+
+    pub fn concurrency(&self) -> Option<&ksched_core::rules::ConcurrencyRule> {
+        match self {
+            TopicRoute::Pools(_) => None,
+            TopicRoute::Bound(b) => b.concurrency.as_ref(),
         }
     }
 }

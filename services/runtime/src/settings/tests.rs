@@ -26,6 +26,44 @@ fn a_topic_binds_tenants_in_pools_yaml() {
 }
 
 #[test]
+fn a_topic_limits_concurrency_per_key_in_pools_yaml() {
+    let pools = parse_pools(
+        "topics:\n  job.default: default\n  job.pay:\n    pools: default\n    concurrency: {key: \"label:customer\", limit: 1}\n  job.bulk:\n    pools: default\n    concurrency: {limit: 3}\n\
+         pools:\n  default: {}\n",
+    )
+    .unwrap();
+    let mut rules = Rules::default();
+    pools.apply_to(&mut rules);
+    rules.validate().unwrap();
+    assert_eq!(rules.topic_concurrency.len(), 2);
+    assert_eq!(rules.topic_concurrency["job.pay"].label(), Some("customer"));
+    assert_eq!(rules.topic_concurrency["job.pay"].limit, 1);
+    assert_eq!(
+        rules.topic_concurrency["job.bulk"].label(),
+        Some("concurrency_key"),
+        "the default label"
+    );
+    // Rules without any keep the id they had before concurrency limits existed.
+    let mut plain = Rules::default();
+    parse_pools("topics:\n  job.default: default\npools:\n  default: {}\n")
+        .unwrap()
+        .apply_to(&mut plain);
+    assert!(!plain.to_canonical_json().contains("topic_concurrency"));
+    let mut bad = Rules::default();
+    parse_pools(
+        "topics:\n  job.pay:\n    pools: default\n    concurrency: {key: customer, limit: 1}\npools:\n  default: {}\n",
+    )
+    .unwrap()
+    .apply_to(&mut bad);
+    assert!(
+        bad.validate()
+            .unwrap_err()
+            .to_string()
+            .contains("label:NAME")
+    );
+}
+
+#[test]
 fn a_misspelt_topic_binding_is_refused() {
     let e = parse_pools("topics:\n  job.acme:\n    pools: [default]\n    tenant: [acme]\n")
         .unwrap_err();

@@ -1,0 +1,289 @@
+//! Concurrency keys (SPEC §10): at most `limit` jobs of one key SCHEDULED, DISPATCHED or
+//! RUNNING at once; the rest wait `concurrency_limited`, in queue order, and are placed as
+//! soon as a slot frees. Every scenario runs through `Sim`, which checks after each input
+//! that a replay of the journal and the partial states agree with the live state.
+
+mod support;
+
+use ksched_core::events::*;
+use ksched_core::records::{JobRequest, Priority, ResultStatus};
+use ksched_core::rules::{ConcurrencyRule, PoolRules, Rules};
+use support::*;
+
+/// `job.default` limited to `limit` jobs per `concurrency_key` label; jobs run as long as
+/// they like (no dispatch or running timeout gets in the way).
+fn limited(limit: u32) -> Rules {
+    let mut r = rules();
+    r.timing.dispatch_timeout_ms = 24 * 3_600_000;
+    r.timing.running_timeout_ms = 24 * 3_600_000;
+    r.topic_concurrency.insert(
+        "job.default".into(),
+        ConcurrencyRule {
+            key: "label:concurrency_key".into(),
+            limit,
+        },
+    );
+    r
+}
+
+fn keyed(id: &str, key: &str) -> JobRequest {
+    let mut j = job(id);
+    j.labels.insert("concurrency_key".into(), key.into());
+    j
+}
+
+fn dispatched(events: &[Event]) -> Vec<&str> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            Event::JobDispatched(d) => Some(d.job_id.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn succeed(sim: &mut Sim, id: &str) -> Vec<Event> {
+    let w = sim.job(id).worker_id.clone().unwrap();
+    let attempt = sim.job(id).attempt;
+    sim.result(id, attempt, &w, ResultStatus::Succeeded)
+}
+
+#[test]
+fn a_key_at_its_limit_holds_its_jobs_in_queue_order_and_frees_them_one_by_one() {
+    let mut sim = Sim::with_rules(limited(1));
+    sim.worker("w1", "default");
+    sim.worker("w2", "default");
+    assert_eq!(dispatched(&sim.submit(keyed("k-1", "customer-7"))), ["k-1"]);
+    let ev = sim.submit(keyed("k-2", "customer-7"));
+    assert!(dispatched(&ev).is_empty(), "one at a time");
+    let w = waiting(&ev);
+    assert_eq!(w.reason_code, "concurrency_limited");
+    assert!(w.detail.contains("\"customer-7\""), "{}", w.detail);
+    sim.submit(keyed("k-3", "customer-7"));
+    // Another key, and a job with no key, are not held by it.
+    assert_eq!(dispatched(&sim.submit(keyed("o-1", "customer-8"))), ["o-1"]);
+    assert_eq!(dispatched(&sim.submit(job("free-1"))), ["free-1"]);
+    assert_eq!(sim.state.key_active_jobs("acme", "customer-7"), 1);
+
+    // k-1 ends: k-2, not k-3, takes its slot, in the same entry.
+    assert_eq!(dispatched(&succeed(&mut sim, "k-1")), ["k-2"]);
+    assert_eq!(sim.job_state("k-3"), JobState::Pending);
+    assert_eq!(dispatched(&succeed(&mut sim, "k-2")), ["k-3"]);
+    succeed(&mut sim, "k-3");
+    assert_eq!(sim.state.key_active_jobs("acme", "customer-7"), 0);
+    assert!(!(sim.state.key_live).contains_key(&("acme".to_owned(), "customer-7".to_owned())));
+    assert!(sim.state.parked.is_empty());
+}
+
+#[test]
+fn keys_are_a_tenants_own() {
+    let mut sim = Sim::with_rules(limited(1));
+    sim.worker("w1", "default");
+    sim.submit(keyed("a-1", "shared"));
+    let mut other = keyed("b-1", "shared");
+    other.tenant_id = "globex".into();
+    assert_eq!(
+        dispatched(&sim.submit(other)),
+        ["b-1"],
+        "another tenant's key of the same name is another key"
+    );
+}
+
+#[test]
+fn a_limit_of_two_lets_two_run_and_a_failed_attempt_gives_its_slot_back() {
+    let mut sim = Sim::with_rules(limited(2));
+    sim.keep_alive(&[("w1", "default")]);
+    sim.worker("w1", "default");
+    for n in 1..=3 {
+        sim.submit(keyed(&format!("j-{n}"), "k"));
+    }
+    assert_eq!(sim.job_state("j-1"), JobState::Dispatched);
+    assert_eq!(sim.job_state("j-2"), JobState::Dispatched);
+    assert_eq!(sim.job_state("j-3"), JobState::Pending);
+    // j-1 fails and is retried: its slot goes to j-3, and j-1 waits its backoff, then
+    // its turn.
+    let ev = sim.result_with("j-1", 1, "w1", ResultStatus::FailedRetryable, Some("flaky"));
+    assert_eq!(dispatched(&ev), ["j-3"]);
+    assert_eq!(sim.state.key_active_jobs("acme", "k"), 2);
+    sim.tick_after(60_000);
+    assert_eq!(sim.job_state("j-1"), JobState::Pending);
+    assert_eq!(
+        waiting(&sim.submit(keyed("j-4", "k"))).reason_code,
+        "concurrency_limited"
+    );
+}
+
+#[test]
+fn a_tenant_key_limits_all_of_the_tenants_jobs_on_the_topic() {
+    let mut r = rules();
+    r.topic_concurrency.insert(
+        "job.default".into(),
+        ConcurrencyRule {
+            key: "tenant".into(),
+            limit: 1,
+        },
+    );
+    let mut sim = Sim::with_rules(r);
+    sim.worker("w1", "default");
+    sim.submit(job("t-1"));
+    let ev = sim.submit(job("t-2"));
+    let w = waiting(&ev);
+    assert_eq!(w.reason_code, "concurrency_limited");
+    assert!(w.detail.contains("(the tenant's)"), "{}", w.detail);
+}
+
+#[test]
+fn a_job_held_by_its_key_is_never_dead_lettered_for_it() {
+    let mut sim = Sim::with_rules(limited(1));
+    sim.keep_alive(&[("w1", "default")]);
+    sim.worker("w1", "default");
+    sim.submit(keyed("long-1", "k"));
+    sim.started("long-1", 1, "w1");
+    sim.submit(keyed("next-1", "k"));
+    let timeout = sim.state.rules().unwrap().timing.placement_timeout_ms;
+    let ev = sim.tick_after(timeout + 2_000);
+    assert!(sim.dead_letters().is_empty(), "{:?}", names(&ev));
+    assert_eq!(sim.job_state("next-1"), JobState::Pending);
+    let again = ev
+        .iter()
+        .find_map(|e| match e {
+            Event::JobWaiting(w) if w.job_id == "next-1" => Some(w),
+            _ => None,
+        })
+        .expect("its timeout started again");
+    assert!(again.detail.contains("starts again"), "{}", again.detail);
+    // Twice as long: still waiting, still not dead-lettered.
+    sim.tick_after(timeout + 2_000);
+    assert!(sim.dead_letters().is_empty());
+    // The running job ends: the held one runs.
+    let attempt = sim.job("long-1").attempt;
+    let ev = sim.result("long-1", attempt, "w1", ResultStatus::Succeeded);
+    assert_eq!(dispatched(&ev), ["next-1"]);
+}
+
+#[test]
+fn a_job_whose_pools_have_no_worker_still_times_out_whatever_its_key() {
+    let mut sim = Sim::with_rules(limited(1));
+    sim.submit(keyed("lonely", "k"));
+    let timeout = sim.state.rules().unwrap().timing.placement_timeout_ms;
+    sim.tick_after(timeout + 2_000);
+    assert_eq!(sim.dead_letters()[0].reason_code, "no_workers");
+}
+
+/// Lanes whose key is at its limit are parked, so a pass never spends its look budget on
+/// them: with `max_scan_per_entry` 1 and a hundred held keys queued ahead (higher priority),
+/// a job behind them is still placed at once.
+#[test]
+fn held_keys_ahead_in_the_queue_do_not_hold_up_the_jobs_behind_them() {
+    let mut r = limited(1);
+    r.limits.max_scan_per_entry = 1;
+    let mut sim = Sim::with_rules(r);
+    let mut w = hb("w1", "default");
+    w.max_parallel_jobs = 1_000;
+    sim.heartbeat(w);
+    for n in 0..100 {
+        for m in 0..2 {
+            let mut j = keyed(&format!("k{n}-{m}"), &format!("key-{n}"));
+            j.priority = Priority::Interactive;
+            sim.submit(j);
+        }
+    }
+    assert_eq!(sim.state.parked.get("default").map(|p| p.len()), Some(100));
+    assert_eq!(dispatched(&sim.submit(job("behind"))), ["behind"]);
+}
+
+/// A slot freed in one pool places the key's job waiting in another pool in the same entry.
+#[test]
+fn a_slot_freed_in_one_pool_wakes_the_keys_jobs_in_another() {
+    let mut r = limited(1);
+    r.topics.insert("job.other".into(), vec!["b".into()]);
+    r.topic_concurrency.insert(
+        "job.other".into(),
+        ConcurrencyRule {
+            key: "label:concurrency_key".into(),
+            limit: 1,
+        },
+    );
+    let mut sim = Sim::with_rules(r);
+    sim.worker("w1", "default");
+    sim.worker("wb", "b");
+    sim.submit(keyed("here", "k"));
+    let mut there = keyed("there", "k");
+    there.topic = "job.other".into();
+    assert_eq!(
+        waiting(&sim.submit(there)).reason_code,
+        "concurrency_limited"
+    );
+    let ev = succeed(&mut sim, "here");
+    assert_eq!(dispatched(&ev), ["there"], "placed by the result's entry");
+    assert_eq!(sim.job("there").worker_id.as_deref(), Some("wb"));
+}
+
+#[test]
+fn a_reconfigure_applies_the_new_limit_to_waiting_jobs() {
+    let mut sim = Sim::with_rules(limited(1));
+    sim.worker("w1", "default");
+    sim.submit(keyed("r-1", "k"));
+    sim.submit(keyed("r-2", "k"));
+    sim.submit(keyed("r-3", "k"));
+    let ev = sim.reconfigure(&limited(2), "snap-2");
+    assert_eq!(dispatched(&ev), ["r-2"]);
+    assert_eq!(sim.job_state("r-3"), JobState::Pending);
+    // Without a limit, the rest run.
+    let ev = sim.reconfigure(&rules(), "snap-3");
+    assert_eq!(dispatched(&ev), ["r-3"]);
+    assert!(sim.job("r-3").concurrency.is_none());
+    // r-1 still counts against its key as long as it runs, whatever the rules say now.
+    assert_eq!(sim.state.key_active_jobs("acme", "k"), 2);
+}
+
+#[test]
+fn a_shard_holds_at_most_max_concurrency_keys_live_keys() {
+    let mut r = limited(1);
+    r.limits.max_concurrency_keys = 2;
+    let mut sim = Sim::with_rules(r);
+    sim.submit(keyed("a", "one"));
+    sim.submit(keyed("b", "two"));
+    sim.submit(keyed("c", "one"));
+    let ev = sim.submit(keyed("d", "three"));
+    let dl = dead_lettered(&ev);
+    assert_eq!(dl.reason_code, "queue_full");
+    assert!(dl.reason.contains("max_concurrency_keys"), "{}", dl.reason);
+    // A job without a key is not counted.
+    assert_eq!(sim.job_state("a"), JobState::Pending);
+    sim.submit(job("no-key"));
+    assert_eq!(sim.job_state("no-key"), JobState::Pending);
+    // Once a key's jobs are gone, a new key fits.
+    sim.cancel("b", None);
+    sim.submit(keyed("e", "three"));
+    assert_eq!(sim.job_state("e"), JobState::Pending);
+}
+
+#[test]
+fn a_cancelled_running_job_frees_its_keys_slot() {
+    let mut sim = Sim::with_rules(limited(1));
+    sim.worker("w1", "default");
+    sim.submit(keyed("c-1", "k"));
+    sim.submit(keyed("c-2", "k"));
+    let ev = sim.cancel("c-1", None);
+    assert_eq!(dispatched(&ev), ["c-2"]);
+}
+
+#[test]
+fn rules_with_a_bad_concurrency_rule_are_refused() {
+    let mut r = limited(0);
+    assert!(r.validate().unwrap_err().0.contains("at least 1"));
+    r.topic_concurrency.get_mut("job.default").unwrap().limit = 1;
+    r.topic_concurrency.get_mut("job.default").unwrap().key = "header:x".into();
+    assert!(r.validate().unwrap_err().0.contains("label:NAME"));
+    let mut r = limited(1);
+    r.topic_concurrency.insert(
+        "job.unmapped".into(),
+        ConcurrencyRule {
+            key: "tenant".into(),
+            limit: 1,
+        },
+    );
+    assert!(r.validate().unwrap_err().0.contains("maps to no pool"));
+    let _ = PoolRules::default();
+}
