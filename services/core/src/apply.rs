@@ -228,7 +228,8 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
         Event::JobWaiting(e) => {
             state.update_job_logged(&e.job_id, Some(line(event, at)), |j| {
                 j.wait_reason = Some(e.reason_code.clone());
-                // Held by its key: its placement timeout starts again (SPEC §10).
+                // Held by its key while a worker could take it: its placement timeout starts
+                // again (docs/flow-control.md; SPEC §4 would dead-letter it).
                 if e.reason_code == WaitReason::ConcurrencyLimited.as_str() {
                     j.placement_from = Some(now);
                 }

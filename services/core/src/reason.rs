@@ -128,7 +128,9 @@ impl WaitReason {
             WaitReason::NoWorkers => DlqReason::NoWorkers,
             WaitReason::PoolOverloaded | WaitReason::CircuitOpen => DlqReason::PoolOverloaded,
             WaitReason::TenantLimit => DlqReason::TenantLimit,
-            // Not dead-lettered (the timeout starts again); a pass would name another reason.
+            // Never dead-lettered for it: a job held by its key while a worker could take it
+            // starts its timeout again, and one no worker could take is dead-lettered for
+            // its pools' reason (tick.rs). The closest code, should a caller ever need one.
             WaitReason::ConcurrencyLimited => DlqReason::PoolOverloaded,
         }
     }

@@ -323,8 +323,8 @@ pub struct Rules {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ConcurrencyRule {
-    /// Where a job's key comes from: `label:NAME` (the job's label NAME, its own or one the
-    /// policy added; a job without it, or with it empty, has no key and no limit) or
+    /// Where a job's key comes from: `label:NAME` (the job's label NAME: the policy's if it
+    /// adds one, else its own; a job without it, or with it empty, has no key) or
     /// `tenant` (one key for all of the tenant's jobs on such topics). Default
     /// `label:concurrency_key`.
     #[serde(default = "ConcurrencyRule::default_key")]
@@ -584,7 +584,7 @@ impl Rules {
     }
 
     /// The concurrency key and limit of a job on `topic` (SPEC §10), its labels read through
-    /// `label` (the job's own, then the policy's): None when the topic has no limit or the
+    /// `label` (the policy's, then the job's own): None when the topic has no limit or the
     /// job lacks (or leaves empty) the label its key comes from. A `tenant` key is `""`,
     /// which no label gives.
     pub fn concurrency_of<'a>(

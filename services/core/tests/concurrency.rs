@@ -87,6 +87,8 @@ fn keys_are_a_tenants_own() {
         ["b-1"],
         "another tenant's key of the same name is another key"
     );
+    let ev = sim.submit(keyed("a-2", "shared"));
+    assert_eq!(waiting(&ev).reason_code, "concurrency_limited");
 }
 
 #[test]
@@ -161,13 +163,59 @@ fn a_job_held_by_its_key_is_never_dead_lettered_for_it() {
     assert_eq!(dispatched(&ev), ["next-1"]);
 }
 
+/// A job whose pools have no worker for it times out as any job does, also while its key is
+/// full (a job of the key runs in another pool).
 #[test]
-fn a_job_whose_pools_have_no_worker_still_times_out_whatever_its_key() {
-    let mut sim = Sim::with_rules(limited(1));
-    sim.submit(keyed("lonely", "k"));
+fn a_job_whose_pools_have_no_worker_times_out_even_while_its_key_is_full() {
+    let mut r = limited(1);
+    r.topics.insert("job.other".into(), vec!["b".into()]);
+    r.topic_concurrency.insert(
+        "job.other".into(),
+        ConcurrencyRule {
+            key: "label:concurrency_key".into(),
+            limit: 1,
+        },
+    );
+    let mut sim = Sim::with_rules(r);
+    sim.keep_alive(&[("w1", "default")]);
+    sim.worker("w1", "default");
+    sim.submit(keyed("busy", "k"));
+    let mut lonely = keyed("lonely", "k");
+    lonely.topic = "job.other".into();
+    assert_eq!(
+        waiting(&sim.submit(lonely)).reason_code,
+        "concurrency_limited"
+    );
     let timeout = sim.state.rules().unwrap().timing.placement_timeout_ms;
     sim.tick_after(timeout + 2_000);
-    assert_eq!(sim.dead_letters()[0].reason_code, "no_workers");
+    let dl = sim.dead_letters();
+    assert_eq!(dl.len(), 1, "{dl:?}");
+    assert_eq!(dl[0].job_id, "lonely");
+    assert_eq!(dl[0].reason_code, "no_workers");
+    assert_eq!(sim.job_state("busy"), JobState::Dispatched);
+}
+
+/// A limit added while a key's jobs run counts them: no fourth starts beside three.
+#[test]
+fn a_limit_added_while_jobs_run_counts_the_running_ones() {
+    let mut sim = Sim::with_rules(limited(1));
+    sim.worker("w1", "default");
+    let mut unlimited = limited(1);
+    unlimited.topic_concurrency.clear();
+    sim.reconfigure(&unlimited, "snap-2");
+    for n in 1..=3 {
+        assert_eq!(
+            dispatched(&sim.submit(keyed(&format!("u-{n}"), "k"))).len(),
+            1
+        );
+    }
+    sim.reconfigure(&limited(2), "snap-3");
+    assert_eq!(sim.state.key_active_jobs("acme", "k"), 3);
+    let ev = sim.submit(keyed("u-4", "k"));
+    assert_eq!(waiting(&ev).reason_code, "concurrency_limited");
+    // Two of the three end: still at the limit of two with u-3 running, then u-4 runs.
+    assert!(dispatched(&succeed(&mut sim, "u-1")).is_empty());
+    assert_eq!(dispatched(&succeed(&mut sim, "u-2")), ["u-4"]);
 }
 
 /// Lanes whose key is at its limit are parked, so a pass never spends its look budget on
@@ -233,8 +281,9 @@ fn a_reconfigure_applies_the_new_limit_to_waiting_jobs() {
     let ev = sim.reconfigure(&rules(), "snap-3");
     assert_eq!(dispatched(&ev), ["r-3"]);
     assert!(sim.job("r-3").concurrency.is_none());
-    // r-1 still counts against its key as long as it runs, whatever the rules say now.
-    assert_eq!(sim.state.key_active_jobs("acme", "k"), 2);
+    // Running jobs follow the rules in force too: without a limit they count for no key.
+    assert_eq!(sim.state.key_active_jobs("acme", "k"), 0);
+    assert!(sim.job("r-1").concurrency.is_none());
 }
 
 #[test]
@@ -286,4 +335,25 @@ fn rules_with_a_bad_concurrency_rule_are_refused() {
     );
     assert!(r.validate().unwrap_err().0.contains("maps to no pool"));
     let _ = PoolRules::default();
+}
+
+/// A key the input policy imposes wins over the producer's own label, so a producer cannot
+/// escape it by giving each job a key of its own.
+#[test]
+fn a_key_the_policy_imposes_cannot_be_escaped_by_the_producers_label() {
+    let mut policy = ScriptPolicy::default();
+    policy.input.push(Box::new(|_| {
+        let mut d = ksched_core::policy::PolicyDecision::allow();
+        d.constraints
+            .labels
+            .insert("concurrency_key".into(), "imposed".into());
+        Some(d)
+    }));
+    let mut sim = Sim::with_policy(limited(1), policy);
+    sim.worker("w1", "default");
+    assert_eq!(dispatched(&sim.submit(keyed("p-1", "mine-1"))), ["p-1"]);
+    let ev = sim.submit(keyed("p-2", "mine-2"));
+    let w = waiting(&ev);
+    assert_eq!(w.reason_code, "concurrency_limited");
+    assert!(w.detail.contains("\"imposed\""), "{}", w.detail);
 }

@@ -453,6 +453,20 @@ proptest! {
         let mut last: BTreeMap<String, JobState> = BTreeMap::new();
         let mut bad = Vec::new();
         sim.replay_each(|replay, e| {
+            // A placement never takes a concurrency key past its job's limit (SPEC §10),
+            // counted from the job records.
+            if let Event::JobScheduled(p) = e
+                && let Some(j) = replay.jobs.get(&p.job_id)
+                && let Some(c) = &j.concurrency
+            {
+                let active = (replay.jobs.iter_any_order())
+                    .filter(|(_, o)| o.state.is_active() && o.request.tenant_id == j.request.tenant_id)
+                    .filter(|(_, o)| o.concurrency.as_ref().is_some_and(|k| k.key == c.key))
+                    .count();
+                if active > c.limit as usize {
+                    bad.push(format!("{}: key {:?} has {active} active, limit {}", p.job_id, c.key, c.limit));
+                }
+            }
             if let Some(id) = e.job_id() && let Some(j) = replay.jobs.get(id) {
                 if let Some(prev) = last.get(id) && *prev != j.state && !prev.can_transition(j.state) {
                     bad.push(format!("{id}: {prev} -> {}", j.state));

@@ -187,6 +187,17 @@ impl Decider<'_, '_> {
         }
     }
 
+    /// Why a queued job held by its concurrency key could not be placed even with a free
+    /// slot (its pools have no worker for it, or their workers are full or their circuits
+    /// open); None when a worker could take it.
+    pub(crate) fn blocker_but_key(&self, job_id: &str) -> Option<Blocked> {
+        let config = self.rules();
+        match evaluate_with(self.state(), &config.rules, job_id, false) {
+            Decision::Blocked(b) => Some(b),
+            Decision::Place { .. } => None,
+        }
+    }
+
     fn place(
         &mut self,
         job_id: &str,
@@ -231,8 +242,14 @@ impl Decider<'_, '_> {
 /// Where a queued job would go now, or why it cannot go anywhere: a pure reading of the state,
 /// so it also answers "why is it waiting" without side effects.
 fn evaluate(state: &State, rules: &Rules, job_id: &str) -> Decision {
+    evaluate_with(state, rules, job_id, true)
+}
+
+/// [`evaluate`], with or without the job's concurrency key as a gate.
+fn evaluate_with(state: &State, rules: &Rules, job_id: &str, with_key: bool) -> Decision {
     let job = &state.jobs[job_id];
-    if let Some(blocked) = tenant_blocks(state, job).or_else(|| key_blocks(state, job)) {
+    let key = || with_key.then(|| key_blocks(state, job)).flatten();
+    if let Some(blocked) = tenant_blocks(state, job).or_else(key) {
         return Decision::Blocked(blocked);
     }
     let mut notes = Vec::new();

@@ -176,8 +176,14 @@ impl Decider<'_, '_> {
                 }
                 TimerKind::RetryAt => requeued.push(t.job_id.clone()),
                 TimerKind::PlacementTimeout => {
-                    let blocked = self.blocker(&t.job_id);
-                    // Held by its key, not by the pools: it waits on, its timeout anew.
+                    let mut blocked = self.blocker(&t.job_id);
+                    // Held by its key while a worker could take it: it waits on, its timeout
+                    // anew. Held by its pools as well: it times out for their reason.
+                    if blocked.code == WaitReason::ConcurrencyLimited
+                        && let Some(pools) = self.blocker_but_key(&t.job_id)
+                    {
+                        blocked = pools;
+                    }
                     if blocked.code == WaitReason::ConcurrencyLimited {
                         self.emit(Event::JobWaiting(JobWaiting {
                             job_id: t.job_id.clone(),

@@ -652,15 +652,16 @@ impl State {
         }
     }
 
-    /// Gives each queued job the concurrency key and limit of the rules now in force (after
-    /// a Reconfigure; the indexes are rebuilt next).
+    /// Gives each queued or active job the concurrency key and limit of the rules now in
+    /// force (after a Reconfigure; the indexes are rebuilt next), so a limit added while a
+    /// key's jobs run counts them.
     pub(crate) fn resolve_queued_concurrency(&mut self) {
         let Some(config) = self.config.clone() else {
             return;
         };
         let mut changed = Vec::new();
         for (id, job) in self.jobs.iter_any_order_mut() {
-            if job.queued_at.is_none() {
+            if job.queued_at.is_none() && !job.state.is_active() {
                 continue;
             }
             let now = job.concurrency_under(&config.rules);
@@ -696,6 +697,9 @@ impl State {
         rebuilt.rebuild_indexes();
         if rebuilt.queues != self.queues {
             problems.push("pending queues disagree with job records".to_owned());
+        }
+        if rebuilt.key_active != self.key_active || rebuilt.key_live != self.key_live {
+            problems.push("concurrency key counts disagree with job records".to_owned());
         }
         if rebuilt.lanes != self.lanes
             || rebuilt.lane_heads != self.lane_heads

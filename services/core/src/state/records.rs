@@ -282,8 +282,7 @@ pub struct Job {
     /// then (SPEC §9).
     pub released_at: Option<Millis>,
     /// Its concurrency key and that key's limit (SPEC §10), as the rules in force said when
-    /// it was last queued (and again whenever they change while it is queued). Kept while it
-    /// is active, so its key's count goes down when it ends whatever the rules say then.
+    /// it was last queued, and again whenever they change while it is queued or active.
     pub concurrency: Option<KeyLimit>,
     /// While queued and held by its concurrency key past `placement_timeout`: when its
     /// placement timeout started again (a job waits for its key as long as it takes).
@@ -500,11 +499,12 @@ pub struct Lane {
 }
 
 impl Job {
-    /// Its concurrency key and limit under `rules` (its own labels, then the policy's).
+    /// Its concurrency key and limit under `rules`: the policy's label first, so a key the
+    /// policy imposes cannot be escaped by a label of the producer's, then its own.
     pub fn concurrency_under(&self, rules: &crate::rules::Rules) -> Option<KeyLimit> {
         rules.concurrency_of(&self.request.topic, |name| {
-            (self.request.labels.get(name))
-                .or_else(|| self.constraints.labels.get(name))
+            (self.constraints.labels.get(name))
+                .or_else(|| self.request.labels.get(name))
                 .map(String::as_str)
         })
     }

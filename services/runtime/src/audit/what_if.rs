@@ -192,21 +192,30 @@ impl PolicyEngine for Scoped<'_> {
 
 /// Pauses, in the alternative world, each schedule `alt` names that is active there and whose
 /// pause has begun by `log_time`, through a pause command decided like any other (so the
-/// schedule's record and its due index agree). `paused` collects the schedules ever paused.
+/// schedule's record and its due index agree). `seen` collects the named schedules that
+/// existed at any point (paused or not, before its pause began or after).
 fn pause_hypothesised(
     other: &mut State,
     ctx: &Ctx<'_>,
     alt: &Alternative,
     cause: &ksched_core::events::Cause,
     log_time: Millis,
-    paused: &mut BTreeSet<String>,
+    seen: &mut BTreeSet<String>,
 ) {
     for p in &alt.paused_schedules {
         if p.paused_from.is_some_and(|from| log_time < from) {
+            if other.schedules.contains_key(&p.key()) {
+                seen.insert(p.key());
+            }
             continue;
         }
         let key = p.key();
-        if other.schedules.get(&key).is_none_or(|s| s.paused) {
+        let Some(schedule) = other.schedules.get(&key) else {
+            continue;
+        };
+        let active = !schedule.paused;
+        seen.insert(key);
+        if !active {
             continue;
         }
         let command = ScheduleCommand {
@@ -225,7 +234,6 @@ fn pause_hypothesised(
             log_time,
             Input::Schedule(command),
         );
-        paused.insert(key);
     }
 }
 
@@ -264,7 +272,7 @@ pub fn what_if(
             None => policy,
         },
     };
-    let mut paused_once = BTreeSet::new();
+    let mut seen = BTreeSet::new();
     src.read(0, |rec| {
         pause_hypothesised(
             &mut other,
@@ -272,7 +280,7 @@ pub fn what_if(
             alt,
             &rec.entry.cause,
             rec.entry.log_time,
-            &mut paused_once,
+            &mut seen,
         );
         apply_entry(&mut actual, &rec.entry);
         if let (Some(s), Some(c)) = (&scoped, &actual.config) {
@@ -317,7 +325,7 @@ pub fn what_if(
             alt,
             &rec.entry.cause,
             rec.entry.log_time,
-            &mut paused_once,
+            &mut seen,
         );
         entries += 1;
         events += rec.entry.events.len() as u64;
@@ -375,7 +383,7 @@ pub fn what_if(
     }
     let schedules_not_found = (alt.paused_schedules.iter())
         .map(PausedSchedule::key)
-        .filter(|k| !paused_once.contains(k) && !other.schedules.contains_key(k))
+        .filter(|k| !seen.contains(k) && !other.schedules.contains_key(k))
         .collect();
     Ok(WhatIfReport {
         jobs: ids.len(),
