@@ -88,7 +88,7 @@ pub(crate) enum AuditCommand {
         /// A schedule (TENANT:ID) taken to have been paused; repeatable.
         #[arg(long = "pause-schedule", value_name = "TENANT:ID")]
         pause_schedules: Vec<String>,
-        /// When those schedules were paused (RFC 3339, YYYY-MM-DD HH:MM[:SS] in UTC, or
+        /// When those schedules were paused (RFC 3339, `YYYY-MM-DD HH:MM[:SS]` in UTC, or
         /// epoch ms); default: from their start.
         #[arg(long, requires = "pause_schedules")]
         paused_from: Option<String>,
