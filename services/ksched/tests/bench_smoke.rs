@@ -124,3 +124,20 @@ fn the_timers_benchmark_releases_and_fires_everything() {
         "{r}"
     );
 }
+
+#[test]
+fn the_timers_dispatch_benchmark_runs_every_delayed_job_and_none_early() {
+    let (_, r) = bench(&[
+        "--timers-dispatch".as_ref(),
+        "300".as_ref(),
+        "--timers-window-secs".as_ref(),
+        "2".as_ref(),
+        "--tick-interval-ms".as_ref(),
+        "200".as_ref(),
+    ]);
+    // The bench fails unless every job ran; each was timed, and none dispatched early.
+    assert_eq!(r["jobs"], 300, "{r}");
+    assert_eq!(r["early"], 0, "{r}");
+    assert_eq!(r["due_to_dispatch_visible_ms"]["samples"], 300, "{r}");
+    assert_eq!(r["due_to_decided_ms"]["samples"], 300, "{r}");
+}

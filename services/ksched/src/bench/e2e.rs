@@ -279,6 +279,24 @@ fn wall_ms() -> f64 {
         .map_or(0.0, |d| d.as_secs_f64() * 1000.0)
 }
 
+/// Delayed jobs end to end ([`Rig::timers`]).
+#[derive(Debug, Clone, serde::Serialize)]
+pub(super) struct Timed {
+    pub jobs: u64,
+    pub window_seconds: f64,
+    /// Jobs falling due per second.
+    pub jobs_per_sec: f64,
+    pub submit_seconds: f64,
+    /// How long before the first job's time the last was submitted (negative: after).
+    pub submitted_before_due_ms: f64,
+    /// Due -> the journal entry that released and dispatched it (its log time).
+    pub due_to_decided_ms: Percentiles,
+    /// Due -> its dispatch read committed from the journal.
+    pub due_to_dispatch_visible_ms: Percentiles,
+    /// Jobs whose dispatch was decided before their time (never, if timers are right).
+    pub early: usize,
+}
+
 /// The SDK workers of a rig: how many, and how many jobs each runs at once.
 #[derive(Debug, Clone, Copy, serde::Serialize)]
 pub(super) struct Fleet {
@@ -402,6 +420,16 @@ impl Rig {
     /// Submits `n` jobs, at `rate` per second or as fast as possible, round-robin over the
     /// job topics; returns their ids.
     fn submit(&mut self, n: u64, rate: Option<f64>) -> Result<Vec<String>> {
+        self.submit_at(n, rate, |_| None)
+    }
+
+    /// [`Rig::submit`], the `i`th job to run no earlier than `not_before(i)` (epoch ms).
+    fn submit_at(
+        &mut self,
+        n: u64,
+        rate: Option<f64>,
+        not_before: impl Fn(u64) -> Option<i64>,
+    ) -> Result<Vec<String>> {
         let topics = ksched_runtime::topics_of(&self.config).jobs;
         let started = Instant::now();
         let mut ids = Vec::with_capacity(n as usize);
@@ -420,6 +448,7 @@ impl Rig {
                 topic: topic.clone(),
                 tenant_id: format!("tenant-{}", self.seq % 10),
                 submitted_at: 0,
+                not_before: not_before(i),
                 ..Default::default()
             };
             let bytes = ksched_codec::encode(&req)?;
@@ -642,6 +671,44 @@ impl Rig {
             submit_to_dispatch_ms: Percentiles::of(dispatch),
             dispatch_parts: DispatchParts::of(&parts),
             submit_to_completed_ms: Percentiles::of(completed),
+        })
+    }
+
+    /// `jobs` delayed jobs, submitted as fast as possible `lead` ahead of the first's time
+    /// and due evenly over `window`: how late each release was decided (the dispatch's
+    /// journal entry's log time) and how late its dispatch became visible committed (when
+    /// the tailer read it), after its time.
+    pub(super) fn timers(&mut self, jobs: u64, window: Duration, lead: Duration) -> Result<Timed> {
+        let first_due = wall_ms() + lead.as_secs_f64() * 1000.0;
+        let step = window.as_secs_f64() * 1000.0 / jobs.max(1) as f64;
+        let due_of = |i: u64| (first_due + i as f64 * step) as i64;
+        let started = Instant::now();
+        let ids = self.submit_at(jobs, None, |i| Some(due_of(i)))?;
+        let submit_seconds = started.elapsed().as_secs_f64();
+        let submitted_before_due_ms = first_due - wall_ms();
+        self.wait_completed(&ids, window + lead + Duration::from_secs(600))?;
+        let epoch_wall = wall_ms() - now_ms(self.epoch);
+        let t = self.times.lock().map_err(|_| anyhow::anyhow!("poisoned"))?;
+        let (mut decided, mut visible, mut early) = (Vec::new(), Vec::new(), 0);
+        for (i, id) in ids.iter().enumerate() {
+            let due = due_of(i as u64) as f64 - epoch_wall;
+            if let Some((logged, _, _)) = t.dispatch_marks.get(id) {
+                decided.push(logged - due);
+                early += usize::from(*logged < due - 1.0);
+            }
+            if let Some(d) = t.dispatched.get(id) {
+                visible.push(d - due);
+            }
+        }
+        Ok(Timed {
+            jobs,
+            window_seconds: window.as_secs_f64(),
+            jobs_per_sec: jobs as f64 / window.as_secs_f64().max(1e-9),
+            submit_seconds,
+            submitted_before_due_ms,
+            due_to_decided_ms: Percentiles::of(decided),
+            due_to_dispatch_visible_ms: Percentiles::of(visible),
+            early,
         })
     }
 

@@ -114,6 +114,15 @@ pub(crate) struct BenchArgs {
     /// releasing them or making schedules.
     #[arg(long, requires = "timers")]
     pub timers_waiting_only: bool,
+    /// Only measure delayed jobs end to end on the broker: this many jobs, submitted ahead
+    /// of their times, due over `--timers-window-secs`, run by the SDK workers; due ->
+    /// release decision and due -> dispatch committed, p50/p99/p999.
+    #[arg(long, value_name = "JOBS", conflicts_with = "timers")]
+    pub timers_dispatch: Option<u64>,
+    /// `processor.tick_interval_ms` (how often scheduler time moves), to compare. Default:
+    /// the setting's default (1000).
+    #[arg(long, value_name = "MS")]
+    pub tick_interval_ms: Option<u64>,
     #[command(flatten)]
     pub kafka: crate::kafka_args::KafkaArgs,
 }
@@ -356,6 +365,10 @@ fn tune(args: &BenchArgs, config: &mut Config) {
     if let Some(ms) = args.group_offsets_interval_ms {
         p.group_offsets_interval_ms = ms;
     }
+    if let Some(ms) = args.tick_interval_ms {
+        p.tick_interval_ms = ms;
+        p.input_stall_ms = p.input_stall_ms.max(ms.saturating_mul(10));
+    }
 }
 
 fn bench(args: BenchArgs) -> Result<()> {
@@ -375,6 +388,9 @@ fn bench(args: BenchArgs) -> Result<()> {
     }
     if let Some(jobs) = args.timers {
         return timers::timers_only(&args, jobs);
+    }
+    if let Some(jobs) = args.timers_dispatch {
+        return timers::dispatch_only(&args, jobs);
     }
     if let Some(counts) = &args.shards {
         return shards_only(&args, counts);
