@@ -357,3 +357,45 @@ fn a_key_the_policy_imposes_cannot_be_escaped_by_the_producers_label() {
     assert_eq!(w.reason_code, "concurrency_limited");
     assert!(w.detail.contains("\"imposed\""), "{}", w.detail);
 }
+
+/// A key's jobs in a pool stand in the pass as one: its oldest queued job. However many
+/// lanes they make (here each asks for a worker of its own), reaching or leaving the limit
+/// moves one entry, and the key's jobs are tried oldest first.
+#[test]
+fn a_keys_jobs_in_a_pool_stand_as_one_oldest_first() {
+    let mut sim = Sim::with_rules(limited(1));
+    let mut w = hb("w1", "default");
+    w.max_parallel_jobs = 1_000;
+    sim.heartbeat(w);
+    for n in 0..200 {
+        let mut j = keyed(&format!("h-{n:03}"), "k");
+        j.labels
+            .insert("preferred_worker_id".into(), format!("w-{n}"));
+        sim.submit(j);
+    }
+    let heads = |sim: &Sim| {
+        let count = |m: &std::collections::BTreeMap<String, std::collections::BTreeSet<_>>| {
+            m.get("default")
+                .map_or(0, |s: &std::collections::BTreeSet<_>| s.len())
+        };
+        (count(&sim.state.lane_heads), count(&sim.state.parked))
+    };
+    assert_eq!(heads(&sim), (0, 1), "199 lanes, one parked entry");
+    assert_eq!(sim.state.lanes["default"].len(), 199);
+    assert_eq!(dispatched(&succeed(&mut sim, "h-000")), ["h-001"]);
+    assert_eq!(heads(&sim), (0, 1));
+    // The oldest held for another reason holds the key's younger jobs behind it.
+    let mut sim = Sim::with_rules(limited(1));
+    sim.worker("w1", "default");
+    let mut first = keyed("old", "k");
+    first.labels.insert("placement.zone".into(), "mars".into());
+    assert_eq!(waiting(&sim.submit(first)).reason_code, "no_workers");
+    let ev = sim.submit(keyed("young", "k"));
+    assert!(dispatched(&ev).is_empty(), "in order: behind the oldest");
+    // Until the oldest is dead-lettered: then the next runs.
+    let timeout = sim.state.rules().unwrap().timing.placement_timeout_ms;
+    sim.keep_alive(&[("w1", "default")]);
+    sim.tick_after(timeout + 2_000);
+    assert_eq!(sim.job_state("old"), JobState::Failed);
+    assert_eq!(sim.job_state("young"), JobState::Dispatched);
+}

@@ -431,8 +431,9 @@ fn current_attempt(sim: &Sim, id: &str) -> i32 {
 proptest! {
     // The checked-in regressions (properties.proptest-regressions, beside this file) run
     // first, every time.
+    // PROPTEST_CASES sets how many random histories a run tries (256 unless set).
     #![proptest_config(ProptestConfig {
-        cases: 256,
+        cases: std::env::var("PROPTEST_CASES").ok().and_then(|n| n.parse().ok()).unwrap_or(256),
         failure_persistence: Some(Box::new(FileFailurePersistence::WithSource("proptest-regressions"))),
         ..ProptestConfig::default()
     })]

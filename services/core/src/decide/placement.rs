@@ -150,7 +150,7 @@ impl Decider<'_, '_> {
 
     /// Places one queued job if any of its pools has a worker for it (or ends it, if its
     /// deadline passed while it waited); true when the job left the queue.
-    fn try_place(&mut self, job_id: &str) -> bool {
+    pub(super) fn try_place(&mut self, job_id: &str) -> bool {
         let config = self.rules();
         if let Some(deadline) = self.state().jobs[job_id].deadline_at
             && deadline <= self.now()

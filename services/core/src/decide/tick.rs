@@ -176,6 +176,11 @@ impl Decider<'_, '_> {
                 }
                 TimerKind::RetryAt => requeued.push(t.job_id.clone()),
                 TimerKind::PlacementTimeout => {
+                    // A job a worker could take now (one no pass reached: behind its key's
+                    // oldest, or past the pass's bound) is placed, not dead-lettered.
+                    if self.try_place(&t.job_id) {
+                        continue;
+                    }
                     let mut blocked = self.blocker(&t.job_id);
                     // Held by its key while a worker could take it: it waits on, its timeout
                     // anew. Held by its pools as well: it times out for their reason.

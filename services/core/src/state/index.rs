@@ -7,7 +7,7 @@ use crate::events::{Event, Input, JobState};
 use crate::records::Millis;
 use crate::rules::Timing;
 
-use super::{HISTORY_MAX, Job, Lane, QueueKey, State, Timer, TimerKind, Worker};
+use super::{HISTORY_MAX, Job, KeyGroup, Lane, QueueKey, State, Timer, TimerKind, Worker};
 
 /// A history line to write ([`State::write_history`]): when, and the event with its entry's
 /// input, which say what it is. Its text is written only when the line is kept for the
@@ -97,7 +97,8 @@ struct Indexes<'a> {
     parked: &'a mut BTreeMap<String, std::collections::BTreeSet<(QueueKey, Lane)>>,
     key_active: &'a mut BTreeMap<String, BTreeMap<String, i64>>,
     key_live: &'a mut BTreeMap<(String, String), i64>,
-    key_lanes: &'a mut BTreeMap<(String, String), std::collections::BTreeSet<(String, Lane)>>,
+    key_groups: &'a mut BTreeMap<KeyGroup, std::collections::BTreeSet<(QueueKey, Lane)>>,
+    groups_of_key: &'a mut BTreeMap<(String, String), std::collections::BTreeSet<(String, u32)>>,
     woken: &'a mut std::collections::BTreeSet<String>,
     timers: &'a mut std::collections::BTreeSet<Timer>,
     tenant_active: &'a mut BTreeMap<String, i64>,
@@ -194,14 +195,6 @@ impl Indexes<'_> {
                 .or_default();
             let head_before = jobs.first().cloned();
             jobs.insert(key.clone());
-            if head_before.is_none()
-                && let Some(c) = &lane.concurrency
-            {
-                (self.key_lanes)
-                    .entry((lane.tenant.clone(), c.key.clone()))
-                    .or_default()
-                    .insert((pool.clone(), lane.clone()));
-            }
             if head_before.as_ref().is_none_or(|h| key < *h) {
                 self.move_head(pool, &lane, head_before, Some(key.clone()));
             }
@@ -250,15 +243,6 @@ impl Indexes<'_> {
                 if lanes.is_empty() {
                     self.lanes.remove(pool);
                 }
-                if let Some(c) = &lane.concurrency {
-                    let k = (lane.tenant.clone(), c.key.clone());
-                    if let Some(set) = self.key_lanes.get_mut(&k) {
-                        set.remove(&(pool.clone(), lane.clone()));
-                        if set.is_empty() {
-                            self.key_lanes.remove(&k);
-                        }
-                    }
-                }
             }
             if was_head {
                 self.move_head(pool, &lane, Some(key), next);
@@ -267,58 +251,101 @@ impl Indexes<'_> {
         decrement(self.tenant_pending, &job.request.tenant_id);
     }
 
-    /// Moves a lane's head from `old` to `new` (either None: the lane begins or ends),
-    /// among the heads a pass walks, or among the parked ones while its key is at its limit.
+    /// Moves a lane's head from `old` to `new` (either None: the lane begins or ends).
+    ///
+    /// A lane without a concurrency key is one of the heads a pass walks. The lanes of one
+    /// key and limit in a pool are a group, and only the group's first head (in queue
+    /// order) stands among the heads a pass walks, or among the parked ones while the key
+    /// is at its limit: the key's jobs in the pool are tried oldest first, and a key costs
+    /// one move per pool when it reaches or leaves its limit, however many lanes it has.
     fn move_head(&mut self, pool: &str, lane: &Lane, old: Option<QueueKey>, new: Option<QueueKey>) {
-        if let Some(o) = old {
-            let entry = (o, lane.clone());
-            if !remove_head(self.lane_heads, pool, &entry) {
-                remove_head(self.parked, pool, &entry);
+        let Some(c) = &lane.concurrency else {
+            if let Some(o) = old {
+                remove_head(self.lane_heads, pool, &(o, lane.clone()));
             }
+            if let Some(n) = new {
+                (self.lane_heads)
+                    .entry(pool.to_owned())
+                    .or_default()
+                    .insert((n, lane.clone()));
+            }
+            return;
+        };
+        let group_key = (pool.to_owned(), lane.tenant.clone(), c.key.clone(), c.limit);
+        let group = self.key_groups.entry(group_key.clone()).or_default();
+        let first_before = group.first().cloned();
+        if let Some(o) = old {
+            group.remove(&(o, lane.clone()));
         }
         if let Some(n) = new {
-            let into = if at_limit(self.key_active, lane) {
+            group.insert((n, lane.clone()));
+        }
+        let first_after = group.first().cloned();
+        let of_key = (lane.tenant.clone(), c.key.clone());
+        if first_after.is_none() {
+            self.key_groups.remove(&group_key);
+            if let Some(g) = self.groups_of_key.get_mut(&of_key) {
+                g.remove(&(pool.to_owned(), c.limit));
+                if g.is_empty() {
+                    self.groups_of_key.remove(&of_key);
+                }
+            }
+        } else if first_before.is_none() {
+            (self.groups_of_key)
+                .entry(of_key)
+                .or_default()
+                .insert((pool.to_owned(), c.limit));
+        }
+        if first_before == first_after {
+            return;
+        }
+        if let Some(f) = first_before
+            && !remove_head(self.lane_heads, pool, &f)
+        {
+            remove_head(self.parked, pool, &f);
+        }
+        if let Some(f) = first_after {
+            let into = if at_limit(self.key_active, &f.1) {
                 &mut *self.parked
             } else {
                 &mut *self.lane_heads
             };
-            into.entry(pool.to_owned())
-                .or_default()
-                .insert((n, lane.clone()));
+            into.entry(pool.to_owned()).or_default().insert(f);
         }
     }
 
-    /// Adds `delta` to a key's active jobs, then parks its lanes that reached their limit
+    /// Adds `delta` to a key's active jobs, then parks its groups that reached their limit
     /// and brings back those below it (their pools are `woken`, for the decider to pass).
     fn count_key(&mut self, tenant: &str, key: &str, delta: i64) {
         let counts = self.key_active.entry(tenant.to_owned()).or_default();
         let n = counts.entry(key.to_owned()).or_default();
         *n += delta;
-        if *n <= 0 {
+        let active = *n;
+        if active <= 0 {
             counts.remove(key);
             if counts.is_empty() {
                 self.key_active.remove(tenant);
             }
         }
-        let Some(lanes) = self.key_lanes.get(&(tenant.to_owned(), key.to_owned())) else {
+        let Some(groups) = self.groups_of_key.get(&(tenant.to_owned(), key.to_owned())) else {
             return;
         };
-        for (pool, lane) in lanes {
-            let Some(head) = (self.lanes.get(pool))
-                .and_then(|l| l.get(lane))
-                .and_then(|jobs| jobs.first())
-            else {
+        for (pool, limit) in groups {
+            let group_key = (pool.clone(), tenant.to_owned(), key.to_owned(), *limit);
+            let Some(first) = self.key_groups.get(&group_key).and_then(|g| g.first()) else {
                 continue;
             };
-            let entry = (head.clone(), lane.clone());
-            let full = at_limit(self.key_active, lane);
-            if full && remove_head(self.lane_heads, pool, &entry) {
-                self.parked.entry(pool.clone()).or_default().insert(entry);
-            } else if !full && remove_head(self.parked, pool, &entry) {
+            let full = active >= i64::from(*limit);
+            if full && remove_head(self.lane_heads, pool, first) {
+                self.parked
+                    .entry(pool.clone())
+                    .or_default()
+                    .insert(first.clone());
+            } else if !full && remove_head(self.parked, pool, first) {
                 self.lane_heads
                     .entry(pool.clone())
                     .or_default()
-                    .insert(entry);
+                    .insert(first.clone());
                 self.woken.insert(pool.clone());
             }
         }
@@ -401,7 +428,8 @@ impl State {
             parked,
             key_active,
             key_live,
-            key_lanes,
+            key_groups,
+            groups_of_key,
             woken,
             timers,
             tenant_active,
@@ -421,7 +449,8 @@ impl State {
                 parked,
                 key_active,
                 key_live,
-                key_lanes,
+                key_groups,
+                groups_of_key,
                 woken,
                 timers,
                 tenant_active,
@@ -626,7 +655,8 @@ impl State {
         self.parked.clear();
         self.key_active.clear();
         self.key_live.clear();
-        self.key_lanes.clear();
+        self.key_groups.clear();
+        self.groups_of_key.clear();
         self.timers.clear();
         self.tenant_active.clear();
         self.tenant_pending.clear();
@@ -704,7 +734,8 @@ impl State {
         if rebuilt.lanes != self.lanes
             || rebuilt.lane_heads != self.lane_heads
             || rebuilt.parked != self.parked
-            || rebuilt.key_lanes != self.key_lanes
+            || rebuilt.key_groups != self.key_groups
+            || rebuilt.groups_of_key != self.groups_of_key
         {
             problems.push("queue lanes disagree with job records".to_owned());
         }

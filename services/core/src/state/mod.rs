@@ -32,6 +32,9 @@ pub use loading::{ColdStore, Prerequisites};
 pub use records::*;
 pub use tracking::Dirty;
 
+/// A pool's lanes of one concurrency key and limit: (pool, tenant, key, limit).
+pub type KeyGroup = (String, String, String, u32);
+
 /// Everything the scheduler knows.
 #[derive(Debug, Clone, Default)]
 pub struct State {
@@ -76,18 +79,22 @@ pub struct State {
     /// Derived: pool -> lane -> its jobs in the pool's queue ([`Lane`]).
     pub lanes: BTreeMap<String, BTreeMap<Lane, BTreeSet<QueueKey>>>,
     /// Derived: pool -> each lane's first job, in queue order: what a scheduling pass walks.
-    /// A lane whose concurrency key is at its limit is not here but in `parked`.
+    /// Lanes with a concurrency key stand here by their group's first job only, and not
+    /// while the key is at its limit (then in `parked`).
     pub lane_heads: BTreeMap<String, BTreeSet<(QueueKey, Lane)>>,
-    /// Derived: pool -> the heads of lanes whose concurrency key is at its limit (SPEC §10):
-    /// no pass looks at them until a job of the key ends, which moves them back.
+    /// Derived: pool -> the first heads of key groups whose concurrency key is at its limit
+    /// (SPEC §10): no pass looks at them until a job of the key ends, which moves them back.
     pub parked: BTreeMap<String, BTreeSet<(QueueKey, Lane)>>,
     /// Derived: tenant -> concurrency key -> its SCHEDULED + DISPATCHED + RUNNING jobs.
     pub key_active: BTreeMap<String, BTreeMap<String, i64>>,
     /// Derived: (tenant, concurrency key) -> its jobs queued or active: the live keys
     /// (`limits.max_concurrency_keys`).
     pub key_live: BTreeMap<(String, String), i64>,
-    /// Derived: (tenant, concurrency key) -> the (pool, lane)s holding its queued jobs.
-    pub key_lanes: BTreeMap<(String, String), BTreeSet<(String, Lane)>>,
+    /// Derived: (pool, tenant, key, limit) -> the heads of the lanes of that concurrency
+    /// key and limit in the pool; only the first of them is in `lane_heads` or `parked`.
+    pub key_groups: BTreeMap<KeyGroup, BTreeSet<(QueueKey, Lane)>>,
+    /// Derived: (tenant, concurrency key) -> the (pool, limit) of each of its groups.
+    pub groups_of_key: BTreeMap<(String, String), BTreeSet<(String, u32)>>,
     /// Pools with a lane moved out of `parked` by the entry being decided, which the decider
     /// then passes over. Bookkeeping of one entry: cleared at the next, not projected.
     pub woken: BTreeSet<String>,
@@ -131,7 +138,8 @@ impl PartialEq for State {
             && self.parked == other.parked
             && self.key_active == other.key_active
             && self.key_live == other.key_live
-            && self.key_lanes == other.key_lanes
+            && self.key_groups == other.key_groups
+            && self.groups_of_key == other.groups_of_key
             && self.dead_letters_by_reason == other.dead_letters_by_reason
             && self.jobs_by_state == other.jobs_by_state
             && self.queues == other.queues

@@ -493,8 +493,9 @@ pub struct Lane {
     pub placement: Vec<(String, String)>,
     pub preferred_worker: Option<String>,
     pub memory: Option<i64>,
-    /// Its concurrency key and limit: a lane whose key is at its limit is parked
-    /// ([`crate::state::State::parked`]), out of every scheduling pass, until a slot frees.
+    /// Its concurrency key and limit: the lanes of one key and limit in a pool stand in a
+    /// pass as one, their first head ([`crate::state::State::key_groups`]), parked out of
+    /// every pass while the key is at its limit ([`crate::state::State::parked`]).
     pub concurrency: Option<KeyLimit>,
 }
 
