@@ -49,6 +49,7 @@ pub(crate) fn begin_entry(state: &mut State, log_time: Millis, input: &Input) {
     if let Input::Tick(t) = input {
         state.watermark = state.watermark.max(t.watermark.unwrap_or(log_time));
     }
+    state.advance_buckets();
 }
 
 /// Most reason codes dead letters are counted by; the codes beyond count as
@@ -155,6 +156,7 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
                 accepted_at: now,
                 updated_at: now,
                 queued_at: None,
+                first_queued_at: None,
                 retry_at: None,
                 dispatched_at: None,
                 started_at: None,
@@ -214,6 +216,7 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
             state.update_job_logged(&e.job_id, Some(line(event, at)), |j| {
                 enter(j, JobState::Pending);
                 j.queued_at = Some(now);
+                j.first_queued_at.get_or_insert(now);
                 j.placement_from = None;
                 j.concurrency = config
                     .as_deref()
@@ -230,7 +233,7 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
                 j.wait_reason = Some(e.reason_code.clone());
                 // Held by its key while a worker could take it: its placement timeout starts
                 // again (docs/flow-control.md; SPEC §4 would dead-letter it).
-                if e.reason_code == WaitReason::ConcurrencyLimited.as_str() {
+                if WaitReason::parse(&e.reason_code).is_some_and(WaitReason::is_flow_limit) {
                     j.placement_from = Some(now);
                 }
             });
@@ -247,7 +250,7 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
                 b.probes.insert(e.job_id.clone());
                 state.mark_breaker(&e.pool);
             }
-            state.update_job_logged(&e.job_id, Some(line(event, at)), |j| {
+            let rated = state.update_job_logged(&e.job_id, Some(line(event, at)), |j| {
                 enter(j, JobState::Scheduled);
                 j.attempt = e.attempt;
                 j.queued_at = None;
@@ -255,7 +258,13 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
                 j.worker_id = Some(e.worker_id.clone());
                 j.pool = Some(e.pool.clone());
                 j.updated_at = now;
+                (j.concurrency.as_ref())
+                    .filter(|c| c.rate.is_some())
+                    .map(|c| (j.request.tenant_id.clone(), c.clone()))
             });
+            if let Some((tenant, limits)) = rated.flatten() {
+                state.take_token(&tenant, &limits);
+            }
         }
         Event::JobDispatched(e) => {
             state.update_job_logged(&e.job_id, Some(line(event, at)), |j| {

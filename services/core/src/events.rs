@@ -353,8 +353,8 @@ pub struct JobQueued {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct JobWaiting {
     pub job_id: String,
-    /// `no_workers`, `pool_overloaded`, `tenant_limit`, `circuit_open` or
-    /// `concurrency_limited`.
+    /// `no_workers`, `pool_overloaded`, `tenant_limit`, `circuit_open`,
+    /// `concurrency_limited` or `rate_limited`.
     pub reason_code: String,
     pub detail: String,
     pub candidates: Vec<Candidate>,

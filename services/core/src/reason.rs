@@ -117,6 +117,9 @@ codes! {
         /// Its concurrency key has as many jobs active as its limit allows (SPEC §10). A job
         /// held so is never dead-lettered for it: its placement timeout starts again.
         ConcurrencyLimited = "concurrency_limited",
+        /// Its concurrency key's rate limit is spent until its bucket frees (SPEC §10).
+        /// Never dead-lettered for it either.
+        RateLimited = "rate_limited",
     }
 }
 
@@ -131,8 +134,16 @@ impl WaitReason {
             // Never dead-lettered for it: a job held by its key while a worker could take it
             // starts its timeout again, and one no worker could take is dead-lettered for
             // its pools' reason (tick.rs). The closest code, should a caller ever need one.
-            WaitReason::ConcurrencyLimited => DlqReason::PoolOverloaded,
+            WaitReason::ConcurrencyLimited | WaitReason::RateLimited => DlqReason::PoolOverloaded,
         }
+    }
+
+    /// A key's limit (concurrency or rate), which a job waits out however long it takes.
+    pub const fn is_flow_limit(self) -> bool {
+        matches!(
+            self,
+            WaitReason::ConcurrencyLimited | WaitReason::RateLimited
+        )
     }
 }
 

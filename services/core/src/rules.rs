@@ -317,9 +317,10 @@ pub struct Rules {
     pub four_eyes: bool,
 }
 
-/// A job topic's concurrency limit (SPEC §10): at most `limit` jobs of one key SCHEDULED,
-/// DISPATCHED or RUNNING at once; the others wait `concurrency_limited`, in queue order.
-/// Keys are a tenant's own: two tenants' jobs never share one.
+/// A job topic's flow limits per key (SPEC §10): at most `limit` jobs of one key
+/// SCHEDULED, DISPATCHED or RUNNING at once, and at most `rate` of them placed per period;
+/// the others wait (`concurrency_limited`, `rate_limited`), in queue order. Keys are a
+/// tenant's own: two tenants' jobs never share one.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ConcurrencyRule {
@@ -329,8 +330,19 @@ pub struct ConcurrencyRule {
     /// `label:concurrency_key`.
     #[serde(default = "ConcurrencyRule::default_key")]
     pub key: String,
-    /// Most jobs of one key at once, at least 1 (1: one at a time, in queue order).
-    pub limit: u32,
+    /// Most jobs of one key at once, at least 1 (1: one at a time, in queue order). None:
+    /// no such limit (then `rate` must be given).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u32>,
+    /// Most placements of one key's jobs per period, `N/PERIOD` (`100/s`, `600/1m`,
+    /// `5/10s`, `1/h`): a token bucket in log time. Every placement takes a token, a
+    /// retry's too. None: no rate limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<String>,
+    /// Most placements at once after the key was idle (the bucket's size); default N, one
+    /// period's worth.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub burst: Option<u32>,
 }
 
 impl ConcurrencyRule {
@@ -346,6 +358,11 @@ impl ConcurrencyRule {
         self.key.strip_prefix("label:")
     }
 
+    /// The rule's rate limit, if it has a valid one.
+    pub fn rate_limit(&self) -> Option<Rate> {
+        Rate::parse(self.rate.as_deref()?, self.burst).ok()
+    }
+
     fn check(&self, topic: &str) -> Result<(), RulesError> {
         let valid = self.key == "tenant" || self.label().is_some_and(|l| !l.trim().is_empty());
         if !valid {
@@ -354,12 +371,121 @@ impl ConcurrencyRule {
                 self.key
             )));
         }
-        if self.limit < 1 {
+        if self.limit == Some(0) {
             return Err(RulesError(format!(
                 "topic {topic}: concurrency limit must be at least 1"
             )));
         }
+        match &self.rate {
+            Some(rate) => {
+                Rate::parse(rate, self.burst)
+                    .map_err(|e| RulesError(format!("topic {topic}: rate {rate:?}: {e}")))?;
+            }
+            None if self.burst.is_some() => {
+                return Err(RulesError(format!("topic {topic}: a burst needs a rate")));
+            }
+            None if self.limit.is_none() => {
+                return Err(RulesError(format!(
+                    "topic {topic}: concurrency needs a limit, a rate or both"
+                )));
+            }
+            None => {}
+        }
         Ok(())
+    }
+}
+
+/// A rate limit (SPEC §10): at most `count` placements per `per_ms` milliseconds, and at
+/// most `burst` at once after an idle spell: a token bucket, kept as the time its next
+/// token is due (GCRA), in log time, so replay decides as live did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Rate {
+    pub count: u32,
+    pub per_ms: u64,
+    pub burst: u32,
+}
+
+impl Rate {
+    /// The longest period a rate may name, and the longest a bucket takes to fill
+    /// (burst × period / N): one week.
+    pub const MAX_PERIOD_MS: u64 = 7 * 24 * 3_600_000;
+    /// The largest burst.
+    pub const MAX_BURST: u32 = 1_000_000;
+
+    /// Reads `N/PERIOD` (`PERIOD`: an optional whole number and a unit of `ms`, `s`, `m`,
+    /// `min`, `h`; `100/s` is `100/1s`), with `burst` (default N).
+    pub fn parse(text: &str, burst: Option<u32>) -> Result<Rate, String> {
+        let form = "write it N/PERIOD, as 100/s, 600/1m, 5/10s or 1/h";
+        let (count, period) = text.trim().split_once('/').ok_or(form)?;
+        let count: u32 = count.trim().parse().map_err(|_| form)?;
+        let period = period.trim();
+        let unit_at = period.find(|c: char| !c.is_ascii_digit()).ok_or(form)?;
+        let (n, unit) = period.split_at(unit_at);
+        let n: u64 = if n.is_empty() {
+            1
+        } else {
+            n.parse().map_err(|_| form)?
+        };
+        let unit_ms = match unit {
+            "ms" => 1,
+            "s" | "sec" => 1_000,
+            "m" | "min" => 60_000,
+            "h" | "hour" => 3_600_000,
+            _ => return Err(form.to_owned()),
+        };
+        let per_ms = n.saturating_mul(unit_ms);
+        if count < 1 || per_ms < 1 {
+            return Err("N and the period must be at least 1".to_owned());
+        }
+        if per_ms > Self::MAX_PERIOD_MS {
+            return Err("the period may be a week at most".to_owned());
+        }
+        if u64::from(count) > per_ms.saturating_mul(1_000) {
+            return Err("at most one placement a microsecond".to_owned());
+        }
+        let burst = burst.unwrap_or(count.min(Self::MAX_BURST));
+        if !(1..=Self::MAX_BURST).contains(&burst) {
+            return Err(format!("the burst must be 1 to {}", Self::MAX_BURST));
+        }
+        let rate = Rate {
+            count,
+            per_ms,
+            burst,
+        };
+        // A bucket is remembered until it is full again: burst tokens' time at most.
+        let span_ms = rate.interval_us().saturating_mul(i64::from(burst)) / 1_000;
+        if span_ms > i64::try_from(Self::MAX_PERIOD_MS).unwrap_or(i64::MAX) {
+            return Err(format!(
+                "a burst of {burst} takes {span_ms} ms to fill at this rate; a week at most"
+            ));
+        }
+        Ok(rate)
+    }
+
+    /// Microseconds between two tokens, rounded up (a rate is never exceeded).
+    pub fn interval_us(&self) -> i64 {
+        let us = i64::try_from(self.per_ms.saturating_mul(1_000)).unwrap_or(i64::MAX);
+        let count = i64::from(self.count.max(1));
+        (us + count - 1) / count
+    }
+
+    /// How far ahead of the next token's time a placement may take one: the burst less one,
+    /// in tokens' time.
+    pub fn tolerance_us(&self) -> i64 {
+        self.interval_us()
+            .saturating_mul(i64::from(self.burst.max(1) - 1))
+    }
+}
+
+impl std::fmt::Display for Rate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let per = match self.per_ms {
+            ms if ms % 3_600_000 == 0 => format!("{}h", ms / 3_600_000),
+            ms if ms % 60_000 == 0 => format!("{}m", ms / 60_000),
+            ms if ms % 1_000 == 0 => format!("{}s", ms / 1_000),
+            ms => format!("{ms}ms"),
+        };
+        write!(f, "{}/{per}, burst {}", self.count, self.burst)
     }
 }
 
@@ -599,7 +725,8 @@ impl Rules {
         };
         Some(crate::state::KeyLimit {
             key,
-            limit: rule.limit,
+            limit: rule.limit.unwrap_or(u32::MAX),
+            rate: rule.rate_limit(),
         })
     }
 

@@ -20,7 +20,9 @@ fn limited(limit: u32) -> Rules {
         "job.default".into(),
         ConcurrencyRule {
             key: "label:concurrency_key".into(),
-            limit,
+            limit: Some(limit),
+            rate: None,
+            burst: None,
         },
     );
     r
@@ -92,7 +94,7 @@ fn keys_are_a_tenants_own() {
 }
 
 #[test]
-fn a_limit_of_two_lets_two_run_and_a_failed_attempt_gives_its_slot_back() {
+fn a_limit_of_two_lets_two_run_and_a_retry_keeps_its_slot_and_its_place() {
     let mut sim = Sim::with_rules(limited(2));
     sim.keep_alive(&[("w1", "default")]);
     sim.worker("w1", "default");
@@ -102,13 +104,19 @@ fn a_limit_of_two_lets_two_run_and_a_failed_attempt_gives_its_slot_back() {
     assert_eq!(sim.job_state("j-1"), JobState::Dispatched);
     assert_eq!(sim.job_state("j-2"), JobState::Dispatched);
     assert_eq!(sim.job_state("j-3"), JobState::Pending);
-    // j-1 fails and is retried: its slot goes to j-3, and j-1 waits its backoff, then
-    // its turn.
+    // j-1 fails and is retried: it keeps its slot through its backoff (j-3 still waits),
+    // then comes back to its first place in the key's queue, ahead of j-3.
     let ev = sim.result_with("j-1", 1, "w1", ResultStatus::FailedRetryable, Some("flaky"));
-    assert_eq!(dispatched(&ev), ["j-3"]);
+    assert!(dispatched(&ev).is_empty(), "the retry holds its slot");
     assert_eq!(sim.state.key_active_jobs("acme", "k"), 2);
-    sim.tick_after(60_000);
-    assert_eq!(sim.job_state("j-1"), JobState::Pending);
+    let ev = sim.tick_after(3_000);
+    assert_eq!(dispatched(&ev), ["j-1"], "back at its place, before j-3");
+    assert_eq!(sim.job("j-1").attempt, 2);
+    assert_eq!(sim.job_state("j-3"), JobState::Pending);
+    // A slot freed by an ending job goes to j-3, the next in the key's order.
+    let w = sim.job("j-2").worker_id.clone().unwrap();
+    let ev = sim.result("j-2", 1, &w, ResultStatus::Succeeded);
+    assert_eq!(dispatched(&ev), ["j-3"]);
     assert_eq!(
         waiting(&sim.submit(keyed("j-4", "k"))).reason_code,
         "concurrency_limited"
@@ -122,7 +130,9 @@ fn a_tenant_key_limits_all_of_the_tenants_jobs_on_the_topic() {
         "job.default".into(),
         ConcurrencyRule {
             key: "tenant".into(),
-            limit: 1,
+            limit: Some(1),
+            rate: None,
+            burst: None,
         },
     );
     let mut sim = Sim::with_rules(r);
@@ -173,7 +183,9 @@ fn a_job_whose_pools_have_no_worker_times_out_even_while_its_key_is_full() {
         "job.other".into(),
         ConcurrencyRule {
             key: "label:concurrency_key".into(),
-            limit: 1,
+            limit: Some(1),
+            rate: None,
+            burst: None,
         },
     );
     let mut sim = Sim::with_rules(r);
@@ -249,7 +261,9 @@ fn a_slot_freed_in_one_pool_wakes_the_keys_jobs_in_another() {
         "job.other".into(),
         ConcurrencyRule {
             key: "label:concurrency_key".into(),
-            limit: 1,
+            limit: Some(1),
+            rate: None,
+            burst: None,
         },
     );
     let mut sim = Sim::with_rules(r);
@@ -322,7 +336,7 @@ fn a_cancelled_running_job_frees_its_keys_slot() {
 fn rules_with_a_bad_concurrency_rule_are_refused() {
     let mut r = limited(0);
     assert!(r.validate().unwrap_err().0.contains("at least 1"));
-    r.topic_concurrency.get_mut("job.default").unwrap().limit = 1;
+    r.topic_concurrency.get_mut("job.default").unwrap().limit = Some(1);
     r.topic_concurrency.get_mut("job.default").unwrap().key = "header:x".into();
     assert!(r.validate().unwrap_err().0.contains("label:NAME"));
     let mut r = limited(1);
@@ -330,7 +344,9 @@ fn rules_with_a_bad_concurrency_rule_are_refused() {
         "job.unmapped".into(),
         ConcurrencyRule {
             key: "tenant".into(),
-            limit: 1,
+            limit: Some(1),
+            rate: None,
+            burst: None,
         },
     );
     assert!(r.validate().unwrap_err().0.contains("maps to no pool"));

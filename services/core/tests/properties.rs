@@ -87,9 +87,11 @@ enum Op {
         policy: u8,
     },
     Malformed,
-    /// The concurrency limits change (0: none).
+    /// The concurrency limits change (0: none), and the rate limits (0: none, 1: one a
+    /// second, 2: three per two seconds with a burst of two).
     Limit {
         limit: u8,
+        rate: u8,
     },
 }
 
@@ -110,7 +112,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0..12u8, 0..600u16).prop_map(|(job, delay)| Op::Reschedule { job, delay }),
         1 => (0..3u8, 0..6u8, 1..30u8, 0..12u8).prop_map(|(schedule, action, interval, policy)| Op::Schedule { schedule, action, interval, policy }),
         1 => Just(Op::Malformed),
-        1 => (0..4u8).prop_map(|limit| Op::Limit { limit }),
+        1 => (0..4u8, 0..3u8).prop_map(|(limit, rate)| Op::Limit { limit, rate }),
     ]
 }
 
@@ -157,9 +159,10 @@ const TOPICS: [&str; 4] = ["job.default", "job.multi", "job.gpu", "job.unmapped"
 const POOLS: [&str; 4] = ["default", "a", "b", "gpu"];
 const RISKS: [&str; 6] = ["", "", "deny", "approve", "limited", "pii"];
 
-/// The rules of a run, with concurrency limits of `limit` (0: none): `job.default` by its
-/// `concurrency_key` label, `job.multi` one key per tenant.
-fn run_rules(limit: u8) -> ksched_core::rules::Rules {
+/// The rules of a run, with concurrency limits of `limit` (0: none) and rate limits as
+/// [`Op::Limit`] says: `job.default` by its `concurrency_key` label, `job.multi` one key per
+/// tenant.
+fn run_rules(limit: u8, rate: u8) -> ksched_core::rules::Rules {
     let mut r = rules();
     r.breaker.consecutive_failures = 3;
     r.breaker.window = 6;
@@ -167,7 +170,12 @@ fn run_rules(limit: u8) -> ksched_core::rules::Rules {
     r.timing.dispatch_timeout_ms = 20_000;
     r.timing.placement_timeout_ms = 60_000;
     r.limits.max_concurrency_keys = 2;
-    if limit > 0 {
+    let (rate, burst) = match rate {
+        1 => (Some("1/s".to_owned()), Some(1)),
+        2 => (Some("3/2s".to_owned()), Some(2)),
+        _ => (None, None),
+    };
+    if limit > 0 || rate.is_some() {
         for (topic, key) in [
             ("job.default", "label:concurrency_key"),
             ("job.multi", "tenant"),
@@ -176,7 +184,9 @@ fn run_rules(limit: u8) -> ksched_core::rules::Rules {
                 topic.into(),
                 ksched_core::rules::ConcurrencyRule {
                     key: key.into(),
-                    limit: u32::from(limit),
+                    limit: (limit > 0).then_some(u32::from(limit)),
+                    rate: rate.clone(),
+                    burst,
                 },
             );
         }
@@ -185,7 +195,7 @@ fn run_rules(limit: u8) -> ksched_core::rules::Rules {
 }
 
 fn run(ops: &[Op]) -> Sim {
-    let mut sim = Sim::with_policy(run_rules(1), policy());
+    let mut sim = Sim::with_policy(run_rules(1, 0), policy());
     for op in ops {
         sim.advance(7);
         match op.clone() {
@@ -405,8 +415,8 @@ fn run(ops: &[Op]) -> Sim {
                     }),
                 );
             }
-            Op::Limit { limit } => {
-                sim.reconfigure(&run_rules(limit), "snap-1");
+            Op::Limit { limit, rate } => {
+                sim.reconfigure(&run_rules(limit, rate), "snap-1");
             }
             Op::Malformed => {
                 sim.input(
@@ -453,7 +463,20 @@ proptest! {
         // follows the transition table.
         let mut last: BTreeMap<String, JobState> = BTreeMap::new();
         let mut bad = Vec::new();
+        let mut buckets = BTreeMap::new();
         sim.replay_each(|replay, e| {
+            // A placement takes a token only from a bucket that had one (SPEC §10): the
+            // key's bucket as the event before left it frees no later than now.
+            if let Event::JobScheduled(p) = e
+                && let Some(j) = replay.jobs.get(&p.job_id)
+                && let Some(c) = j.concurrency.as_ref().filter(|c| c.rate.is_some())
+            {
+                let k = (j.request.tenant_id.clone(), c.key.clone(), c.rate.unwrap());
+                if let Some(b) = buckets.get(&k).filter(|b: &&ksched_core::state::Bucket| b.free_at() > replay.clock) {
+                    bad.push(format!("{}: key {:?} placed at {} with its rate spent until {}", p.job_id, c.key, replay.clock, b.free_at()));
+                }
+            }
+            buckets.clone_from(&replay.buckets);
             // A placement never takes a concurrency key past its job's limit (SPEC §10),
             // counted from the job records.
             if let Event::JobScheduled(p) = e

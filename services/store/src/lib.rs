@@ -15,7 +15,9 @@
 //! every non-terminal job), `workers`, `breakers`, `sagas`, `idempotency` ((tenant, key) ->
 //! owner), `idempotency_by_time` (seen_at | tenant | key, for pruning), `dlq` (at | seq ->
 //! DeadLetter), `delays` (due time | job id of every DELAYED job: the jobs themselves are
-//! not in `active`, and the processor reads these keys as it needs them, not at start).
+//! not in `active`, and the processor reads these keys as it needs them, not at start),
+//! `rate_buckets` ((tenant, key, rate) -> the token bucket of a rate-limited key, while not
+//! full).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -25,8 +27,8 @@ use ksched_core::events::Reconfigure;
 use ksched_core::records::{DeadLetter, Millis};
 use ksched_core::rules::Rules;
 use ksched_core::state::{
-    ActiveConfig, Breaker, ColdStore, Dirty, HistoryItem, HistoryLines, IdempotencyEntry, Job,
-    Saga, State, Worker,
+    ActiveConfig, Breaker, Bucket, BucketKey, ColdStore, Dirty, HistoryItem, HistoryLines,
+    IdempotencyEntry, Job, Saga, State, Worker,
 };
 use rocksdb::{
     ColumnFamily, ColumnFamilyDescriptor, DB, Direction, IteratorMode, Options, WriteBatch,
@@ -93,7 +95,8 @@ pub struct Scanned {
 /// gains empty when it opens).
 /// 8: a job keeps its concurrency key and limit, and when its placement timeout last
 /// started again.
-pub const FORMAT_VERSION: u32 = 8;
+/// 9: a job's concurrency key carries its rate limit; rate limit buckets (`rate_buckets`).
+pub const FORMAT_VERSION: u32 = 9;
 
 /// Most idempotency keys one write deletes when their retention passed; the rest follow in
 /// the next writes, so a prune never becomes one huge batch.
@@ -112,6 +115,7 @@ const CF_HISTORY: &str = "history";
 const CF_PAYLOADS: &str = "payloads";
 const CF_DELAYS: &str = "delays";
 const CF_SCHEDULES: &str = "schedules";
+const CF_BUCKETS: &str = "rate_buckets";
 /// Every column family, in a fixed order.
 pub const CFS: &[&str] = &[
     CF_META,
@@ -127,6 +131,7 @@ pub const CFS: &[&str] = &[
     CF_PAYLOADS,
     CF_DELAYS,
     CF_SCHEDULES,
+    CF_BUCKETS,
 ];
 
 const META_FORMAT: &[u8] = b"format";
@@ -263,6 +268,7 @@ const SCANNED_ONLY: &[&str] = &[
     CF_HISTORY,
     CF_DELAYS,
     CF_SCHEDULES,
+    CF_BUCKETS,
 ];
 
 /// Every column family, sharing one block cache.
@@ -563,6 +569,9 @@ impl Store {
         for (k, s) in self.scan::<ksched_core::state::Schedule>(CF_SCHEDULES)? {
             state.schedules.insert(utf8(k), s);
         }
+        for (_, (k, bucket)) in self.scan::<(BucketKey, Bucket)>(CF_BUCKETS)? {
+            state.buckets.insert(k, bucket);
+        }
         for (k, s) in self.scan::<Saga>(CF_SAGAS)? {
             if s.rolling_back() {
                 state.sagas.insert(utf8(k), s);
@@ -677,6 +686,14 @@ impl Store {
         for pool in &dirty.breakers {
             if let Some(x) = state.breakers.get(pool) {
                 b.put_cf(self.cf(CF_BREAKERS), self.key(pool.as_bytes()), encode(x));
+            }
+        }
+        for bk in &dirty.buckets {
+            // Length-prefixed parts: no two buckets share a key, whatever bytes keys hold.
+            let k = self.key(&encode(bk));
+            match state.buckets.get(bk) {
+                Some(x) => b.put_cf(self.cf(CF_BUCKETS), k, encode(&(bk, x))),
+                None => b.delete_cf(self.cf(CF_BUCKETS), k),
             }
         }
         for wf in &dirty.sagas {

@@ -187,6 +187,42 @@ impl Decider<'_, '_> {
         }
     }
 
+    /// Whether a queued job stands first among its key's jobs in one of its pools (what a
+    /// pass tries of the key); true for a job without a key.
+    pub(super) fn first_of_its_key(&self, job_id: &str) -> bool {
+        let job = &self.state().jobs[job_id];
+        let Some(c) = &job.concurrency else {
+            return true;
+        };
+        let lane = lane_of(job);
+        job.pools.iter().any(|pool| {
+            let group = (pool.clone(), lane.tenant.clone(), c.clone());
+            (self.state().key_groups.get(&group))
+                .and_then(|g| g.first())
+                .is_some_and(|(q, _)| q.job_id == job_id)
+        })
+    }
+
+    /// Why a keyed job that is not its key's oldest in any of its pools waits: its key's
+    /// own reason if the key holds it, else the oldest before it.
+    pub(super) fn behind_its_key(&self, job_id: &str) -> Blocked {
+        let blocked = self.blocker(job_id);
+        if blocked.code.is_flow_limit() {
+            return blocked;
+        }
+        let job = &self.state().jobs[job_id];
+        let key = job.concurrency.as_ref().map_or("", |c| c.key.as_str());
+        Blocked {
+            code: WaitReason::ConcurrencyLimited,
+            detail: format!(
+                "concurrency key {} of tenant {}: its older jobs in the same pools go first",
+                key_name(key),
+                job.request.tenant_id
+            ),
+            candidates: Candidates::default(),
+        }
+    }
+
     /// Why a queued job held by its concurrency key could not be placed even with a free
     /// slot (its pools have no worker for it, or their workers are full or their circuits
     /// open); None when a worker could take it.
@@ -367,17 +403,31 @@ fn tenant_blocks(state: &State, job: &Job) -> Option<Blocked> {
     })
 }
 
-/// A concurrency key at its limit (SPEC §10).
+/// A concurrency key at its limit, or with its rate spent (SPEC §10).
 fn key_blocks(state: &State, job: &Job) -> Option<Blocked> {
     let c = job.concurrency.as_ref()?;
-    let active = state.key_active_jobs(&job.request.tenant_id, &c.key);
-    (active >= i64::from(c.limit)).then(|| Blocked {
-        code: WaitReason::ConcurrencyLimited,
+    let tenant = &job.request.tenant_id;
+    let active = state.key_active_jobs(tenant, &c.key);
+    if active >= i64::from(c.limit) {
+        return Some(Blocked {
+            code: WaitReason::ConcurrencyLimited,
+            detail: format!(
+                "concurrency key {} of tenant {tenant} has {active} active jobs, its limit is {}",
+                key_name(&c.key),
+                c.limit
+            ),
+            candidates: Candidates::default(),
+        });
+    }
+    let rate = c.rate?;
+    let free_at = (state.buckets.get(&(tenant.clone(), c.key.clone(), rate)))
+        .map(|b| b.free_at())
+        .filter(|at| *at > state.clock)?;
+    Some(Blocked {
+        code: WaitReason::RateLimited,
         detail: format!(
-            "concurrency key {} of tenant {} has {active} active jobs, its limit is {}",
+            "concurrency key {} of tenant {tenant} has spent its rate ({rate}) until {free_at}",
             key_name(&c.key),
-            job.request.tenant_id,
-            c.limit
         ),
         candidates: Candidates::default(),
     })

@@ -499,9 +499,22 @@ pub(super) fn queue_full(
     if let Some(c) = rules.concurrency_of(&r.topic, |name| r.labels.get(name).map(String::as_str)) {
         let max = rules.limits.max_concurrency_keys as usize;
         let live = &state.key_live;
-        if live.len() >= max && !live.contains_key(&(r.tenant_id.clone(), c.key.clone())) {
+        let is_live = live.contains_key(&(r.tenant_id.clone(), c.key.clone()));
+        if live.len() >= max && !is_live {
             return Some(format!(
                 "the shard has {max} concurrency keys with jobs queued or active (limits.max_concurrency_keys); submit again later"
+            ));
+        }
+        // Buckets outlive their keys' jobs (until full again): bounded the same way.
+        if let Some(rate) = c.rate
+            && state.buckets.len() >= max
+            && !is_live
+            && !state
+                .buckets
+                .contains_key(&(r.tenant_id.clone(), c.key.clone(), rate))
+        {
+            return Some(format!(
+                "the shard has {max} rate limit buckets not yet full (limits.max_concurrency_keys); submit again later"
             ));
         }
     }

@@ -10,7 +10,7 @@
 
 use crate::decide::Decider;
 use crate::events::*;
-use crate::reason::{AttemptError, DlqReason, WaitReason};
+use crate::reason::{AttemptError, DlqReason};
 use crate::records::{Millis, Tick};
 use crate::state::{Timer, TimerKind};
 
@@ -176,20 +176,26 @@ impl Decider<'_, '_> {
                 }
                 TimerKind::RetryAt => requeued.push(t.job_id.clone()),
                 TimerKind::PlacementTimeout => {
-                    // A job a worker could take now (one no pass reached: behind its key's
-                    // oldest, or past the pass's bound) is placed, not dead-lettered.
-                    if self.try_place(&t.job_id) {
+                    // A job a worker could take now that no pass reached (past the pass's
+                    // bound) is placed, not dead-lettered; a keyed job only if it is its
+                    // key's oldest in a pool, so its key's jobs keep their order.
+                    let first = self.first_of_its_key(&t.job_id);
+                    if first && self.try_place(&t.job_id) {
                         continue;
                     }
-                    let mut blocked = self.blocker(&t.job_id);
+                    let mut blocked = if first {
+                        self.blocker(&t.job_id)
+                    } else {
+                        self.behind_its_key(&t.job_id)
+                    };
                     // Held by its key while a worker could take it: it waits on, its timeout
                     // anew. Held by its pools as well: it times out for their reason.
-                    if blocked.code == WaitReason::ConcurrencyLimited
+                    if blocked.code.is_flow_limit()
                         && let Some(pools) = self.blocker_but_key(&t.job_id)
                     {
                         blocked = pools;
                     }
-                    if blocked.code == WaitReason::ConcurrencyLimited {
+                    if blocked.code.is_flow_limit() {
                         self.emit(Event::JobWaiting(JobWaiting {
                             job_id: t.job_id.clone(),
                             reason_code: blocked.code.as_str().to_owned(),

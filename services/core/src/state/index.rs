@@ -7,7 +7,10 @@ use crate::events::{Event, Input, JobState};
 use crate::records::Millis;
 use crate::rules::Timing;
 
-use super::{HISTORY_MAX, Job, KeyGroup, Lane, QueueKey, State, Timer, TimerKind, Worker};
+use super::{
+    Bucket, BucketKey, HISTORY_MAX, Job, KeyGroup, KeyLimit, Lane, QueueKey, State, Timer,
+    TimerKind, Worker,
+};
 
 /// A history line to write ([`State::write_history`]): when, and the event with its entry's
 /// input, which say what it is. Its text is written only when the line is kept for the
@@ -63,10 +66,18 @@ impl Entries {
                 .filter(|_| on)
                 .map(|c| (job.request.tenant_id.clone(), c.key.clone()))
         };
+        // A keyed job waiting out a retry's backoff keeps its key's slot, and comes back to
+        // its first place in the key's queue: a limit of 1 runs the key's jobs in order,
+        // retries included.
+        let retrying = job.state == JobState::Pending && job.retry_at.is_some();
+        let queued_at = job.queued_at.map(|q| match &job.concurrency {
+            Some(_) => job.first_queued_at.map_or(q, |first| first.min(q)),
+            None => q,
+        });
         Entries {
-            queued_at: job.queued_at,
-            active_key: key(active),
-            live_key: key(active || job.queued_at.is_some()),
+            queued_at,
+            active_key: key(active || retrying),
+            live_key: key(active || retrying || job.queued_at.is_some()),
             active_on: active.then(|| job.worker_id.clone()),
             timers,
         }
@@ -98,7 +109,10 @@ struct Indexes<'a> {
     key_active: &'a mut BTreeMap<String, BTreeMap<String, i64>>,
     key_live: &'a mut BTreeMap<(String, String), i64>,
     key_groups: &'a mut BTreeMap<KeyGroup, std::collections::BTreeSet<(QueueKey, Lane)>>,
-    groups_of_key: &'a mut BTreeMap<(String, String), std::collections::BTreeSet<(String, u32)>>,
+    groups_of_key:
+        &'a mut BTreeMap<(String, String), std::collections::BTreeSet<(String, KeyLimit)>>,
+    buckets: &'a BTreeMap<BucketKey, Bucket>,
+    clock: Millis,
     woken: &'a mut std::collections::BTreeSet<String>,
     timers: &'a mut std::collections::BTreeSet<Timer>,
     tenant_active: &'a mut BTreeMap<String, i64>,
@@ -271,7 +285,7 @@ impl Indexes<'_> {
             }
             return;
         };
-        let group_key = (pool.to_owned(), lane.tenant.clone(), c.key.clone(), c.limit);
+        let group_key = (pool.to_owned(), lane.tenant.clone(), c.clone());
         let group = self.key_groups.entry(group_key.clone()).or_default();
         let first_before = group.first().cloned();
         if let Some(o) = old {
@@ -285,7 +299,7 @@ impl Indexes<'_> {
         if first_after.is_none() {
             self.key_groups.remove(&group_key);
             if let Some(g) = self.groups_of_key.get_mut(&of_key) {
-                g.remove(&(pool.to_owned(), c.limit));
+                g.remove(&(pool.to_owned(), c.clone()));
                 if g.is_empty() {
                     self.groups_of_key.remove(&of_key);
                 }
@@ -294,7 +308,7 @@ impl Indexes<'_> {
             (self.groups_of_key)
                 .entry(of_key)
                 .or_default()
-                .insert((pool.to_owned(), c.limit));
+                .insert((pool.to_owned(), c.clone()));
         }
         if first_before == first_after {
             return;
@@ -305,7 +319,7 @@ impl Indexes<'_> {
             remove_head(self.parked, pool, &f);
         }
         if let Some(f) = first_after {
-            let into = if at_limit(self.key_active, &f.1) {
+            let into = if self.held(&f.1.tenant, c) {
                 &mut *self.parked
             } else {
                 &mut *self.lane_heads
@@ -315,33 +329,38 @@ impl Indexes<'_> {
     }
 
     /// Adds `delta` to a key's active jobs, then parks its groups that reached their limit
-    /// and brings back those below it (their pools are `woken`, for the decider to pass).
+    /// and brings back those below it ([`Indexes::recheck_key`]).
     fn count_key(&mut self, tenant: &str, key: &str, delta: i64) {
         let counts = self.key_active.entry(tenant.to_owned()).or_default();
         let n = counts.entry(key.to_owned()).or_default();
         *n += delta;
-        let active = *n;
-        if active <= 0 {
+        if *n <= 0 {
             counts.remove(key);
             if counts.is_empty() {
                 self.key_active.remove(tenant);
             }
         }
+        self.recheck_key(tenant, key);
+    }
+
+    /// Parks a key's groups that are held (at their limit, or their rate spent) and brings
+    /// back those that are not (their pools are `woken`, for the decider to pass).
+    fn recheck_key(&mut self, tenant: &str, key: &str) {
         let Some(groups) = self.groups_of_key.get(&(tenant.to_owned(), key.to_owned())) else {
             return;
         };
-        for (pool, limit) in groups {
-            let group_key = (pool.clone(), tenant.to_owned(), key.to_owned(), *limit);
+        for (pool, limits) in groups {
+            let group_key = (pool.clone(), tenant.to_owned(), limits.clone());
             let Some(first) = self.key_groups.get(&group_key).and_then(|g| g.first()) else {
                 continue;
             };
-            let full = active >= i64::from(*limit);
-            if full && remove_head(self.lane_heads, pool, first) {
+            let held = held(self.key_active, self.buckets, self.clock, tenant, limits);
+            if held && remove_head(self.lane_heads, pool, first) {
                 self.parked
                     .entry(pool.clone())
                     .or_default()
                     .insert(first.clone());
-            } else if !full && remove_head(self.parked, pool, first) {
+            } else if !held && remove_head(self.parked, pool, first) {
                 self.lane_heads
                     .entry(pool.clone())
                     .or_default()
@@ -349,6 +368,11 @@ impl Indexes<'_> {
                 self.woken.insert(pool.clone());
             }
         }
+    }
+
+    /// Whether a group of `tenant`'s key with these limits is held now.
+    fn held(&self, tenant: &str, limits: &KeyLimit) -> bool {
+        held(self.key_active, self.buckets, self.clock, tenant, limits)
     }
 
     fn join_worker(&mut self, id: &str, worker_id: &str) {
@@ -398,13 +422,23 @@ fn remove_head(
     removed
 }
 
-/// Whether a lane's concurrency key has as many active jobs as the lane's limit allows.
-fn at_limit(key_active: &BTreeMap<String, BTreeMap<String, i64>>, lane: &Lane) -> bool {
-    lane.concurrency.as_ref().is_some_and(|c| {
-        (key_active.get(&lane.tenant))
-            .and_then(|k| k.get(&c.key))
-            .is_some_and(|n| *n >= i64::from(c.limit))
-    })
+/// Whether a key's jobs with these limits are held now: the key has as many active jobs as
+/// the limit allows, or a rate and a bucket that frees later than `clock`.
+fn held(
+    key_active: &BTreeMap<String, BTreeMap<String, i64>>,
+    buckets: &BTreeMap<BucketKey, Bucket>,
+    clock: Millis,
+    tenant: &str,
+    limits: &KeyLimit,
+) -> bool {
+    let at_limit = (key_active.get(tenant))
+        .and_then(|k| k.get(&limits.key))
+        .is_some_and(|n| *n >= i64::from(limits.limit));
+    at_limit
+        || limits.rate.is_some_and(|rate| {
+            (buckets.get(&(tenant.to_owned(), limits.key.clone(), rate)))
+                .is_some_and(|b| b.free_at() > clock)
+        })
 }
 
 /// What of a job may not change while it lives: the indexes file it by these.
@@ -430,6 +464,8 @@ impl State {
             key_live,
             key_groups,
             groups_of_key,
+            buckets,
+            clock,
             woken,
             timers,
             tenant_active,
@@ -451,6 +487,8 @@ impl State {
                 key_live,
                 key_groups,
                 groups_of_key,
+                buckets,
+                clock: *clock,
                 woken,
                 timers,
                 tenant_active,
@@ -657,6 +695,9 @@ impl State {
         self.key_live.clear();
         self.key_groups.clear();
         self.groups_of_key.clear();
+        self.bucket_changes = (self.buckets.iter())
+            .map(|(k, b)| (b.next_change(self.clock), k.clone()))
+            .collect();
         self.timers.clear();
         self.tenant_active.clear();
         self.tenant_pending.clear();
@@ -691,7 +732,7 @@ impl State {
         };
         let mut changed = Vec::new();
         for (id, job) in self.jobs.iter_any_order_mut() {
-            if job.queued_at.is_none() && !job.state.is_active() {
+            if job.queued_at.is_none() && !job.state.is_active() && job.retry_at.is_none() {
                 continue;
             }
             let now = job.concurrency_under(&config.rules);
@@ -702,6 +743,55 @@ impl State {
         }
         for id in changed {
             self.mark_job(&id);
+        }
+    }
+
+    /// A job of `tenant` with these limits was placed now: it takes a token of its key's
+    /// bucket under its rate, which may hold the key's groups until the bucket frees.
+    pub(crate) fn take_token(&mut self, tenant: &str, limits: &KeyLimit) {
+        let Some(rate) = limits.rate else { return };
+        let k: BucketKey = (tenant.to_owned(), limits.key.clone(), rate);
+        let now_us = self.clock.saturating_mul(1_000);
+        if let Some(old) = self.buckets.get(&k) {
+            let old_change = old.next_change(self.clock);
+            self.bucket_changes.remove(&(old_change, k.clone()));
+        }
+        let b = self.buckets.entry(k.clone()).or_insert(Bucket {
+            next_token_us: now_us,
+            tolerance_us: 0,
+        });
+        b.next_token_us = b
+            .next_token_us
+            .max(now_us)
+            .saturating_add(rate.interval_us());
+        b.tolerance_us = rate.tolerance_us();
+        let change = b.next_change(self.clock);
+        self.bucket_changes.insert((change, k.clone()));
+        self.mark_bucket(&k);
+        let (_, mut ix, _, _) = self.split();
+        ix.recheck_key(tenant, &limits.key);
+    }
+
+    /// At the start of an entry, once the clock moved: buckets whose time came free their
+    /// keys' groups (their pools `woken`) or, full again, are forgotten.
+    pub(crate) fn advance_buckets(&mut self) {
+        while let Some(first) = self.bucket_changes.first()
+            && first.0 <= self.clock
+        {
+            let Some((_, k)) = self.bucket_changes.pop_first() else {
+                break;
+            };
+            if let Some(b) = self.buckets.get(&k) {
+                if b.full_at() <= self.clock {
+                    self.buckets.remove(&k);
+                    self.mark_bucket(&k);
+                } else {
+                    let change = b.next_change(self.clock);
+                    self.bucket_changes.insert((change, k.clone()));
+                }
+            }
+            let (_, mut ix, _, _) = self.split();
+            ix.recheck_key(&k.0, &k.1);
         }
     }
 
@@ -727,6 +817,9 @@ impl State {
         rebuilt.rebuild_indexes();
         if rebuilt.queues != self.queues {
             problems.push("pending queues disagree with job records".to_owned());
+        }
+        if rebuilt.bucket_changes != self.bucket_changes {
+            problems.push("rate limit timers disagree with the buckets".to_owned());
         }
         if rebuilt.key_active != self.key_active || rebuilt.key_live != self.key_live {
             problems.push("concurrency key counts disagree with job records".to_owned());

@@ -32,8 +32,12 @@ pub use loading::{ColdStore, Prerequisites};
 pub use records::*;
 pub use tracking::Dirty;
 
-/// A pool's lanes of one concurrency key and limit: (pool, tenant, key, limit).
-pub type KeyGroup = (String, String, String, u32);
+/// A rate limit bucket's identity: (tenant, key, rate). Jobs of one key under different
+/// rates (topics sharing keys, or a rate changed) take tokens from buckets of their own.
+pub type BucketKey = (String, String, crate::rules::Rate);
+
+/// A pool's lanes of one concurrency key and its limits: (pool, tenant, key and limits).
+pub type KeyGroup = (String, String, KeyLimit);
 
 /// Everything the scheduler knows.
 #[derive(Debug, Clone, Default)]
@@ -93,8 +97,14 @@ pub struct State {
     /// Derived: (pool, tenant, key, limit) -> the heads of the lanes of that concurrency
     /// key and limit in the pool; only the first of them is in `lane_heads` or `parked`.
     pub key_groups: BTreeMap<KeyGroup, BTreeSet<(QueueKey, Lane)>>,
-    /// Derived: (tenant, concurrency key) -> the (pool, limit) of each of its groups.
-    pub groups_of_key: BTreeMap<(String, String), BTreeSet<(String, u32)>>,
+    /// Derived: (tenant, concurrency key) -> the (pool, limits) of each of its groups.
+    pub groups_of_key: BTreeMap<(String, String), BTreeSet<(String, KeyLimit)>>,
+    /// (tenant, key, rate) -> the key's token bucket under that rate, while it is not
+    /// full (SPEC §10).
+    pub buckets: BTreeMap<BucketKey, Bucket>,
+    /// Derived: when each bucket next frees or fills ([`Bucket::next_change`]), which the
+    /// first entry at or after that time acts on.
+    pub bucket_changes: BTreeSet<(Millis, BucketKey)>,
     /// Pools with a lane moved out of `parked` by the entry being decided, which the decider
     /// then passes over. Bookkeeping of one entry: cleared at the next, not projected.
     pub woken: BTreeSet<String>,
@@ -140,6 +150,8 @@ impl PartialEq for State {
             && self.key_live == other.key_live
             && self.key_groups == other.key_groups
             && self.groups_of_key == other.groups_of_key
+            && self.buckets == other.buckets
+            && self.bucket_changes == other.bucket_changes
             && self.dead_letters_by_reason == other.dead_letters_by_reason
             && self.jobs_by_state == other.jobs_by_state
             && self.queues == other.queues

@@ -269,6 +269,9 @@ pub struct Job {
     pub updated_at: Millis,
     /// Set while the job sits in its pools' pending queues.
     pub queued_at: Option<Millis>,
+    /// When it was first queued. A job with a concurrency key stands in its queues by this
+    /// time, so a retry comes back to its place in its key's order.
+    pub first_queued_at: Option<Millis>,
     /// Set while the job waits out a retry backoff.
     pub retry_at: Option<Millis>,
     pub dispatched_at: Option<Millis>,
@@ -511,12 +514,47 @@ impl Job {
     }
 }
 
-/// A job's concurrency key (its tenant's own) and the most jobs of that key that may be
-/// SCHEDULED, DISPATCHED or RUNNING at once.
+/// A job's concurrency key (its tenant's own), the most jobs of that key that may be
+/// SCHEDULED, DISPATCHED or RUNNING at once (`u32::MAX`: no limit), and the rate its jobs
+/// may be placed at, if limited.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct KeyLimit {
     pub key: String,
     pub limit: u32,
+    pub rate: Option<crate::rules::Rate>,
+}
+
+/// A key's token bucket (SPEC §10 rate limits), as GCRA keeps one: the time its next token
+/// is due, and how far ahead of it a placement may take one (the burst of the last job
+/// that took a token). A key placed at its rate with the bucket empty is held until
+/// [`Bucket::free_at`]; a bucket past [`Bucket::full_at`] is full, and forgotten.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Bucket {
+    /// Microseconds of log time.
+    pub next_token_us: i64,
+    pub tolerance_us: i64,
+}
+
+impl Bucket {
+    /// The first millisecond at which a token may be taken.
+    pub fn free_at(&self) -> Millis {
+        ceil_ms(self.next_token_us - self.tolerance_us)
+    }
+
+    /// The first millisecond at which the bucket is full again (as if it never was used).
+    pub fn full_at(&self) -> Millis {
+        ceil_ms(self.next_token_us)
+    }
+
+    /// When the bucket's state next changes, seen at `clock`: it frees, or it fills.
+    pub fn next_change(&self, clock: Millis) -> Millis {
+        let free = self.free_at();
+        if free > clock { free } else { self.full_at() }
+    }
+}
+
+fn ceil_ms(us: i64) -> Millis {
+    us.div_euclid(1_000) + i64::from(us.rem_euclid(1_000) != 0)
 }
 
 /// Position of a job in a pool's pending queue: priority, then age, then job_id.

@@ -12,6 +12,8 @@ pub struct Dirty {
     pub jobs: BTreeSet<String>,
     pub workers: BTreeSet<String>,
     pub breakers: BTreeSet<String>,
+    /// Rate limit buckets changed or gone (a key the state no longer holds is gone).
+    pub buckets: BTreeSet<super::BucketKey>,
     pub sagas: BTreeSet<String>,
     /// Schedules changed or deleted (a key the state no longer holds was deleted).
     pub schedules: BTreeSet<String>,
@@ -79,6 +81,12 @@ impl State {
     pub(crate) fn mark_breaker(&mut self, pool: &str) {
         if let Some(d) = self.dirty.as_mut() {
             d.breakers.insert(pool.to_owned());
+        }
+    }
+
+    pub(crate) fn mark_bucket(&mut self, key: &super::BucketKey) {
+        if let Some(d) = self.dirty.as_mut() {
+            d.buckets.insert(key.clone());
         }
     }
 

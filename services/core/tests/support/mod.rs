@@ -472,6 +472,9 @@ impl Sim {
         assert_eq!(self.partial.queues, self.state.queues);
         assert_eq!(self.partial.timers, self.state.timers);
         assert_eq!(self.partial.breakers, self.state.breakers);
+        assert_eq!(self.partial.buckets, self.state.buckets);
+        assert_eq!(self.behind.buckets, self.state.buckets);
+        assert_eq!(self.folded.buckets, self.state.buckets);
         assert_eq!(self.folded.workers, self.state.workers);
         assert_eq!(self.folded.queues, self.state.queues);
         assert_eq!(self.folded.timers, self.state.timers);

@@ -76,7 +76,7 @@ impl OneOrMany {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(
     untagged,
-    expecting = "a pool, a list of pools, or {pools: [...], tenants: [...], principal: ..., concurrency: {key: ..., limit: N}} (no other keys)"
+    expecting = "a pool, a list of pools, or {pools: [...], tenants: [...], principal: ..., concurrency: {key: ..., limit: N, rate: N/PERIOD, burst: N}} (no other keys)"
 )]
 pub enum TopicRoute {
     Pools(OneOrMany),
@@ -97,7 +97,8 @@ pub struct BoundTopic {
     /// who submitted them. Optional.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub principal: Option<String>,
-    /// At most `limit` of its jobs of one concurrency key at once (SPEC §10). Optional.
+    /// At most `limit` of its jobs of one concurrency key at once, and at most `rate` of them
+    /// placed per period (SPEC §10). Optional.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub concurrency: Option<ksched_core::rules::ConcurrencyRule>,
 }

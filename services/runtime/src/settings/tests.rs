@@ -37,7 +37,7 @@ fn a_topic_limits_concurrency_per_key_in_pools_yaml() {
     rules.validate().unwrap();
     assert_eq!(rules.topic_concurrency.len(), 2);
     assert_eq!(rules.topic_concurrency["job.pay"].label(), Some("customer"));
-    assert_eq!(rules.topic_concurrency["job.pay"].limit, 1);
+    assert_eq!(rules.topic_concurrency["job.pay"].limit, Some(1));
     assert_eq!(
         rules.topic_concurrency["job.bulk"].label(),
         Some("concurrency_key"),
@@ -61,6 +61,31 @@ fn a_topic_limits_concurrency_per_key_in_pools_yaml() {
             .to_string()
             .contains("label:NAME")
     );
+}
+
+#[test]
+fn a_topic_limits_the_rate_per_key_in_pools_yaml() {
+    let pools = parse_pools(
+        "topics:\n  job.calls:\n    pools: default\n    concurrency: {key: tenant, rate: 100/1m, burst: 10}\n\
+         pools:\n  default: {}\n",
+    )
+    .unwrap();
+    let mut rules = Rules::default();
+    pools.apply_to(&mut rules);
+    rules.validate().unwrap();
+    let rule = &rules.topic_concurrency["job.calls"];
+    assert_eq!(rule.limit, None);
+    let rate = rule.rate_limit().unwrap();
+    assert_eq!((rate.count, rate.per_ms, rate.burst), (100, 60_000, 10));
+    for bad in ["rate: fast", "rate: 0/s", "burst: 3", "{}"] {
+        let yaml = format!(
+            "topics:\n  job.calls:\n    pools: default\n    concurrency: {{key: tenant, {}}}\npools:\n  default: {{}}\n",
+            bad.trim_matches(['{', '}'])
+        );
+        let mut r = Rules::default();
+        parse_pools(&yaml).unwrap().apply_to(&mut r);
+        assert!(r.validate().is_err(), "{bad} was taken");
+    }
 }
 
 #[test]
