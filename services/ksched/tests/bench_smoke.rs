@@ -141,3 +141,13 @@ fn the_timers_dispatch_benchmark_runs_every_delayed_job_and_none_early() {
     assert_eq!(r["due_to_dispatch_visible_ms"]["samples"], 300, "{r}");
     assert_eq!(r["due_to_decided_ms"]["samples"], 300, "{r}");
 }
+
+#[test]
+fn the_flow_benchmark_runs_the_same_jobs_with_and_without_key_limits() {
+    let (_, r) = bench(&["--smoke", "--flow-keys", "50"].map(std::ffi::OsStr::new));
+    // The bench fails unless every job of both runs completed.
+    assert_eq!(r["keys"], 50, "{r}");
+    assert_eq!(r["limit"], 1, "{r}");
+    assert_eq!(r["unlimited"]["jobs"], r["limited"]["jobs"], "{r}");
+    assert!(r["ratio"].as_f64().is_some_and(|x| x > 0.0), "{r}");
+}

@@ -266,6 +266,9 @@ pub(super) struct Rig {
     epoch: Instant,
     seq: u64,
     label: String,
+    /// Jobs submitted carry one of this many concurrency keys (the `concurrency_key`
+    /// label), in turn.
+    pub(super) keys: Option<u64>,
 }
 
 fn now_ms(epoch: Instant) -> f64 {
@@ -385,6 +388,7 @@ impl Rig {
             epoch,
             seq: 0,
             label: label.to_owned(),
+            keys: None,
         };
         rig.wait_workers(workers)?;
         Ok(rig)
@@ -443,7 +447,7 @@ impl Rig {
             self.seq += 1;
             let topic = &topics[(self.seq as usize) % topics.len()];
             let id = format!("{}-{}", self.label, self.seq);
-            let req = JobRequest {
+            let mut req = JobRequest {
                 job_id: id.clone(),
                 topic: topic.clone(),
                 tenant_id: format!("tenant-{}", self.seq % 10),
@@ -451,6 +455,12 @@ impl Rig {
                 not_before: not_before(i),
                 ..Default::default()
             };
+            if let Some(keys) = self.keys {
+                req.labels.insert(
+                    ksched_core::rules::ConcurrencyRule::DEFAULT_LABEL.to_owned(),
+                    format!("key-{}", self.seq % keys.max(1)),
+                );
+            }
             let bytes = ksched_codec::encode(&req)?;
             self.times
                 .lock()

@@ -5,6 +5,7 @@
 mod baseline;
 mod e2e;
 mod failover;
+mod flow;
 mod history;
 mod machine;
 mod memory;
@@ -123,6 +124,13 @@ pub(crate) struct BenchArgs {
     /// the setting's default (1000).
     #[arg(long, value_name = "MS")]
     pub tick_interval_ms: Option<u64>,
+    /// Only measure what concurrency keys cost: saturation with each job carrying one of
+    /// this many keys, without limits and then with each key limited to `--flow-limit`.
+    #[arg(long, value_name = "KEYS", conflicts_with_all = ["timers", "timers_dispatch", "memory", "shards"])]
+    pub flow_keys: Option<u64>,
+    /// With `--flow-keys`: the most jobs of one key at once.
+    #[arg(long, default_value_t = 1, value_name = "N", requires = "flow_keys")]
+    pub flow_limit: u32,
     #[command(flatten)]
     pub kafka: crate::kafka_args::KafkaArgs,
 }
@@ -394,6 +402,9 @@ fn bench(args: BenchArgs) -> Result<()> {
     }
     if let Some(counts) = &args.shards {
         return shards_only(&args, counts);
+    }
+    if let Some(keys) = args.flow_keys {
+        return flow::keys_only(&args, keys);
     }
     let total = Instant::now();
     let sizes = Sizes::of(args.smoke);
