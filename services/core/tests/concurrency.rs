@@ -6,7 +6,7 @@
 mod support;
 
 use ksched_core::events::*;
-use ksched_core::records::{JobRequest, Priority, ResultStatus};
+use ksched_core::records::{Priority, ResultStatus};
 use ksched_core::rules::{ConcurrencyRule, PoolRules, Rules};
 use support::*;
 
@@ -26,22 +26,6 @@ fn limited(limit: u32) -> Rules {
         },
     );
     r
-}
-
-fn keyed(id: &str, key: &str) -> JobRequest {
-    let mut j = job(id);
-    j.labels.insert("concurrency_key".into(), key.into());
-    j
-}
-
-fn dispatched(events: &[Event]) -> Vec<&str> {
-    events
-        .iter()
-        .filter_map(|e| match e {
-            Event::JobDispatched(d) => Some(d.job_id.as_str()),
-            _ => None,
-        })
-        .collect()
 }
 
 fn succeed(sim: &mut Sim, id: &str) -> Vec<Event> {

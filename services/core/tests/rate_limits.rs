@@ -7,7 +7,7 @@
 mod support;
 
 use ksched_core::events::*;
-use ksched_core::records::{JobRequest, ResultStatus};
+use ksched_core::records::ResultStatus;
 use ksched_core::rules::{ConcurrencyRule, Rate, Rules};
 use support::*;
 
@@ -27,22 +27,6 @@ fn rated(rate: &str, burst: Option<u32>, limit: Option<u32>) -> Rules {
         },
     );
     r
-}
-
-fn keyed(id: &str, key: &str) -> JobRequest {
-    let mut j = job(id);
-    j.labels.insert("concurrency_key".into(), key.into());
-    j
-}
-
-fn dispatched(events: &[Event]) -> Vec<&str> {
-    events
-        .iter()
-        .filter_map(|e| match e {
-            Event::JobDispatched(d) => Some(d.job_id.as_str()),
-            _ => None,
-        })
-        .collect()
 }
 
 /// A worker in `default` that takes a thousand jobs at once and keeps heartbeating.

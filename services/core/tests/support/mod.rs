@@ -686,6 +686,24 @@ impl Sim {
 }
 
 /// Names of events, for compact assertions.
+/// A job of `job.default` carrying concurrency key `key` (the `concurrency_key` label).
+pub(crate) fn keyed(id: &str, key: &str) -> JobRequest {
+    let mut j = job(id);
+    j.labels.insert("concurrency_key".into(), key.into());
+    j
+}
+
+/// The jobs dispatched by `events`, in order.
+pub(crate) fn dispatched(events: &[Event]) -> Vec<&str> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            Event::JobDispatched(d) => Some(d.job_id.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
 pub(crate) fn names(events: &[Event]) -> Vec<&'static str> {
     events.iter().map(Event::name).collect()
 }
