@@ -47,12 +47,7 @@ pub(super) fn keys_only(args: &BenchArgs, keys: u64) -> Result<()> {
                 );
             }
         }
-        let rt = tokio::runtime::Runtime::new()?;
-        rt.block_on(ksched_runtime::topics::ensure_topics(
-            &config.settings,
-            &ksched_runtime::topics_of(&config),
-        ))?;
-        drop(rt);
+        super::ensure_topics(&config)?;
         phase(&format!(
             "flow: {turns} x {} jobs over {keys} keys, {}",
             sizes.saturation_jobs,

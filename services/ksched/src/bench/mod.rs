@@ -221,6 +221,16 @@ fn bench_config(
     }
 }
 
+/// Creates the topics of `config` that are missing.
+fn ensure_topics(config: &Config) -> Result<()> {
+    let rt = tokio::runtime::Runtime::new()?;
+    rt.block_on(ksched_runtime::topics::ensure_topics(
+        &config.settings,
+        &ksched_runtime::topics_of(config),
+    ))?;
+    Ok(())
+}
+
 /// Writes `config` as files `ksched run --config` reads.
 fn write_config(config: &Config, dir: &Path) -> Result<PathBuf> {
     std::fs::create_dir_all(dir.join("policy"))?;

@@ -59,12 +59,7 @@ pub(super) fn run(
     fleet: Fleet,
     jobs: u64,
 ) -> Result<ShardRun> {
-    let rt = tokio::runtime::Runtime::new()?;
-    rt.block_on(ksched_runtime::topics::ensure_topics(
-        &config.settings,
-        &ksched_runtime::topics_of(&config),
-    ))?;
-    drop(rt);
+    super::ensure_topics(&config)?;
     // The same workers whatever the shard count (at least one per pool), spread over the
     // pools: every count carries the same fleet, and only the processors differ.
     let fleet = Fleet {

@@ -335,12 +335,7 @@ pub(super) fn dispatch_only(args: &BenchArgs, jobs: u64) -> Result<()> {
     let mut config = bench_config(&kafka, &prefix, &work.path().join("timers"), None);
     super::tune(args, &mut config);
     let tick_ms = config.settings.processor.tick_interval_ms;
-    let rt = tokio::runtime::Runtime::new()?;
-    rt.block_on(ksched_runtime::topics::ensure_topics(
-        &config.settings,
-        &ksched_runtime::topics_of(&config),
-    ))?;
-    drop(rt);
+    super::ensure_topics(&config)?;
     let window = std::time::Duration::from_secs(args.timers_window_secs.max(1));
     // Submitted well before the first is due (submission runs at tens of thousands a second).
     let lead = std::time::Duration::from_secs(10 + jobs / 20_000);
