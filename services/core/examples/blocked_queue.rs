@@ -50,6 +50,7 @@ fn run(blocked: usize, inputs: usize, max_scan: u32, distinct_labels: bool) -> f
         TenantRules {
             max_concurrent_jobs: Some(1),
             max_pending_jobs: None,
+            weight: None,
         },
     );
     rules.limits.max_pending_per_pool = i64::MAX;

@@ -48,6 +48,7 @@ pub(crate) fn begin_entry(state: &mut State, log_time: Millis, input: &Input) {
     }
     if let Input::Tick(t) = input {
         state.watermark = state.watermark.max(t.watermark.unwrap_or(log_time));
+        state.prune_shares();
     }
     state.advance_buckets();
 }
@@ -250,7 +251,7 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
                 b.probes.insert(e.job_id.clone());
                 state.mark_breaker(&e.pool);
             }
-            let rated = state.update_job_logged(&e.job_id, Some(line(event, at)), |j| {
+            let placed = state.update_job_logged(&e.job_id, Some(line(event, at)), |j| {
                 enter(j, JobState::Scheduled);
                 j.attempt = e.attempt;
                 j.queued_at = None;
@@ -258,12 +259,20 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
                 j.worker_id = Some(e.worker_id.clone());
                 j.pool = Some(e.pool.clone());
                 j.updated_at = now;
-                (j.concurrency.as_ref())
+                let rated = (j.concurrency.as_ref())
                     .filter(|c| c.rate.is_some())
-                    .map(|c| (j.request.tenant_id.clone(), c.clone()))
+                    .cloned();
+                (
+                    j.request.tenant_id.clone(),
+                    j.request.priority.rank(),
+                    rated,
+                )
             });
-            if let Some((tenant, limits)) = rated.flatten() {
-                state.take_token(&tenant, &limits);
+            if let Some((tenant, rank, rated)) = placed {
+                state.charge_share(&e.pool, rank, &tenant);
+                if let Some(limits) = rated {
+                    state.take_token(&tenant, &limits);
+                }
             }
         }
         Event::JobDispatched(e) => {

@@ -62,7 +62,15 @@ pub struct TenantRules {
     pub max_concurrent_jobs: Option<i32>,
     /// Most PENDING jobs queued at once; overrides `limits.max_pending_per_tenant`.
     pub max_pending_jobs: Option<i64>,
+    /// The tenant's weight in each pool's fair share (SPEC §10): tenants with jobs waiting
+    /// at one priority are placed in proportion to their weights. 1 to
+    /// [`MAX_SHARE_WEIGHT`]; default 1. Left out of the journaled rules when not set.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub weight: Option<u32>,
 }
+
+/// The largest fair share weight a tenant may have.
+pub const MAX_SHARE_WEIGHT: u32 = 1_000;
 
 /// Timers (all in milliseconds).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -554,6 +562,15 @@ impl Rules {
                 "tenant {t:?} must be non-empty and must not contain ':' or '*' (\"*\" alone holds the defaults)"
             ));
         }
+        for (t, rules) in &self.tenants {
+            if let Some(w) = rules.weight
+                && !(1..=MAX_SHARE_WEIGHT).contains(&w)
+            {
+                return err(format!(
+                    "tenant {t}: weight {w} must be from 1 to {MAX_SHARE_WEIGHT}"
+                ));
+            }
+        }
         for (name, pool) in &self.pools {
             if let Some(p) = pool.workers.iter().find(|p| p.trim().is_empty()) {
                 return err(format!("pool {name}: worker pattern {p:?} is empty"));
@@ -728,6 +745,11 @@ impl Rules {
             limit: rule.limit.unwrap_or(u32::MAX),
             rate: rule.rate_limit(),
         })
+    }
+
+    /// `tenant`'s weight in a pool's fair share: its own, else the `"*"` default, else 1.
+    pub fn share_weight(&self, tenant: &str) -> u32 {
+        self.tenant_limit(tenant, |t| t.weight).unwrap_or(1)
     }
 
     /// Most SCHEDULED + DISPATCHED + RUNNING jobs `tenant` may have, if limited.

@@ -500,6 +500,7 @@ fn a_pass_looks_at_a_lane_of_held_jobs_once_and_keeps_queue_order() {
         ksched_core::rules::TenantRules {
             max_concurrent_jobs: Some(1),
             max_pending_jobs: None,
+            weight: None,
         },
     );
     let mut sim = Sim::with_rules(rules);

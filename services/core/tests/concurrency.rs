@@ -374,11 +374,9 @@ fn a_keys_jobs_in_a_pool_stand_as_one_oldest_first() {
         sim.submit(j);
     }
     let heads = |sim: &Sim| {
-        let count = |m: &std::collections::BTreeMap<String, std::collections::BTreeSet<_>>| {
-            m.get("default")
-                .map_or(0, |s: &std::collections::BTreeSet<_>| s.len())
-        };
-        (count(&sim.state.lane_heads), count(&sim.state.parked))
+        let walked = sim.state.lane_heads.get("default").map_or(0, |h| h.len());
+        let parked = sim.state.parked.get("default").map_or(0, |s| s.len());
+        (walked, parked)
     };
     assert_eq!(heads(&sim), (0, 1), "199 lanes, one parked entry");
     assert_eq!(sim.state.lanes["default"].len(), 199);

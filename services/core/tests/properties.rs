@@ -30,6 +30,8 @@ enum Op {
         delay: Option<u16>,
         /// Its `concurrency_key` label (SPEC §10).
         ckey: Option<u8>,
+        /// Its tenant ([`TENANTS`]): tenants share pools by weight (SPEC §10 fair share).
+        tenant: u8,
     },
     Heartbeat {
         worker: u8,
@@ -97,8 +99,8 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        3 => (0..12u8, 0..4u8, 0..3u8, 0..6u8, proptest::option::of(0..3u8), proptest::option::of(1..600u16), proptest::option::of(0..600u16), proptest::option::of(0..3u8))
-            .prop_map(|(job, topic, priority, risk, key, deadline, delay, ckey)| Op::Submit { job, topic, priority, risk, key, deadline, delay, ckey }),
+        3 => (0..12u8, 0..4u8, 0..3u8, 0..6u8, proptest::option::of(0..3u8), proptest::option::of(1..600u16), proptest::option::of(0..600u16), proptest::option::of(0..3u8), 0..3u8)
+            .prop_map(|(job, topic, priority, risk, key, deadline, delay, ckey, tenant)| Op::Submit { job, topic, priority, risk, key, deadline, delay, ckey, tenant }),
         2 => (0..4u8, 0..4u8, 0..100u8, 0..4u8, any::<bool>())
             .prop_map(|(worker, pool, cpu, max, draining)| Op::Heartbeat { worker, pool, cpu, max, draining: draining && worker == 3 }),
         2 => (0..12u8, 0..4u8, -1..2i8).prop_map(|(job, worker, attempt_delta)| Op::Started { job, worker, attempt_delta }),
@@ -157,11 +159,13 @@ fn policy() -> ScriptPolicy {
 
 const TOPICS: [&str; 4] = ["job.default", "job.multi", "job.gpu", "job.unmapped"];
 const POOLS: [&str; 4] = ["default", "a", "b", "gpu"];
+/// Two of three jobs are acme's (the tenant sagas and schedules use).
+const TENANTS: [&str; 3] = ["acme", "acme", "initech"];
 const RISKS: [&str; 6] = ["", "", "deny", "approve", "limited", "pii"];
 
 /// The rules of a run, with concurrency limits of `limit` (0: none) and rate limits as
 /// [`Op::Limit`] says: `job.default` by its `concurrency_key` label, `job.multi` one key per
-/// tenant.
+/// tenant. initech weighs 3 in fair share when `limit` is even, 1 when odd.
 fn run_rules(limit: u8, rate: u8) -> ksched_core::rules::Rules {
     let mut r = rules();
     r.breaker.consecutive_failures = 3;
@@ -170,6 +174,13 @@ fn run_rules(limit: u8, rate: u8) -> ksched_core::rules::Rules {
     r.timing.dispatch_timeout_ms = 20_000;
     r.timing.placement_timeout_ms = 60_000;
     r.limits.max_concurrency_keys = 2;
+    r.tenants.insert(
+        "initech".into(),
+        ksched_core::rules::TenantRules {
+            weight: Some(if limit.is_multiple_of(2) { 3 } else { 1 }),
+            ..Default::default()
+        },
+    );
     let (rate, burst) = match rate {
         1 => (Some("1/s".to_owned()), Some(1)),
         2 => (Some("3/2s".to_owned()), Some(2)),
@@ -208,8 +219,10 @@ fn run(ops: &[Op]) -> Sim {
                 deadline,
                 delay,
                 ckey,
+                tenant,
             } => {
                 let mut req = job(&format!("j{j}"));
+                req.tenant_id = TENANTS[tenant as usize].into();
                 if let Some(c) = ckey {
                     req.labels.insert("concurrency_key".into(), format!("c{c}"));
                 }

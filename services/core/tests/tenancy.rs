@@ -87,6 +87,7 @@ fn the_star_tenant_holds_the_defaults_for_tenants_not_listed() {
         TenantRules {
             max_concurrent_jobs: Some(1),
             max_pending_jobs: Some(1),
+            weight: None,
         },
     );
     // Listed, with its own concurrency; its pending limit still comes from "*".

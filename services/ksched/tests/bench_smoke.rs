@@ -151,3 +151,34 @@ fn the_flow_benchmark_runs_the_same_jobs_with_and_without_key_limits() {
     assert_eq!(r["unlimited"]["jobs"], r["limited"]["jobs"], "{r}");
     assert!(r["ratio"].as_f64().is_some_and(|x| x > 0.0), "{r}");
 }
+
+#[test]
+fn the_fair_share_benchmark_places_a_small_tenant_ahead_of_a_large_backlog() {
+    let args = [
+        "--smoke",
+        "--fair-share",
+        "1000",
+        "--workers",
+        "2",
+        "--worker-slots",
+        "4",
+        "--fair-share-work-ms",
+        "10",
+    ];
+    let (_, r) = bench(&args.map(std::ffi::OsStr::new));
+    let behind = &r["behind"];
+    // The bench fails unless every job completed. Fair share places the small tenant's
+    // jobs while most of the large backlog still waits (queue order would place them
+    // after all of it).
+    assert_eq!(behind["small_jobs"], 100, "{r}");
+    assert!(
+        behind["large_waiting_then"].as_u64().is_some_and(|n| n > 0),
+        "{r}"
+    );
+    let w = &r["weighted"];
+    let (h, l) = (
+        w["heavy_dispatched"].as_u64(),
+        w["light_dispatched"].as_u64(),
+    );
+    assert!(h.is_some_and(|h| h > 0) && l.is_some_and(|l| l > 0), "{r}");
+}

@@ -17,7 +17,7 @@
 //! DeadLetter), `delays` (due time | job id of every DELAYED job: the jobs themselves are
 //! not in `active`, and the processor reads these keys as it needs them, not at start),
 //! `rate_buckets` ((tenant, key, rate) -> the token bucket of a rate-limited key, while not
-//! full).
+//! full), `fair_shares` ((pool, priority) -> its fair share between tenants).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -28,7 +28,7 @@ use ksched_core::records::{DeadLetter, Millis};
 use ksched_core::rules::Rules;
 use ksched_core::state::{
     ActiveConfig, Breaker, Bucket, BucketKey, ColdStore, Dirty, HistoryItem, HistoryLines,
-    IdempotencyEntry, Job, Saga, State, Worker,
+    IdempotencyEntry, Job, PoolShare, Saga, ShareKey, State, Worker,
 };
 use rocksdb::{
     ColumnFamily, ColumnFamilyDescriptor, DB, Direction, IteratorMode, Options, WriteBatch,
@@ -96,7 +96,8 @@ pub struct Scanned {
 /// 8: a job keeps its concurrency key and limit, and when its placement timeout last
 /// started again.
 /// 9: a job's concurrency key carries its rate limit; rate limit buckets (`rate_buckets`).
-pub const FORMAT_VERSION: u32 = 9;
+/// 10: each pool's fair share between tenants at each priority (`fair_shares`).
+pub const FORMAT_VERSION: u32 = 10;
 
 /// Most idempotency keys one write deletes when their retention passed; the rest follow in
 /// the next writes, so a prune never becomes one huge batch.
@@ -116,6 +117,7 @@ const CF_PAYLOADS: &str = "payloads";
 const CF_DELAYS: &str = "delays";
 const CF_SCHEDULES: &str = "schedules";
 const CF_BUCKETS: &str = "rate_buckets";
+const CF_SHARES: &str = "fair_shares";
 /// Every column family, in a fixed order.
 pub const CFS: &[&str] = &[
     CF_META,
@@ -132,6 +134,7 @@ pub const CFS: &[&str] = &[
     CF_DELAYS,
     CF_SCHEDULES,
     CF_BUCKETS,
+    CF_SHARES,
 ];
 
 const META_FORMAT: &[u8] = b"format";
@@ -269,6 +272,7 @@ const SCANNED_ONLY: &[&str] = &[
     CF_DELAYS,
     CF_SCHEDULES,
     CF_BUCKETS,
+    CF_SHARES,
 ];
 
 /// Every column family, sharing one block cache.
@@ -572,6 +576,9 @@ impl Store {
         for (_, (k, bucket)) in self.scan::<(BucketKey, Bucket)>(CF_BUCKETS)? {
             state.buckets.insert(k, bucket);
         }
+        for (_, (k, share)) in self.scan::<(ShareKey, PoolShare)>(CF_SHARES)? {
+            state.shares.insert(k, share);
+        }
         for (k, s) in self.scan::<Saga>(CF_SAGAS)? {
             if s.rolling_back() {
                 state.sagas.insert(utf8(k), s);
@@ -694,6 +701,14 @@ impl Store {
             match state.buckets.get(bk) {
                 Some(x) => b.put_cf(self.cf(CF_BUCKETS), k, encode(&(bk, x))),
                 None => b.delete_cf(self.cf(CF_BUCKETS), k),
+            }
+        }
+        for sk in &dirty.shares {
+            // Length-prefixed parts, as the buckets'.
+            let k = self.key(&encode(sk));
+            match state.shares.get(sk) {
+                Some(x) => b.put_cf(self.cf(CF_SHARES), k, encode(&(sk, x))),
+                None => b.delete_cf(self.cf(CF_SHARES), k),
             }
         }
         for wf in &dirty.sagas {

@@ -35,7 +35,7 @@ use crate::state::State;
 pub(crate) use decider::Decider;
 pub(crate) use placement::lane_of;
 
-pub use placement::MAX_CANDIDATES;
+pub use placement::{GROUP_HELD_BOUND, MAX_CANDIDATES};
 pub use reports::{HEARTBEAT_LOAD_STEP, redundant_heartbeat};
 pub use retry::backoff_ms;
 pub use saga::{compensation_id, saga_keys_of, workflow_of};

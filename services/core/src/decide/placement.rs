@@ -1,14 +1,13 @@
 //! Placement: the scheduling pass over pending queues (SPEC §3, §4, §5).
 //!
-//! A pass walks a pool's queue in order (priority, then age, then job_id) and places what it
-//! can. Gates come first (tenant limit, circuit breaker), then the common worker filters
+//! A pass walks a pool's queue by priority, then fair share between tenants, then age (then
+//! job_id), and places what it can. Gates come first (tenant limit, circuit breaker), then the common worker filters
 //! (alive, pool, draining, dispatch partitions, placement labels, overload), then the pool's
 //! strategy picks among the rest. The pass stops for a pool as soon as no worker of it can take
 //! anything more: every job behind would fail the same way, so a full pool costs O(1) per
 //! submission, not O(queue).
 
-use std::collections::BTreeSet;
-use std::ops::Bound::{Excluded, Unbounded};
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::decide::Decider;
 use crate::decide::breaker::breaker_blocks;
@@ -16,8 +15,13 @@ use crate::events::*;
 use crate::reason::{DlqReason, WaitReason};
 use crate::records::Heartbeat;
 use crate::rules::{Overload, Rules};
-use crate::state::{Job, Lane, QueueKey, State, Worker};
+use crate::state::{FairKey, Job, Lane, QueueKey, State, Worker};
 use crate::strategy::{Assessment, Eligible, for_kind};
+
+/// Most lanes of one tenant at one priority a pass finds held before it goes on to the
+/// next tenant: a tenant at its limit with jobs of many lanes (each asking for other
+/// labels, or memory) costs a pass this many looks, not its share of the pass's bound.
+pub const GROUP_HELD_BOUND: u32 = 8;
 
 /// Label naming the worker a job would like (SPEC §3.4).
 pub(super) const LABEL_PREFERRED_WORKER: &str = "preferred_worker_id";
@@ -92,46 +96,67 @@ struct PoolOutcome {
 impl Decider<'_, '_> {
     /// Runs a scheduling pass over each pool's queue, within the entry's work budget.
     ///
-    /// A pass walks the heads of the pool's lanes ([`crate::state::Lane`]) in queue order:
-    /// jobs of one lane are placed or held alike, so when a lane's first job is held the
-    /// rest of it is passed over, and when it is placed the lane's next job comes up in its
-    /// turn. That places exactly what a walk over every queued job would, in the same order,
-    /// while a lane of 100,000 jobs held by their tenant's limit costs one look. At most
-    /// `limits.max_scan_per_entry` lanes are held per pool and pass (each look at one asks
-    /// every worker of the pool); the ones behind wait for the next pass, which starts again
-    /// at the head.
+    /// A pass walks the heads of the pool's lanes ([`crate::state::Lane`]): by priority,
+    /// then by fair share between the tenants of a priority (the one with the least of the
+    /// pool for its weight first, [`crate::state::Heads`]), then in queue order within a
+    /// tenant. Jobs of one lane are placed or held alike, so when a lane's first job is held
+    /// the rest of it is passed over, and when it is placed the lane's next job comes up in
+    /// its turn; a lane of 100,000 jobs held by their tenant's limit costs one look. A
+    /// placement moves its tenant's pass on, so the walk goes back to the first tenant that
+    /// still has a lane it has not found held. At most `limits.max_scan_per_entry` lanes are
+    /// held per pool and pass (each look at one asks every worker of the pool), and at most
+    /// [`GROUP_HELD_BOUND`] of one tenant at one priority; the ones behind wait for the next
+    /// pass, which starts again at the head.
     pub(crate) fn schedule_pools(&mut self, pools: Vec<String>) {
         let pools: BTreeSet<String> = pools.into_iter().collect();
         let bound = self.rules().rules.limits.max_scan_per_entry.max(1);
         for pool in pools {
             self.maybe_half_open(&pool);
-            let mut after: Option<(QueueKey, Lane)> = None;
+            // Groups before `after` in fair share order had every lane held; within a
+            // group, lanes up to its cursor were held (a pass never frees capacity, and a
+            // lane's next head comes after the job placed before it).
+            let mut after: Option<FairKey> = None;
+            let mut cursors: BTreeMap<(String, u8), ((QueueKey, Lane), u32)> = BTreeMap::new();
             let mut held = 0;
             // Whether the pool can take anything changes only with a placement.
             let mut full = self.pool_is_full(&pool);
             while !full {
-                let next = self
-                    .state()
-                    .lane_heads
-                    .get(&pool)
-                    .and_then(|h| match &after {
-                        None => h.iter().next().cloned(),
-                        Some(k) => h.range((Excluded(k), Unbounded)).next().cloned(),
-                    });
-                let Some((key, lane)) = next else { break };
+                let Some(heads) = self.state().lane_heads.get(&pool) else {
+                    break;
+                };
+                let Some(group) = heads.next_group(after.as_ref()).cloned() else {
+                    break;
+                };
+                let (rank, _, _, tenant) = &group;
+                let at = cursors.get(&(tenant.clone(), *rank));
+                let spent = at.is_some_and(|(_, n)| *n >= GROUP_HELD_BOUND);
+                let next = (!spent)
+                    .then(|| heads.next_head(tenant, *rank, at.map(|(h, _)| h)))
+                    .flatten()
+                    .cloned();
+                let Some(head) = next else {
+                    after = Some(group);
+                    continue;
+                };
                 if !self.may_work() {
                     return;
                 }
-                if self.try_place(&key.job_id) {
+                let mut held_here = at.map_or(0, |(_, n)| *n);
+                if self.try_place(&head.0.job_id) {
                     self.spend();
                     full = self.pool_is_full(&pool);
+                    // The tenant's group moved on: everything from this group on is
+                    // looked at again.
+                    after =
+                        (self.state().lane_heads.get(&pool)).and_then(|h| h.group_before(&group));
                 } else {
                     held += 1;
+                    held_here += 1;
                     if held >= bound {
                         break;
                     }
                 }
-                after = Some((key, lane));
+                cursors.insert((tenant.clone(), *rank), (head, held_here));
             }
         }
     }
@@ -254,6 +279,8 @@ impl Decider<'_, '_> {
             .min()
             .unwrap_or(-1);
         let candidates = Candidates::bounded(candidates);
+        let mut notes = notes;
+        notes.extend(self.share_note(job, pool));
         self.emit(Event::JobScheduled(JobScheduled {
             job_id: job_id.to_owned(),
             attempt,
@@ -272,6 +299,29 @@ impl Decider<'_, '_> {
             partition,
             deadline_at,
         }));
+    }
+}
+
+impl Decider<'_, '_> {
+    /// What fair share said of a placement while other tenants had jobs waiting in the pool
+    /// at the job's priority (journaled with the placement, for `audit job`).
+    fn share_note(&self, job: &Job, pool: &str) -> Option<String> {
+        let state = self.state();
+        let rank = job.request.priority.rank();
+        let tenants = state.lane_heads.get(pool).map_or(0, |h| h.tenants_at(rank));
+        if tenants < 2 {
+            return None;
+        }
+        let tenant = &job.request.tenant_id;
+        let units = |v: u128| v as f64 / crate::state::SHARE_UNIT as f64;
+        let clock = (state.shares.get(&(pool.to_owned(), rank))).map_or(0, |s| s.clock);
+        Some(format!(
+            "fair share in pool {pool}: tenant {tenant} (weight {}) at pass {:.2}, clock {:.2}, {tenants} tenants waiting at {} priority",
+            state.share_weight(tenant),
+            units(state.share_pass(pool, rank, tenant)),
+            units(clock),
+            job.request.priority.as_str(),
+        ))
     }
 }
 

@@ -8,8 +8,8 @@ use crate::records::Millis;
 use crate::rules::Timing;
 
 use super::{
-    Bucket, BucketKey, HISTORY_MAX, Job, KeyGroup, KeyLimit, Lane, QueueKey, State, Timer,
-    TimerKind, Worker,
+    Bucket, BucketKey, HISTORY_MAX, Heads, Job, KeyGroup, KeyLimit, Lane, PoolShare, QueueKey,
+    State, Timer, TimerKind, Worker,
 };
 
 /// A history line to write ([`State::write_history`]): when, and the event with its entry's
@@ -104,7 +104,14 @@ impl Entries {
 struct Indexes<'a> {
     queues: &'a mut BTreeMap<String, std::collections::BTreeSet<QueueKey>>,
     lanes: &'a mut BTreeMap<String, BTreeMap<Lane, std::collections::BTreeSet<QueueKey>>>,
-    lane_heads: &'a mut BTreeMap<String, std::collections::BTreeSet<(QueueKey, Lane)>>,
+    lane_heads: &'a mut BTreeMap<String, Heads>,
+    shares: &'a mut BTreeMap<super::ShareKey, PoolShare>,
+    /// The rules in force, for tenants' fair share weights.
+    rules: Option<&'a crate::rules::Rules>,
+    /// Whether a tenant whose first job enters a pass is given the clock as its pass (as
+    /// events change jobs; not while indexes are rebuilt, which only read passes).
+    seeding: bool,
+    dirty: Option<&'a mut super::Dirty>,
     parked: &'a mut BTreeMap<String, std::collections::BTreeSet<(QueueKey, Lane)>>,
     key_active: &'a mut BTreeMap<String, BTreeMap<String, i64>>,
     key_live: &'a mut BTreeMap<(String, String), i64>,
@@ -275,13 +282,10 @@ impl Indexes<'_> {
     fn move_head(&mut self, pool: &str, lane: &Lane, old: Option<QueueKey>, new: Option<QueueKey>) {
         let Some(c) = &lane.concurrency else {
             if let Some(o) = old {
-                remove_head(self.lane_heads, pool, &(o, lane.clone()));
+                self.drop_head(pool, &(o, lane.clone()));
             }
             if let Some(n) = new {
-                (self.lane_heads)
-                    .entry(pool.to_owned())
-                    .or_default()
-                    .insert((n, lane.clone()));
+                self.add_head(pool, (n, lane.clone()));
             }
             return;
         };
@@ -314,18 +318,60 @@ impl Indexes<'_> {
             return;
         }
         if let Some(f) = first_before
-            && !remove_head(self.lane_heads, pool, &f)
+            && !self.drop_head(pool, &f)
         {
             remove_head(self.parked, pool, &f);
         }
         if let Some(f) = first_after {
-            let into = if self.held(&f.1.tenant, c) {
-                &mut *self.parked
+            if self.held(&f.1.tenant, c) {
+                self.parked.entry(pool.to_owned()).or_default().insert(f);
             } else {
-                &mut *self.lane_heads
-            };
-            into.entry(pool.to_owned()).or_default().insert(f);
+                self.add_head(pool, f);
+            }
         }
+    }
+
+    /// Adds a head to the ones a pass over `pool` walks. A tenant without a pass at its
+    /// pool and priority starts at the clock there.
+    fn add_head(&mut self, pool: &str, head: (QueueKey, Lane)) {
+        let tenant = &head.1.tenant;
+        let key = (pool.to_owned(), head.0.rank);
+        let pass = match self.shares.get(&key).and_then(|s| s.passes.get(tenant)) {
+            Some(p) => *p,
+            None if self.seeding => {
+                let share = self.shares.entry(key.clone()).or_default();
+                share.passes.insert(tenant.clone(), share.clock);
+                if let Some(d) = self.dirty.as_deref_mut() {
+                    d.shares.insert(key);
+                }
+                share.clock
+            }
+            None => 0,
+        };
+        let weight = self.weight(tenant);
+        (self.lane_heads)
+            .entry(pool.to_owned())
+            .or_default()
+            .insert(head, pass, weight);
+    }
+
+    /// Removes a head from the ones a pass over `pool` walks; false when it was not there.
+    fn drop_head(&mut self, pool: &str, head: &(QueueKey, Lane)) -> bool {
+        let weight = self.weight(&head.1.tenant);
+        let Some(heads) = self.lane_heads.get_mut(pool) else {
+            return false;
+        };
+        let pass = (self.shares.get(&(pool.to_owned(), head.0.rank)))
+            .map_or(0, |s| s.pass(&head.1.tenant));
+        let removed = heads.remove(head, pass, weight);
+        if heads.is_empty() {
+            self.lane_heads.remove(pool);
+        }
+        removed
+    }
+
+    fn weight(&self, tenant: &str) -> u32 {
+        self.rules.map_or(1, |r| r.share_weight(tenant)).max(1)
     }
 
     /// Adds `delta` to a key's active jobs, then parks its groups that reached their limit
@@ -349,23 +395,22 @@ impl Indexes<'_> {
         let Some(groups) = self.groups_of_key.get(&(tenant.to_owned(), key.to_owned())) else {
             return;
         };
-        for (pool, limits) in groups {
+        for (pool, limits) in groups.clone() {
             let group_key = (pool.clone(), tenant.to_owned(), limits.clone());
-            let Some(first) = self.key_groups.get(&group_key).and_then(|g| g.first()) else {
+            let Some(first) = self
+                .key_groups
+                .get(&group_key)
+                .and_then(|g| g.first())
+                .cloned()
+            else {
                 continue;
             };
-            let held = held(self.key_active, self.buckets, self.clock, tenant, limits);
-            if held && remove_head(self.lane_heads, pool, first) {
-                self.parked
-                    .entry(pool.clone())
-                    .or_default()
-                    .insert(first.clone());
-            } else if !held && remove_head(self.parked, pool, first) {
-                self.lane_heads
-                    .entry(pool.clone())
-                    .or_default()
-                    .insert(first.clone());
-                self.woken.insert(pool.clone());
+            let held = held(self.key_active, self.buckets, self.clock, tenant, &limits);
+            if held && self.drop_head(&pool, &first) {
+                self.parked.entry(pool).or_default().insert(first);
+            } else if !held && remove_head(self.parked, &pool, &first) {
+                self.add_head(&pool, first);
+                self.woken.insert(pool);
             }
         }
     }
@@ -459,6 +504,7 @@ impl State {
             queues,
             lanes,
             lane_heads,
+            shares,
             parked,
             key_active,
             key_live,
@@ -474,6 +520,7 @@ impl State {
             orphans,
             config,
             liveness_floor,
+            dirty,
             ..
         } = self;
         (
@@ -482,6 +529,10 @@ impl State {
                 queues,
                 lanes,
                 lane_heads,
+                shares,
+                rules: config.as_deref().map(|c| &c.rules),
+                seeding: true,
+                dirty: dirty.as_mut(),
                 parked,
                 key_active,
                 key_live,
@@ -717,6 +768,7 @@ impl State {
             .collect();
         // Each job's index entries go into ordered sets and counts: the order does not show.
         let (jobs, mut ix, timing, floor) = self.split();
+        ix.seeding = false;
         for (id, job) in jobs.iter_any_order() {
             let entries = Entries::of(id, job, timing, floor, ix.workers);
             ix.change(id, job, &Entries::none(), &entries);

@@ -23,6 +23,7 @@ mod jobs;
 mod loading;
 mod records;
 mod schedules;
+mod shares;
 mod tracking;
 
 pub use delays::{Coverage, DEFAULT_WINDOW, DelayKey, Delays, REFILL_CHUNK, delay_key_of};
@@ -30,6 +31,7 @@ pub(crate) use index::Line;
 pub use jobs::JobMap;
 pub use loading::{ColdStore, Prerequisites};
 pub use records::*;
+pub use shares::{FairKey, Heads, PoolShare, SHARE_UNIT, ShareKey};
 pub use tracking::Dirty;
 
 /// A rate limit bucket's identity: (tenant, key, rate). Jobs of one key under different
@@ -82,10 +84,11 @@ pub struct State {
     pub workers_by_pool: BTreeMap<String, u32>,
     /// Derived: pool -> lane -> its jobs in the pool's queue ([`Lane`]).
     pub lanes: BTreeMap<String, BTreeMap<Lane, BTreeSet<QueueKey>>>,
-    /// Derived: pool -> each lane's first job, in queue order: what a scheduling pass walks.
-    /// Lanes with a concurrency key stand here by their group's first job only, and not
-    /// while the key is at its limit (then in `parked`).
-    pub lane_heads: BTreeMap<String, BTreeSet<(QueueKey, Lane)>>,
+    /// Derived: pool -> each lane's first job, by tenant and priority, in fair share order
+    /// ([`Heads`]): what a scheduling pass walks. Lanes with a concurrency key stand here
+    /// by their group's first job only, and not while the key is at its limit (then in
+    /// `parked`).
+    pub lane_heads: BTreeMap<String, Heads>,
     /// Derived: pool -> the first heads of key groups whose concurrency key is at its limit
     /// (SPEC §10): no pass looks at them until a job of the key ends, which moves them back.
     pub parked: BTreeMap<String, BTreeSet<(QueueKey, Lane)>>,
@@ -105,6 +108,8 @@ pub struct State {
     /// Derived: when each bucket next frees or fills ([`Bucket::next_change`]), which the
     /// first entry at or after that time acts on.
     pub bucket_changes: BTreeSet<(Millis, BucketKey)>,
+    /// (pool, priority rank) -> its fair share between tenants ([`PoolShare`], SPEC §10).
+    pub shares: BTreeMap<ShareKey, PoolShare>,
     /// Pools with a lane moved out of `parked` by the entry being decided, which the decider
     /// then passes over. Bookkeeping of one entry: cleared at the next, not projected.
     pub woken: BTreeSet<String>,
@@ -152,6 +157,7 @@ impl PartialEq for State {
             && self.groups_of_key == other.groups_of_key
             && self.buckets == other.buckets
             && self.bucket_changes == other.bucket_changes
+            && self.shares == other.shares
             && self.dead_letters_by_reason == other.dead_letters_by_reason
             && self.jobs_by_state == other.jobs_by_state
             && self.queues == other.queues

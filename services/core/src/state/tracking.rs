@@ -14,6 +14,8 @@ pub struct Dirty {
     pub breakers: BTreeSet<String>,
     /// Rate limit buckets changed or gone (a key the state no longer holds is gone).
     pub buckets: BTreeSet<super::BucketKey>,
+    /// (pool, priority) fair shares changed.
+    pub shares: BTreeSet<super::ShareKey>,
     pub sagas: BTreeSet<String>,
     /// Schedules changed or deleted (a key the state no longer holds was deleted).
     pub schedules: BTreeSet<String>,
@@ -87,6 +89,12 @@ impl State {
     pub(crate) fn mark_bucket(&mut self, key: &super::BucketKey) {
         if let Some(d) = self.dirty.as_mut() {
             d.buckets.insert(key.clone());
+        }
+    }
+
+    pub(crate) fn mark_share(&mut self, key: &super::ShareKey) {
+        if let Some(d) = self.dirty.as_mut() {
+            d.shares.insert(key.clone());
         }
     }
 

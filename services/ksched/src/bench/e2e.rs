@@ -269,6 +269,8 @@ pub(super) struct Rig {
     /// Jobs submitted carry one of this many concurrency keys (the `concurrency_key`
     /// label), in turn.
     pub(super) keys: Option<u64>,
+    /// Jobs submitted belong to these tenants, in turn (default: ten tenants).
+    pub(super) tenants: Option<Vec<String>>,
 }
 
 fn now_ms(epoch: Instant) -> f64 {
@@ -305,6 +307,8 @@ pub(super) struct Timed {
 pub(super) struct Fleet {
     pub workers: usize,
     pub slots: usize,
+    /// How long each job takes at a worker (0: it succeeds at once).
+    pub work_ms: u64,
 }
 
 impl Rig {
@@ -363,8 +367,19 @@ impl Rig {
                 cfg.report_host_load = false;
                 let worker = Worker::new(cfg)?;
                 let stop = workers_stop.clone();
+                let work = Duration::from_millis(fleet.work_ms);
                 handles.push(rt.spawn(async move {
-                    worker.run(|_| async { Outcome::succeeded() }, stop).await
+                    worker
+                        .run(
+                            move |_| async move {
+                                if !work.is_zero() {
+                                    tokio::time::sleep(work).await;
+                                }
+                                Outcome::succeeded()
+                            },
+                            stop,
+                        )
+                        .await
                 }));
             }
         }
@@ -389,6 +404,7 @@ impl Rig {
             seq: 0,
             label: label.to_owned(),
             keys: None,
+            tenants: None,
         };
         rig.wait_workers(workers)?;
         Ok(rig)
@@ -423,7 +439,7 @@ impl Rig {
 
     /// Submits `n` jobs, at `rate` per second or as fast as possible, round-robin over the
     /// job topics; returns their ids.
-    fn submit(&mut self, n: u64, rate: Option<f64>) -> Result<Vec<String>> {
+    pub(super) fn submit(&mut self, n: u64, rate: Option<f64>) -> Result<Vec<String>> {
         self.submit_at(n, rate, |_| None)
     }
 
@@ -450,7 +466,10 @@ impl Rig {
             let mut req = JobRequest {
                 job_id: id.clone(),
                 topic: topic.clone(),
-                tenant_id: format!("tenant-{}", self.seq % 10),
+                tenant_id: match &self.tenants {
+                    Some(t) if !t.is_empty() => t[(self.seq as usize) % t.len()].clone(),
+                    _ => format!("tenant-{}", self.seq % 10),
+                },
                 submitted_at: 0,
                 not_before: not_before(i),
                 ..Default::default()
@@ -478,7 +497,22 @@ impl Rig {
         Ok(ids)
     }
 
-    fn wait_completed(&self, ids: &[String], limit: Duration) -> Result<()> {
+    /// When each job was sent and first dispatched (ms since the rig started; the
+    /// dispatch's journal record, as the tailer read it), None while not dispatched.
+    pub(super) fn sent_and_dispatched(&self, ids: &[String]) -> Result<Vec<(f64, Option<f64>)>> {
+        let t = self.times.lock().map_err(|_| anyhow::anyhow!("poisoned"))?;
+        Ok(ids
+            .iter()
+            .map(|i| {
+                (
+                    t.sent.get(i).copied().unwrap_or(f64::NAN),
+                    t.dispatched.get(i).copied(),
+                )
+            })
+            .collect())
+    }
+
+    pub(super) fn wait_completed(&self, ids: &[String], limit: Duration) -> Result<()> {
         let started = Instant::now();
         // Jobs complete roughly in order: resume the scan where the last one stopped.
         let mut done = 0;

@@ -2,9 +2,17 @@
 //! carrying one of N concurrency keys, the same jobs run twice on the same broker one
 //! after the other: without limits, then with each key limited to `--flow-limit` at once.
 //! The ratio of the two throughputs is the cost of the limits.
+//!
+//! `ksched bench --fair-share JOBS`: fair share between tenants, with the workers the
+//! bottleneck (each job takes `--fair-share-work-ms`), so jobs wait in the scheduler's
+//! queue: a backlog of JOBS of one tenant, then 100 of another, and how long those wait;
+//! then JOBS of two tenants of weights 3 and 1 submitted together, and the share of the
+//! dispatches each gets while both have jobs waiting.
+
+use std::time::Duration;
 
 use anyhow::Result;
-use ksched_core::rules::ConcurrencyRule;
+use ksched_core::rules::{ConcurrencyRule, TenantRules};
 
 use super::e2e::{Rig, Saturation};
 use super::{BenchArgs, Sizes, bench_config, phase};
@@ -89,5 +97,185 @@ pub(super) fn keys_only(args: &BenchArgs, keys: u64) -> Result<()> {
     );
     eprintln!("        limited / unlimited: {:.2}", flow.ratio);
     std::fs::write(&args.out, serde_json::to_string_pretty(&flow)?)?;
+    Ok(())
+}
+
+/// The jobs a small tenant submits behind a large one's backlog.
+const SMALL_JOBS: u64 = 100;
+
+#[derive(Debug, serde::Serialize)]
+struct FairShare {
+    backlog: u64,
+    workers: usize,
+    slots: usize,
+    work_ms: u64,
+    /// A small tenant behind a large one's backlog.
+    behind: Behind,
+    /// Two tenants of weights 3 and 1, both with jobs waiting.
+    weighted: Weighted,
+}
+
+#[derive(Debug, serde::Serialize)]
+struct Behind {
+    small_jobs: u64,
+    /// The small tenant's last job sent -> its last job dispatched.
+    small_last_dispatch_ms: f64,
+    /// Each small job's sent -> dispatched, median and worst.
+    small_p50_ms: f64,
+    small_max_ms: f64,
+    /// The large tenant's jobs not yet dispatched when the small one's last was.
+    large_waiting_then: u64,
+    /// The large tenant's first job sent -> its last dispatched.
+    large_drain_seconds: f64,
+}
+
+#[derive(Debug, serde::Serialize)]
+struct Weighted {
+    /// From the light tenant's first dispatch to the heavy tenant's last.
+    window_seconds: f64,
+    heavy_dispatched: u64,
+    light_dispatched: u64,
+    /// Heavy over light within the window (3 if exact).
+    ratio: f64,
+    /// How far the ratio is from 3, in per cent of 3.
+    error_percent: f64,
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+pub(super) fn fair_share_only(args: &BenchArgs, backlog: u64) -> Result<()> {
+    let run = format!("bench-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let work = tempfile::tempdir()?;
+    let (kafka, client) = super::kafka_clients(args)?;
+    let prefix = format!("{run}.fair.");
+    let mut config = bench_config(&kafka, &prefix, &work.path().join("fair"), None);
+    super::tune(args, &mut config);
+    config.rules.limits.max_pending_per_pool = i64::MAX;
+    config.rules.limits.max_pending_per_tenant = None;
+    config.rules.timing.placement_timeout_ms = 3_600_000;
+    for (tenant, weight) in [("heavy", 3), ("light", 1)] {
+        config.rules.tenants.insert(
+            tenant.into(),
+            TenantRules {
+                weight: Some(weight),
+                ..Default::default()
+            },
+        );
+    }
+    super::ensure_topics(&config)?;
+    let mut fleet = args.fleet();
+    fleet.work_ms = args.fair_share_work_ms;
+    let limit = Duration::from_secs(3_600);
+    let mut rig = Rig::start(config, client, fleet, "fair")?;
+
+    phase(&format!(
+        "fair share: {backlog} jobs of tenant large, then {SMALL_JOBS} of tenant small ({} workers x {} slots, {} ms a job)",
+        fleet.workers, fleet.slots, fleet.work_ms
+    ));
+    rig.tenants = Some(vec!["large".into()]);
+    let large = rig.submit(backlog, None)?;
+    rig.tenants = Some(vec!["small".into()]);
+    let small = rig.submit(SMALL_JOBS, None)?;
+    rig.wait_completed(&small, limit)?;
+    let small_times = rig.sent_and_dispatched(&small)?;
+    let small_done = (small_times.iter())
+        .filter_map(|(_, d)| *d)
+        .fold(f64::MIN, f64::max);
+    let small_sent = small_times.iter().map(|(s, _)| *s).fold(f64::MIN, f64::max);
+    let mut waits: Vec<f64> = (small_times.iter())
+        .filter_map(|(s, d)| d.map(|d| d - s))
+        .collect();
+    waits.sort_by(f64::total_cmp);
+    let large_waiting_then = (rig.sent_and_dispatched(&large)?.iter())
+        .filter(|(_, d)| d.is_none_or(|d| d > small_done))
+        .count() as u64;
+    rig.wait_completed(&large, limit)?;
+    let large_times = rig.sent_and_dispatched(&large)?;
+    let large_first = large_times.iter().map(|(s, _)| *s).fold(f64::MAX, f64::min);
+    let large_last = (large_times.iter())
+        .filter_map(|(_, d)| *d)
+        .fold(f64::MIN, f64::max);
+    let behind = Behind {
+        small_jobs: SMALL_JOBS,
+        small_last_dispatch_ms: small_done - small_sent,
+        small_p50_ms: percentile(&waits, 0.5),
+        small_max_ms: waits.last().copied().unwrap_or(f64::NAN),
+        large_waiting_then,
+        large_drain_seconds: (large_last - large_first) / 1000.0,
+    };
+
+    phase(&format!(
+        "fair share: {backlog} jobs of tenants heavy (weight 3) and light (weight 1), in turn"
+    ));
+    rig.tenants = Some(vec!["heavy".into(), "light".into()]);
+    let both = rig.submit(backlog, None)?;
+    let (heavy, light): (Vec<String>, Vec<String>) =
+        both.iter()
+            .cloned()
+            .enumerate()
+            .fold((vec![], vec![]), |mut acc, (i, id)| {
+                // The rig's tenants take turns by its sequence number, which the ids carry.
+                let seq: usize = id
+                    .rsplit('-')
+                    .next()
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or(i);
+                if seq.is_multiple_of(2) {
+                    acc.0.push(id);
+                } else {
+                    acc.1.push(id);
+                }
+                acc
+            });
+    rig.wait_completed(&heavy, limit)?;
+    let heavy_times: Vec<f64> = (rig.sent_and_dispatched(&heavy)?.into_iter())
+        .filter_map(|(_, d)| d)
+        .collect();
+    let light_times: Vec<f64> = (rig.sent_and_dispatched(&light)?.into_iter())
+        .filter_map(|(_, d)| d)
+        .collect();
+    let from = light_times.iter().copied().fold(f64::MAX, f64::min);
+    let to = heavy_times.iter().copied().fold(f64::MIN, f64::max);
+    let within = |t: &[f64]| t.iter().filter(|d| **d >= from && **d <= to).count() as u64;
+    let (h, l) = (within(&heavy_times), within(&light_times));
+    let ratio = h as f64 / (l.max(1)) as f64;
+    let weighted = Weighted {
+        window_seconds: (to - from) / 1000.0,
+        heavy_dispatched: h,
+        light_dispatched: l,
+        ratio,
+        error_percent: 100.0 * (ratio / 3.0 - 1.0),
+    };
+    rig.wait_completed(&light, limit)?;
+    rig.stop()?;
+    let report = FairShare {
+        backlog,
+        workers: fleet.workers,
+        slots: fleet.slots,
+        work_ms: fleet.work_ms,
+        behind,
+        weighted,
+    };
+    let b = &report.behind;
+    eprintln!(
+        "        small tenant behind {backlog} jobs: its {SMALL_JOBS} dispatched {:.0} ms after its last was sent (each: p50 {:.0} ms, max {:.0} ms); {} of the large tenant's jobs still waiting then; the large backlog drained in {:.1} s",
+        b.small_last_dispatch_ms,
+        b.small_p50_ms,
+        b.small_max_ms,
+        b.large_waiting_then,
+        b.large_drain_seconds
+    );
+    let w = &report.weighted;
+    eprintln!(
+        "        weights 3:1 over {:.1} s: {} to {} dispatched, {:.3}:1 ({:+.2} % from 3:1)",
+        w.window_seconds, w.heavy_dispatched, w.light_dispatched, w.ratio, w.error_percent
+    );
+    std::fs::write(&args.out, serde_json::to_string_pretty(&report)?)?;
     Ok(())
 }

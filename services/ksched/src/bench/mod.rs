@@ -131,6 +131,15 @@ pub(crate) struct BenchArgs {
     /// With `--flow-keys`: the most jobs of one key at once.
     #[arg(long, default_value_t = 1, value_name = "N", requires = "flow_keys")]
     pub flow_limit: u32,
+    /// Only measure fair share between tenants: a backlog of this many jobs of one tenant,
+    /// then 100 of another (how long they wait); then this many of two tenants of weights
+    /// 3 and 1 together (the share each gets). Workers are the bottleneck: each job takes
+    /// `--fair-share-work-ms` at a worker.
+    #[arg(long, value_name = "JOBS", conflicts_with_all = ["timers", "timers_dispatch", "memory", "shards", "flow_keys"])]
+    pub fair_share: Option<u64>,
+    /// With `--fair-share`: how long each job takes at a worker.
+    #[arg(long, default_value_t = 20, value_name = "MS", requires = "fair_share")]
+    pub fair_share_work_ms: u64,
     #[command(flatten)]
     pub kafka: crate::kafka_args::KafkaArgs,
 }
@@ -365,6 +374,7 @@ impl BenchArgs {
         e2e::Fleet {
             workers: self.workers,
             slots: self.worker_slots,
+            work_ms: 0,
         }
     }
 }
@@ -415,6 +425,9 @@ fn bench(args: BenchArgs) -> Result<()> {
     }
     if let Some(keys) = args.flow_keys {
         return flow::keys_only(&args, keys);
+    }
+    if let Some(jobs) = args.fair_share {
+        return flow::fair_share_only(&args, jobs);
     }
     let total = Instant::now();
     let sizes = Sizes::of(args.smoke);
