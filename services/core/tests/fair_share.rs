@@ -383,3 +383,45 @@ fn a_tenant_with_many_held_lanes_costs_a_pass_a_few_looks() {
     const { assert!(GROUP_HELD_BOUND < 20) };
     sim.check();
 }
+
+#[test]
+fn a_tenant_forgotten_while_parked_starts_at_the_clock_when_a_reconfigure_frees_it() {
+    let limited = |n: u32| {
+        let mut r = weighted(&[]);
+        r.topic_concurrency.insert(
+            "job.default".into(),
+            ksched_core::rules::ConcurrencyRule {
+                key: "tenant".into(),
+                limit: Some(n),
+                rate: None,
+                burst: None,
+            },
+        );
+        r
+    };
+    let mut sim = Sim::with_rules(limited(1));
+    let mut pool = Pool::start(&mut sim, 2);
+    pool.submit(&mut sim, of("acme", 0));
+    pool.submit(&mut sim, of("acme", 1));
+    for n in 0..8 {
+        pool.submit(&mut sim, of("globex", n));
+    }
+    // globex runs on, its clock passes acme's pass; acme's waiting job is parked (its key
+    // at its limit), out of the pass: a Tick forgets acme.
+    pool.finish_of(&mut sim, "globex");
+    pool.finish_of(&mut sim, "globex");
+    sim.tick_after(1_000);
+    assert!(
+        !share(&sim).passes.contains_key("acme"),
+        "{:?}",
+        share(&sim)
+    );
+    // The limit is lifted: the rebuilt pass holds acme's job again, at the clock, and a
+    // job acme submits next joins it there (Sim checks the indexes against a rebuild and
+    // a replay after every input).
+    sim.reconfigure(&limited(100), "snap-2");
+    assert_eq!(share(&sim).pass("acme"), share(&sim).clock);
+    pool.submit(&mut sim, of("acme", 2));
+    let placed = pool.next(&mut sim, 4);
+    assert_eq!(count(&placed, "acme"), 2, "{placed:?}");
+}

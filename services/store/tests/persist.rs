@@ -158,9 +158,10 @@ fn persisted_and_reloaded_state_matches_the_in_memory_projection() {
     assert_eq!(loaded.queues, reference.queues);
     assert_eq!(loaded.timers, reference.timers);
     assert_eq!(loaded.tenant_active, reference.tenant_active);
-    // Fair share between tenants goes on where it was.
+    // Fair share between tenants goes on where it was (acme's pass, behind the clock with
+    // nothing waiting, was forgotten at the last Tick; the clock stays).
     let batch = ksched_core::records::Priority::Batch.rank();
-    assert!(reference.share_pass("default", batch, "acme") > 0);
+    assert!(reference.shares[&("default".to_owned(), batch)].clock > 0);
     assert_eq!(loaded.shares, reference.shares);
     assert_eq!(loaded.lane_heads, reference.lane_heads);
     assert_eq!(loaded.jobs_by_state, reference.jobs_by_state);

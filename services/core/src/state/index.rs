@@ -108,10 +108,13 @@ struct Indexes<'a> {
     shares: &'a mut BTreeMap<super::ShareKey, PoolShare>,
     /// The rules in force, for tenants' fair share weights.
     rules: Option<&'a crate::rules::Rules>,
-    /// Whether a tenant whose first job enters a pass is given the clock as its pass (as
-    /// events change jobs; not while indexes are rebuilt, which only read passes).
-    seeding: bool,
     dirty: Option<&'a mut super::Dirty>,
+    /// Whether a tenant whose first job enters a pass is given the clock as its pass (as
+    /// events change jobs). Not while indexes are rebuilt: jobs are indexed in no set order
+    /// there, so a keyed job may stand in the pass for a moment before its key's active
+    /// jobs are counted and park it; [`State::seed_missing_passes`] seeds what the rebuilt
+    /// pass holds instead.
+    seeding: bool,
     parked: &'a mut BTreeMap<String, std::collections::BTreeSet<(QueueKey, Lane)>>,
     key_active: &'a mut BTreeMap<String, BTreeMap<String, i64>>,
     key_live: &'a mut BTreeMap<(String, String), i64>,
@@ -332,13 +335,14 @@ impl Indexes<'_> {
     }
 
     /// Adds a head to the ones a pass over `pool` walks. A tenant without a pass at its
-    /// pool and priority starts at the clock there.
+    /// pool and priority starts at the clock there: every tenant with a head has a pass.
     fn add_head(&mut self, pool: &str, head: (QueueKey, Lane)) {
         let tenant = &head.1.tenant;
         let key = (pool.to_owned(), head.0.rank);
         let pass = match self.shares.get(&key).and_then(|s| s.passes.get(tenant)) {
             Some(p) => *p,
-            None if self.seeding => {
+            None if !self.seeding => 0,
+            None => {
                 let share = self.shares.entry(key.clone()).or_default();
                 share.passes.insert(tenant.clone(), share.clock);
                 if let Some(d) = self.dirty.as_deref_mut() {
@@ -346,7 +350,6 @@ impl Indexes<'_> {
                 }
                 share.clock
             }
-            None => 0,
         };
         let weight = self.weight(tenant);
         (self.lane_heads)
@@ -773,6 +776,7 @@ impl State {
             let entries = Entries::of(id, job, timing, floor, ix.workers);
             ix.change(id, job, &Entries::none(), &entries);
         }
+        self.seed_missing_passes();
     }
 
     /// Gives each queued or active job the concurrency key and limit of the rules now in

@@ -216,6 +216,30 @@ impl State {
         self.mark_share(&key);
     }
 
+    /// After a rebuild of the indexes: a tenant in a pass without a pass of its own there
+    /// (forgotten while its jobs were parked, and freed by new rules) starts at the clock,
+    /// as it would have had its job entered the pass by an event.
+    pub(crate) fn seed_missing_passes(&mut self) {
+        let mut missing = Vec::new();
+        for (pool, heads) in &self.lane_heads {
+            for (tenant, rank) in heads.groups.keys() {
+                let key = (pool.clone(), *rank);
+                if !(self.shares.get(&key)).is_some_and(|s| s.passes.contains_key(tenant)) {
+                    missing.push((key, tenant.clone()));
+                }
+            }
+        }
+        for (key, tenant) in missing {
+            let share = self.shares.entry(key.clone()).or_default();
+            let clock = share.clock;
+            share.passes.insert(tenant.clone(), clock);
+            if let Some(heads) = self.lane_heads.get_mut(&key.0) {
+                heads.repass(&tenant, key.1, 0, clock);
+            }
+            self.mark_share(&key);
+        }
+    }
+
     /// A tenant's weight in fair share under the rules in force (1 without rules).
     pub(crate) fn share_weight(&self, tenant: &str) -> u32 {
         self.rules().map_or(1, |r| r.share_weight(tenant)).max(1)
