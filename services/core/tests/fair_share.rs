@@ -44,6 +44,22 @@ fn weighted(weights: &[(&str, u32)]) -> Rules {
     r
 }
 
+/// Rules holding each tenant's `job.default` jobs to `n` at once (a concurrency key per
+/// tenant, which a Reconfigure applies to queued jobs too).
+fn per_tenant(n: u32) -> Rules {
+    let mut r = weighted(&[]);
+    r.topic_concurrency.insert(
+        "job.default".into(),
+        ksched_core::rules::ConcurrencyRule {
+            key: "tenant".into(),
+            limit: Some(n),
+            rate: None,
+            burst: None,
+        },
+    );
+    r
+}
+
 /// A pool of one worker that runs `slots` jobs at once, and the jobs it runs, oldest
 /// placement first.
 struct Pool {
@@ -221,22 +237,8 @@ fn priority_comes_before_fair_share() {
 
 #[test]
 fn a_tenant_held_by_its_limit_leaves_the_pool_to_the_others_and_is_owed_nothing() {
-    // One job per tenant at once (a concurrency key per tenant, which a Reconfigure
-    // applies to queued jobs too).
-    let limited = |n: u32| {
-        let mut r = weighted(&[]);
-        r.topic_concurrency.insert(
-            "job.default".into(),
-            ksched_core::rules::ConcurrencyRule {
-                key: "tenant".into(),
-                limit: Some(n),
-                rate: None,
-                burst: None,
-            },
-        );
-        r
-    };
-    let mut sim = Sim::with_rules(limited(1));
+    // One job per tenant at once.
+    let mut sim = Sim::with_rules(per_tenant(1));
     let mut pool = Pool::start(&mut sim, 2);
     for n in 0..12 {
         pool.submit(&mut sim, of("acme", n));
@@ -254,7 +256,7 @@ fn a_tenant_held_by_its_limit_leaves_the_pool_to_the_others_and_is_owed_nothing(
     // The limit is lifted: acme comes back at the clock, level with globex, not owed the
     // placements it was held from (with its older jobs it would otherwise take the next
     // six in a row).
-    sim.reconfigure(&limited(100), "snap-2");
+    sim.reconfigure(&per_tenant(100), "snap-2");
     let placed = pool.next(&mut sim, 6);
     assert_eq!(count(&placed, "acme"), 3, "{placed:?}");
 }
@@ -386,20 +388,7 @@ fn a_tenant_with_many_held_lanes_costs_a_pass_a_few_looks() {
 
 #[test]
 fn a_tenant_forgotten_while_parked_starts_at_the_clock_when_a_reconfigure_frees_it() {
-    let limited = |n: u32| {
-        let mut r = weighted(&[]);
-        r.topic_concurrency.insert(
-            "job.default".into(),
-            ksched_core::rules::ConcurrencyRule {
-                key: "tenant".into(),
-                limit: Some(n),
-                rate: None,
-                burst: None,
-            },
-        );
-        r
-    };
-    let mut sim = Sim::with_rules(limited(1));
+    let mut sim = Sim::with_rules(per_tenant(1));
     let mut pool = Pool::start(&mut sim, 2);
     pool.submit(&mut sim, of("acme", 0));
     pool.submit(&mut sim, of("acme", 1));
@@ -419,7 +408,7 @@ fn a_tenant_forgotten_while_parked_starts_at_the_clock_when_a_reconfigure_frees_
     // The limit is lifted: the rebuilt pass holds acme's job again, at the clock, and a
     // job acme submits next joins it there (Sim checks the indexes against a rebuild and
     // a replay after every input).
-    sim.reconfigure(&limited(100), "snap-2");
+    sim.reconfigure(&per_tenant(100), "snap-2");
     assert_eq!(share(&sim).pass("acme"), share(&sim).clock);
     pool.submit(&mut sim, of("acme", 2));
     let placed = pool.next(&mut sim, 4);
