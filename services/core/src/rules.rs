@@ -747,9 +747,10 @@ impl Rules {
         })
     }
 
-    /// `tenant`'s weight in a pool's fair share: its own, else the `"*"` default, else 1.
+    /// `tenant`'s weight in a pool's fair share: its own, else the `"*"` default, else 1
+    /// (never 0, even in rules that were not validated).
     pub fn share_weight(&self, tenant: &str) -> u32 {
-        self.tenant_limit(tenant, |t| t.weight).unwrap_or(1)
+        self.tenant_limit(tenant, |t| t.weight).unwrap_or(1).max(1)
     }
 
     /// Most SCHEDULED + DISPATCHED + RUNNING jobs `tenant` may have, if limited.

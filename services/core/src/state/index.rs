@@ -374,7 +374,7 @@ impl Indexes<'_> {
     }
 
     fn weight(&self, tenant: &str) -> u32 {
-        self.rules.map_or(1, |r| r.share_weight(tenant)).max(1)
+        self.rules.map_or(1, |r| r.share_weight(tenant))
     }
 
     /// Adds `delta` to a key's active jobs, then parks its groups that reached their limit

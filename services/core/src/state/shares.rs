@@ -176,11 +176,6 @@ impl Heads {
         }
     }
 
-    /// Every head, in (tenant, rank, queue) order.
-    pub fn iter(&self) -> impl Iterator<Item = &(QueueKey, Lane)> {
-        self.groups.values().flatten()
-    }
-
     pub fn len(&self) -> usize {
         self.groups.values().map(BTreeSet::len).sum()
     }
@@ -242,7 +237,7 @@ impl State {
 
     /// A tenant's weight in fair share under the rules in force (1 without rules).
     pub(crate) fn share_weight(&self, tenant: &str) -> u32 {
-        self.rules().map_or(1, |r| r.share_weight(tenant)).max(1)
+        self.rules().map_or(1, |r| r.share_weight(tenant))
     }
 
     /// Forgets the passes at or behind their clock of tenants with no job in the pass at

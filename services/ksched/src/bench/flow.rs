@@ -14,7 +14,7 @@ use std::time::Duration;
 use anyhow::Result;
 use ksched_core::rules::{ConcurrencyRule, TenantRules};
 
-use super::e2e::{Rig, Saturation};
+use super::e2e::{Percentiles, Rig, Saturation};
 use super::{BenchArgs, Sizes, bench_config, phase};
 
 #[derive(Debug, serde::Serialize)]
@@ -141,14 +141,6 @@ struct Weighted {
     error_percent: f64,
 }
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
-}
-
 pub(super) fn fair_share_only(args: &BenchArgs, backlog: u64) -> Result<()> {
     let run = format!("bench-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
     let work = tempfile::tempdir()?;
@@ -188,10 +180,10 @@ pub(super) fn fair_share_only(args: &BenchArgs, backlog: u64) -> Result<()> {
         .filter_map(|(_, d)| *d)
         .fold(f64::MIN, f64::max);
     let small_sent = small_times.iter().map(|(s, _)| *s).fold(f64::MIN, f64::max);
-    let mut waits: Vec<f64> = (small_times.iter())
+    let waits: Vec<f64> = (small_times.iter())
         .filter_map(|(s, d)| d.map(|d| d - s))
         .collect();
-    waits.sort_by(f64::total_cmp);
+    let small_max_ms = waits.iter().copied().fold(f64::NAN, f64::max);
     let large_waiting_then = (rig.sent_and_dispatched(&large)?.iter())
         .filter(|(_, d)| d.is_none_or(|d| d > small_done))
         .count() as u64;
@@ -204,8 +196,8 @@ pub(super) fn fair_share_only(args: &BenchArgs, backlog: u64) -> Result<()> {
     let behind = Behind {
         small_jobs: SMALL_JOBS,
         small_last_dispatch_ms: small_done - small_sent,
-        small_p50_ms: percentile(&waits, 0.5),
-        small_max_ms: waits.last().copied().unwrap_or(f64::NAN),
+        small_p50_ms: Percentiles::of(waits).p50,
+        small_max_ms,
         large_waiting_then,
         large_drain_seconds: (large_last - large_first) / 1000.0,
     };
