@@ -414,3 +414,24 @@ fn a_tenant_forgotten_while_parked_starts_at_the_clock_when_a_reconfigure_frees_
     let placed = pool.next(&mut sim, 4);
     assert_eq!(count(&placed, "acme"), 2, "{placed:?}");
 }
+
+#[test]
+fn weights_out_of_range_are_refused_with_the_tenant_named() {
+    for bad in [0, ksched_core::rules::MAX_SHARE_WEIGHT + 1, u32::MAX] {
+        let err = weighted(&[("acme", bad)]).validate().unwrap_err().0;
+        assert!(err.contains("tenant acme: weight"), "{err}");
+    }
+    let mut r = weighted(&[("acme", ksched_core::rules::MAX_SHARE_WEIGHT)]);
+    r.tenants.insert(
+        "*".into(),
+        TenantRules {
+            weight: Some(2),
+            ..Default::default()
+        },
+    );
+    assert!(r.validate().is_ok());
+    assert_eq!(
+        (r.share_weight("acme"), r.share_weight("globex")),
+        (1_000, 2)
+    );
+}
