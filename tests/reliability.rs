@@ -418,6 +418,7 @@ fn requests_are_journaled_once() {
             job_hash: String::new(),
             pools: vec![],
             routing_notes: vec![],
+            unique_key: None,
         })],
         format: ksched_core::events::DECISION_FORMAT,
     };

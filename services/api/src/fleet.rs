@@ -101,18 +101,70 @@ pub(super) async fn tenants(
     Extension(caller): Extension<Identity>,
 ) -> ApiResult {
     let usage = tenant_usage(&api, &caller).await?;
+    let keys = usage.busiest_keys(MAX_KEYS_LISTED);
     Ok(axum::Json(json!({
-        "tenants": usage.iter().map(|(t, (running, waiting, limit))| json!({
+        "tenants": usage.tenants.iter().map(|(t, u)| json!({
             "tenant_id": t,
-            "active_jobs": running,
-            "waiting_jobs": waiting,
-            "max_concurrent_jobs": limit,
+            "active_jobs": u.active,
+            "waiting_jobs": u.waiting,
+            "max_concurrent_jobs": u.limit,
+            "waiting_by_reason": u.reasons,
         })).collect::<Vec<_>>(),
+        "concurrency_keys": keys.iter().map(|((t, k), u)| json!({
+            "tenant_id": t,
+            "key": k,
+            "active_jobs": u.active,
+            "waiting_jobs": u.waiting,
+            "limit": u.limit,
+            "rate": u.rate,
+        })).collect::<Vec<_>>(),
+        "concurrency_keys_omitted": usage.keys.len().saturating_sub(keys.len()),
     })))
 }
 
-/// Per tenant `caller` sees: jobs on workers, jobs waiting, and the concurrency limit.
-type TenantUsage = std::collections::BTreeMap<String, (i64, i64, Option<i32>)>;
+/// Most concurrency keys `/api/v1/tenants` and the console list (the busiest).
+pub(super) const MAX_KEYS_LISTED: usize = 1_000;
+
+/// One tenant's jobs not yet ended: on workers, waiting (by the reason they wait), and its
+/// concurrency limit.
+#[derive(Debug, Clone, Default)]
+pub(super) struct TenantLoad {
+    pub active: i64,
+    pub waiting: i64,
+    pub limit: Option<i32>,
+    /// Queued jobs by the reason their last `JobWaiting` gave (`none` when none did yet),
+    /// and jobs awaiting an approval as `approval_required` (delayed jobs are not counted:
+    /// they wait in storage, by time).
+    pub reasons: std::collections::BTreeMap<String, i64>,
+}
+
+/// One concurrency key's jobs not yet ended (SPEC §10).
+#[derive(Debug, Clone, Default)]
+pub(super) struct KeyLoad {
+    pub active: i64,
+    pub waiting: i64,
+    /// At most this many at once; None: no such limit.
+    pub limit: Option<u32>,
+    /// Its rate limit, as `N/PERIOD, burst B`.
+    pub rate: Option<String>,
+}
+
+/// What `caller` sees of the tenants and their concurrency keys (`""` is a `tenant` key).
+#[derive(Debug, Clone, Default)]
+pub(super) struct TenantUsage {
+    pub tenants: std::collections::BTreeMap<String, TenantLoad>,
+    pub keys: std::collections::BTreeMap<(String, String), KeyLoad>,
+}
+
+impl TenantUsage {
+    /// The `n` keys with the most jobs waiting, then active.
+    pub(super) fn busiest_keys(&self, n: usize) -> Vec<(&(String, String), &KeyLoad)> {
+        let mut keys: Vec<_> = self.keys.iter().collect();
+        keys.sort_by_key(|(k, u)| (std::cmp::Reverse((u.waiting, u.active)), *k));
+        keys.truncate(n);
+        keys
+    }
+}
 
 /// Reads every non-terminal job (a backlog's worth): on a blocking thread, one of
 /// [`HEAVY_READS`].
@@ -121,19 +173,40 @@ pub(super) async fn tenant_usage(api: &Api, caller: &Identity) -> ApiResult<Tena
     let stores = api.stores.clone();
     let caller = caller.clone();
     heavy_read(move || {
-        let mut usage = TenantUsage::new();
+        let mut usage = TenantUsage::default();
         for store in &stores {
             store.scan_active_jobs(None, ksched_store::ScanBound::ALL, |_, j| {
-                if caller.sees(&j.request.tenant_id) {
-                    let e = usage
-                        .entry(j.request.tenant_id.clone())
-                        .or_insert((0, 0, None));
-                    if j.state.is_active() {
-                        e.0 += 1;
+                let tenant = &j.request.tenant_id;
+                if !caller.sees(tenant) {
+                    return false;
+                }
+                let active = j.state.is_active();
+                let e = usage.tenants.entry(tenant.clone()).or_default();
+                if active {
+                    e.active += 1;
+                } else {
+                    e.waiting += 1;
+                    let reason = match j.state {
+                        ksched_core::events::JobState::Pending => {
+                            j.wait_reason.clone().unwrap_or_else(|| "none".into())
+                        }
+                        other => other.as_str().to_ascii_lowercase(),
+                    };
+                    *e.reasons.entry(reason).or_default() += 1;
+                }
+                e.limit = e.limit.or(j.constraints.max_concurrent_jobs);
+                if let Some(c) = &j.concurrency {
+                    let k = usage
+                        .keys
+                        .entry((tenant.clone(), c.key.clone()))
+                        .or_default();
+                    if active {
+                        k.active += 1;
                     } else {
-                        e.1 += 1;
+                        k.waiting += 1;
                     }
-                    e.2 = e.2.or(j.constraints.max_concurrent_jobs);
+                    k.limit = (c.limit != u32::MAX).then_some(c.limit);
+                    k.rate = c.rate.map(|r| r.to_string());
                 }
                 false
             })?;
@@ -141,4 +214,33 @@ pub(super) async fn tenant_usage(api: &Api, caller: &Identity) -> ApiResult<Tena
         Ok::<_, ksched_store::Error>(usage)
     })
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_busiest_keys_are_those_with_most_jobs_waiting_then_active() {
+        let mut usage = TenantUsage::default();
+        for (tenant, key, active, waiting) in [
+            ("acme", "a", 1, 0),
+            ("acme", "b", 0, 5),
+            ("globex", "a", 3, 5),
+            ("acme", "", 2, 1),
+        ] {
+            usage.keys.insert(
+                (tenant.to_owned(), key.to_owned()),
+                KeyLoad {
+                    active,
+                    waiting,
+                    ..KeyLoad::default()
+                },
+            );
+        }
+        let order: Vec<(&str, &str)> = (usage.busiest_keys(3).into_iter())
+            .map(|((t, k), _)| (t.as_str(), k.as_str()))
+            .collect();
+        assert_eq!(order, [("globex", "a"), ("acme", "b"), ("acme", "")]);
+    }
 }

@@ -184,8 +184,16 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
             {
                 d.payloads.insert(e.job_id.clone(), payload);
             }
-            if let Some(key) = &r.meta.idempotency_key {
-                let k = (r.tenant_id.clone(), key.clone());
+            let unique = e.unique_key.as_ref().map(|key| {
+                let scope = crate::decide::unique_scope(&r.tenant_id, &r.topic);
+                (scope, key.clone())
+            });
+            let idempotent = r
+                .meta
+                .idempotency_key
+                .as_ref()
+                .map(|key| (r.tenant_id.clone(), key.clone()));
+            for k in [idempotent, unique].into_iter().flatten() {
                 state.idempotency.insert(
                     k.clone(),
                     IdempotencyEntry {
@@ -198,6 +206,24 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
                 }
             }
         }
+        Event::JobDebounced(e) => {
+            let Some(job) = state.jobs.get(&e.job_id) else {
+                return;
+            };
+            let key = (
+                job.request.tenant_id.clone(),
+                job.request.topic.clone(),
+                e.key.clone(),
+            );
+            let window = crate::state::Debounce {
+                job_id: e.job_id.clone(),
+                first_at: e.first_at,
+                due: e.due,
+            };
+            state.open_debounce(key, window);
+            state.write_history(&e.job_id, line(event, at));
+        }
+        Event::DebouncesClosed(e) => state.close_debounces(e.through),
         Event::JobDuplicate(e) => {
             state.write_history(&e.existing_job_id, line(event, at));
         }

@@ -63,6 +63,13 @@ impl Event {
                     d.idempotency_key.as_deref().unwrap_or(""),
                     d.existing_job_id
                 )?,
+                DuplicateKind::UniqueKey => write!(
+                    out,
+                    "job {} refused: unique key {} was taken by {} within its topic's window",
+                    d.job_id,
+                    d.idempotency_key.as_deref().unwrap_or(""),
+                    d.existing_job_id
+                )?,
             },
             Event::PolicyEvaluated(p) => {
                 write!(out, "{:?}", p.verdict)?;
@@ -324,6 +331,22 @@ impl Event {
             Event::JobDelayed(d) => {
                 out.push_str("delayed until ");
                 time(out, d.not_before);
+            }
+            Event::JobDebounced(d) => {
+                write!(out, "debounced on key {:?}", d.key)?;
+                if let Some(old) = &d.replaces {
+                    write!(out, ", replacing {old}")?;
+                }
+                out.push_str("; runs at ");
+                time(out, d.due);
+                out.push_str(" unless a later job of the key replaces it (its run began at ");
+                time(out, d.first_at);
+                out.push(')');
+            }
+            Event::DebouncesClosed(c) => {
+                out.push_str("debounce windows due by ");
+                time(out, c.through);
+                out.push_str(" closed");
             }
             Event::JobReleased(r) => {
                 out.push_str("due (not before ");

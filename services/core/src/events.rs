@@ -263,6 +263,9 @@ pub enum DuplicateKind {
     ConflictingJobId,
     /// Same (tenant_id, idempotency_key) within the retention window. Ignored.
     IdempotencyKey,
+    /// A unique key (SPEC §10) a job of the same tenant and topic took within the topic's
+    /// window. Ignored; `idempotency_key` holds the unique key.
+    UniqueKey,
 }
 
 /// The safety kernel's verdict on a job.
@@ -319,6 +322,10 @@ pub struct JobAccepted {
     pub pools: Vec<String>,
     /// Why configured pools were left out (requires, preferred_pool).
     pub routing_notes: Vec<String>,
+    /// The unique key the job takes for its topic's window (SPEC §10: `label:VALUE` or
+    /// `payload:DIGEST`), if its topic has a unique rule and the job a key.
+    #[serde(default)]
+    pub unique_key: Option<String>,
 }
 
 /// A submission that was seen before.
@@ -756,6 +763,30 @@ pub struct ScheduleFired {
     pub next_slot: Option<Millis>,
 }
 
+/// A job held to its topic's debounce rule (SPEC §10): it waits DELAYED until `due`
+/// ([`JobDelayed`] follows), unless a later job of its key replaces it first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobDebounced {
+    pub job_id: String,
+    /// The debounce key: the label's value, `""` for a `tenant` key.
+    pub key: String,
+    /// When the run of jobs it belongs to began: the first one's acceptance (log time).
+    pub first_at: Millis,
+    /// When it is released unless a later job of its key replaces it: its acceptance plus
+    /// the rule's wait, no later than `first_at` plus the rule's max wait (or its own
+    /// `not_before`, if later).
+    pub due: Millis,
+    /// The job of the same key it replaces, cancelled next in the same entry.
+    pub replaces: Option<String>,
+}
+
+/// Debounce windows due by `through` closed: a job of their keys accepted later begins a
+/// new run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DebouncesClosed {
+    pub through: Millis,
+}
+
 /// Every event the scheduler journals.
 // The large fields of rare or per-worker events are boxed (a saga's request and its
 // compensation, a heartbeat, a dead letter), so an event is as large as the common ones
@@ -802,6 +833,8 @@ pub enum Event {
     JobRescheduled(JobRescheduled),
     ScheduleChanged(ScheduleChanged),
     ScheduleFired(ScheduleFired),
+    JobDebounced(JobDebounced),
+    DebouncesClosed(DebouncesClosed),
 }
 
 impl Event {
@@ -848,6 +881,8 @@ impl Event {
             Event::JobRescheduled(_) => "JobRescheduled",
             Event::ScheduleChanged(_) => "ScheduleChanged",
             Event::ScheduleFired(_) => "ScheduleFired",
+            Event::JobDebounced(_) => "JobDebounced",
+            Event::DebouncesClosed(_) => "DebouncesClosed",
         }
     }
 
@@ -884,6 +919,7 @@ impl Event {
             Event::JobDelayed(e) => &e.job_id,
             Event::JobReleased(e) => &e.job_id,
             Event::JobRescheduled(e) => &e.job_id,
+            Event::JobDebounced(e) => &e.job_id,
             Event::ScheduleFired(e) => match &e.job_id {
                 Some(id) => id,
                 None => return None,
@@ -894,6 +930,7 @@ impl Event {
             | Event::CircuitChanged(_)
             | Event::SagaFinished(_)
             | Event::IdempotencyPruned(_)
+            | Event::DebouncesClosed(_)
             | Event::ConfigApplied(_)
             | Event::ClockGap(_)
             | Event::WorkerForgotten(_) => return None,

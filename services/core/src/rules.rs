@@ -254,7 +254,8 @@ pub struct Limits {
     pub max_schedules: u32,
     /// Most concurrency keys with jobs queued or active at once in one shard (each costs a
     /// counter and a lane); a job that would bring one more is dead-lettered `queue_full`.
-    /// Default 100000.
+    /// Rate limit buckets not yet full, and debounce windows open, are bounded by it too,
+    /// each kind on its own. Default 100000.
     pub max_concurrency_keys: u32,
 }
 
@@ -304,6 +305,14 @@ pub struct Rules {
     /// journaled rules when empty.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub topic_concurrency: BTreeMap<String, ConcurrencyRule>,
+    /// Job topic -> its unique jobs rule (SPEC §10): one job per key and window. Left out
+    /// of the journaled rules when empty.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub topic_unique: BTreeMap<String, UniqueRule>,
+    /// Job topic -> its debounce rule (SPEC §10): jobs of one key close together collapse
+    /// into the last. Left out of the journaled rules when empty.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub topic_debounce: BTreeMap<String, DebounceRule>,
     pub pools: BTreeMap<String, PoolRules>,
     pub tenants: BTreeMap<String, TenantRules>,
     pub timing: Timing,
@@ -403,6 +412,162 @@ impl ConcurrencyRule {
     }
 }
 
+/// Unique jobs on a topic (SPEC §10): a job whose key a job of the same tenant on the
+/// same topic was accepted with less than `for` ago is refused as a duplicate
+/// (`JobDuplicate`, kind `UNIQUE_KEY`), whatever became of that first job.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UniqueRule {
+    /// Where the key comes from: `label:NAME` (the job's own label NAME; a job without it,
+    /// or with it empty, is not held to the rule) or `payload` (the SHA-256 of the payload:
+    /// one job per distinct payload). Default `label:unique_key`.
+    #[serde(default = "UniqueRule::default_key")]
+    pub key: String,
+    /// How long a key stays taken after the job that took it was accepted: a span, `30s`,
+    /// `10m`, `24h`; at most `timing.idempotency_retention_ms`.
+    #[serde(rename = "for")]
+    pub window: String,
+}
+
+impl UniqueRule {
+    /// The label a key comes from when a rule names none.
+    pub const DEFAULT_LABEL: &str = "unique_key";
+
+    fn default_key() -> String {
+        format!("label:{}", Self::DEFAULT_LABEL)
+    }
+
+    /// The rule's window in milliseconds (0 if it is not valid; validation refuses that).
+    pub fn window_ms(&self) -> i64 {
+        span_ms(&self.window)
+    }
+
+    /// The unique key of a job with `labels` and payload digest `digest`, if it has one.
+    pub fn key_of(
+        &self,
+        labels: &BTreeMap<String, String>,
+        digest: impl FnOnce() -> String,
+    ) -> Option<String> {
+        if self.key == "payload" {
+            return Some(format!("payload:{}", digest()));
+        }
+        let name = self.key.strip_prefix("label:")?;
+        labels
+            .get(name)
+            .filter(|v| !v.is_empty())
+            .map(|v| format!("label:{v}"))
+    }
+
+    fn check(&self, topic: &str, retention_ms: i64) -> Result<(), RulesError> {
+        let valid = self.key == "payload"
+            || (self.key.strip_prefix("label:")).is_some_and(|l| !l.trim().is_empty());
+        if !valid {
+            return Err(RulesError(format!(
+                "topic {topic}: unique key {:?} must be `label:NAME` or `payload`",
+                self.key
+            )));
+        }
+        let window = parse_period_ms(&self.window)
+            .map_err(|e| RulesError(format!("topic {topic}: unique for {e}")))?;
+        if window < 1 || window > u64::try_from(retention_ms).unwrap_or(0) {
+            return Err(RulesError(format!(
+                "topic {topic}: unique for {:?} must be at least 1ms and at most timing.idempotency_retention_ms ({retention_ms} ms), which keeps the keys",
+                self.window
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Debounced jobs on a topic (SPEC §10): a job with a key waits `wait` (DELAYED); one of
+/// the same tenant, topic and key accepted while it waits replaces it (the waiting job is
+/// cancelled) and waits `wait` from its own acceptance, but no longer than `max_wait` from
+/// the acceptance of the first job of the run, so a steady stream still runs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DebounceRule {
+    /// Where the key comes from: `label:NAME` (the job's own label NAME; a job without it,
+    /// or with it empty, is not debounced) or `tenant` (one key for the tenant's jobs on
+    /// the topic). Default `label:debounce_key`.
+    #[serde(default = "DebounceRule::default_key")]
+    pub key: String,
+    /// How long a job waits for a later one to replace it: a span, `500ms`, `5s`, `1m`.
+    pub wait: String,
+    /// The longest a run of replacements may hold its key's work back, from the first
+    /// job's acceptance: at least `wait`. Default ten times `wait`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_wait: Option<String>,
+}
+
+impl DebounceRule {
+    /// The label a key comes from when a rule names none.
+    pub const DEFAULT_LABEL: &str = "debounce_key";
+
+    fn default_key() -> String {
+        format!("label:{}", Self::DEFAULT_LABEL)
+    }
+
+    /// `wait` in milliseconds (0 if it is not valid; validation refuses that).
+    pub fn wait_ms(&self) -> i64 {
+        span_ms(&self.wait)
+    }
+
+    /// `max_wait` in milliseconds, ten times `wait` when not given.
+    pub fn max_wait_ms(&self) -> i64 {
+        match &self.max_wait {
+            Some(text) => span_ms(text),
+            None => self.wait_ms().saturating_mul(10),
+        }
+    }
+
+    /// The debounce key of a job with `labels`, if it has one (`""` for `tenant`).
+    pub fn key_of(&self, labels: &BTreeMap<String, String>) -> Option<String> {
+        match self.key.strip_prefix("label:") {
+            None => Some(String::new()),
+            Some(name) => labels.get(name).filter(|v| !v.is_empty()).cloned(),
+        }
+    }
+
+    fn check(&self, topic: &str, max_delay_ms: i64) -> Result<(), RulesError> {
+        let valid = self.key == "tenant"
+            || (self.key.strip_prefix("label:")).is_some_and(|l| !l.trim().is_empty());
+        if !valid {
+            return Err(RulesError(format!(
+                "topic {topic}: debounce key {:?} must be `label:NAME` or `tenant`",
+                self.key
+            )));
+        }
+        for (what, text) in [
+            ("wait", Some(&self.wait)),
+            ("max_wait", self.max_wait.as_ref()),
+        ] {
+            if let Some(text) = text {
+                parse_period_ms(text)
+                    .map_err(|e| RulesError(format!("topic {topic}: debounce {what} {e}")))?;
+            }
+        }
+        let (wait, max_wait) = (self.wait_ms(), self.max_wait_ms());
+        if wait < 1 {
+            return Err(RulesError(format!(
+                "topic {topic}: debounce wait must be at least 1ms"
+            )));
+        }
+        if max_wait < wait || max_wait > max_delay_ms {
+            return Err(RulesError(format!(
+                "topic {topic}: debounce max_wait ({max_wait} ms) must be at least its wait ({wait} ms) and at most limits.max_delay_ms ({max_delay_ms} ms)"
+            )));
+        }
+        Ok(())
+    }
+}
+
+fn span_ms(text: &str) -> i64 {
+    parse_period_ms(text)
+        .ok()
+        .and_then(|ms| i64::try_from(ms).ok())
+        .unwrap_or(0)
+}
+
 /// A rate limit (SPEC §10): at most `count` placements per `per_ms` milliseconds, and at
 /// most `burst` at once after an idle spell: a token bucket, kept as the time its next
 /// token is due (GCRA), in log time, so replay decides as live did.
@@ -426,22 +591,7 @@ impl Rate {
         let form = "write it N/PERIOD, as 100/s, 600/1m, 5/10s or 1/h";
         let (count, period) = text.trim().split_once('/').ok_or(form)?;
         let count: u32 = count.trim().parse().map_err(|_| form)?;
-        let period = period.trim();
-        let unit_at = period.find(|c: char| !c.is_ascii_digit()).ok_or(form)?;
-        let (n, unit) = period.split_at(unit_at);
-        let n: u64 = if n.is_empty() {
-            1
-        } else {
-            n.parse().map_err(|_| form)?
-        };
-        let unit_ms = match unit {
-            "ms" => 1,
-            "s" | "sec" => 1_000,
-            "m" | "min" => 60_000,
-            "h" | "hour" => 3_600_000,
-            _ => return Err(form.to_owned()),
-        };
-        let per_ms = n.saturating_mul(unit_ms);
+        let per_ms = parse_period_ms(period).map_err(|_| form)?;
         if count < 1 || per_ms < 1 {
             return Err("N and the period must be at least 1".to_owned());
         }
@@ -497,6 +647,30 @@ impl std::fmt::Display for Rate {
     }
 }
 
+/// Reads a span of time written as an optional whole number and a unit: `ms`, `s`/`sec`,
+/// `m`/`min`, `h`/`hour` (`s` is `1s`; `90s`, `10m`, `24h`), in milliseconds.
+pub fn parse_period_ms(text: &str) -> Result<u64, String> {
+    let form = || format!("{text:?}: write a span as 500ms, 30s, 10m or 24h");
+    let period = text.trim();
+    let unit_at = period
+        .find(|c: char| !c.is_ascii_digit())
+        .ok_or_else(form)?;
+    let (n, unit) = period.split_at(unit_at);
+    let n: u64 = if n.is_empty() {
+        1
+    } else {
+        n.parse().map_err(|_| form())?
+    };
+    let unit_ms = match unit {
+        "ms" => 1,
+        "s" | "sec" => 1_000,
+        "m" | "min" => 60_000,
+        "h" | "hour" => 3_600_000,
+        _ => return Err(form()),
+    };
+    Ok(n.saturating_mul(unit_ms))
+}
+
 /// A rule set that does not hold together.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid rules: {0}")]
@@ -525,6 +699,22 @@ impl Rules {
                 ));
             }
             rule.check(topic)?;
+        }
+        for (topic, rule) in &self.topic_unique {
+            if !self.topics.contains_key(topic) {
+                return err(format!(
+                    "topic {topic} has a unique rule but maps to no pool"
+                ));
+            }
+            rule.check(topic, self.timing.idempotency_retention_ms)?;
+        }
+        for (topic, rule) in &self.topic_debounce {
+            if !self.topics.contains_key(topic) {
+                return err(format!(
+                    "topic {topic} has a debounce rule but maps to no pool"
+                ));
+            }
+            rule.check(topic, self.limits.max_delay_ms)?;
         }
         for (topic, tenants) in &self.topic_tenants {
             if !self.topics.contains_key(topic) {

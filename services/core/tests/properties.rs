@@ -32,6 +32,9 @@ enum Op {
         ckey: Option<u8>,
         /// Its tenant ([`TENANTS`]): tenants share pools by weight (SPEC §10 fair share).
         tenant: u8,
+        /// Its `unique_key` and `debounce_key` labels (SPEC §10): `job.multi` is unique by
+        /// the one, `job.default` debounced by the other.
+        fkey: Option<u8>,
     },
     Heartbeat {
         worker: u8,
@@ -99,8 +102,8 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        3 => (0..12u8, 0..4u8, 0..3u8, 0..6u8, proptest::option::of(0..3u8), proptest::option::of(1..600u16), proptest::option::of(0..600u16), proptest::option::of(0..3u8), 0..3u8)
-            .prop_map(|(job, topic, priority, risk, key, deadline, delay, ckey, tenant)| Op::Submit { job, topic, priority, risk, key, deadline, delay, ckey, tenant }),
+        3 => (0..12u8, 0..4u8, 0..3u8, 0..6u8, proptest::option::of(0..3u8), proptest::option::of(1..600u16), proptest::option::of(0..600u16), proptest::option::of(0..3u8), 0..3u8, proptest::option::of(0..2u8))
+            .prop_map(|(job, topic, priority, risk, key, deadline, delay, ckey, tenant, fkey)| Op::Submit { job, topic, priority, risk, key, deadline, delay, ckey, tenant, fkey }),
         2 => (0..4u8, 0..4u8, 0..100u8, 0..4u8, any::<bool>())
             .prop_map(|(worker, pool, cpu, max, draining)| Op::Heartbeat { worker, pool, cpu, max, draining: draining && worker == 3 }),
         2 => (0..12u8, 0..4u8, -1..2i8).prop_map(|(job, worker, attempt_delta)| Op::Started { job, worker, attempt_delta }),
@@ -174,6 +177,21 @@ fn run_rules(limit: u8, rate: u8) -> ksched_core::rules::Rules {
     r.timing.dispatch_timeout_ms = 20_000;
     r.timing.placement_timeout_ms = 60_000;
     r.limits.max_concurrency_keys = 2;
+    r.topic_unique.insert(
+        "job.multi".into(),
+        ksched_core::rules::UniqueRule {
+            key: "label:unique_key".into(),
+            window: "2s".into(),
+        },
+    );
+    r.topic_debounce.insert(
+        "job.default".into(),
+        ksched_core::rules::DebounceRule {
+            key: "label:debounce_key".into(),
+            wait: "300ms".into(),
+            max_wait: Some("1s".into()),
+        },
+    );
     r.tenants.insert(
         "initech".into(),
         ksched_core::rules::TenantRules {
@@ -220,11 +238,16 @@ fn run(ops: &[Op]) -> Sim {
                 delay,
                 ckey,
                 tenant,
+                fkey,
             } => {
                 let mut req = job(&format!("j{j}"));
                 req.tenant_id = TENANTS[tenant as usize].into();
                 if let Some(c) = ckey {
                     req.labels.insert("concurrency_key".into(), format!("c{c}"));
+                }
+                if let Some(f) = fkey {
+                    req.labels.insert("unique_key".into(), format!("f{f}"));
+                    req.labels.insert("debounce_key".into(), format!("f{f}"));
                 }
                 req.not_before = delay.map(|d| sim.now + i64::from(d) * 100);
                 req.topic = TOPICS[topic as usize].into();

@@ -236,3 +236,34 @@ fn a_full_pool_stops_the_pass_early() {
     );
     assert_eq!(sim.state.queues["default"].len(), 49);
 }
+
+#[test]
+fn queued_jobs_are_counted_by_the_reason_they_wait() {
+    let mut sim = Sim::new();
+    let counts = |sim: &Sim| {
+        (sim.state.waiting_by_reason.iter())
+            .map(|(r, n)| ((*r).to_owned(), *n))
+            .collect::<Vec<_>>()
+    };
+    sim.submit(job("j1"));
+    sim.submit(job("j2"));
+    assert_eq!(counts(&sim), [("no_workers".to_owned(), 2)]);
+    // A worker of one slot takes j1; j2 waits on, counted under its last reason until its
+    // next JobWaiting says another.
+    sim.heartbeat(Heartbeat {
+        max_parallel_jobs: 1,
+        ..hb("w1", "default")
+    });
+    assert_eq!(counts(&sim), [("no_workers".to_owned(), 1)]);
+    sim.submit(job("j3"));
+    assert_eq!(
+        counts(&sim),
+        [
+            ("no_workers".to_owned(), 1),
+            ("pool_overloaded".to_owned(), 1)
+        ]
+    );
+    sim.cancel("j2", None);
+    sim.cancel("j3", None);
+    assert!(counts(&sim).is_empty());
+}

@@ -12,6 +12,7 @@ use prometheus::{
 
 pub const JOBS: &str = "ksched_jobs";
 pub const QUEUE_DEPTH: &str = "ksched_queue_depth";
+pub const JOBS_WAITING: &str = "ksched_jobs_waiting";
 pub const WORKERS: &str = "ksched_workers";
 pub const DISPATCH_LATENCY: &str = "ksched_dispatch_latency_seconds";
 pub const DEAD_LETTERS: &str = "ksched_dead_letters_total";
@@ -67,6 +68,7 @@ pub struct Metrics {
     pub registry: Registry,
     pub jobs: IntGaugeVec,
     pub queue_depth: IntGaugeVec,
+    pub jobs_waiting: IntGaugeVec,
     pub workers: IntGaugeVec,
     pub dispatch_latency: Histogram,
     pub dead_letters: IntCounterVec,
@@ -137,6 +139,14 @@ impl Metrics {
                     QUEUE_DEPTH,
                     "Jobs waiting in each pool's pending queue.",
                     &["pool"],
+                ),
+            ),
+            jobs_waiting: reg(
+                &r,
+                g(
+                    JOBS_WAITING,
+                    "Queued jobs by the reason they wait (the last JobWaiting of each: no_workers, pool_overloaded, tenant_limit, circuit_open, concurrency_limited, rate_limited, ...).",
+                    &["reason"],
                 ),
             ),
             workers: reg(
@@ -398,6 +408,10 @@ impl Metrics {
             self.queue_depth
                 .with_label_values(&[pool.as_str()])
                 .set(i64::try_from(q.len()).unwrap_or(i64::MAX));
+        }
+        self.jobs_waiting.reset();
+        for (reason, n) in &state.waiting_by_reason {
+            self.jobs_waiting.with_label_values(&[reason]).set(*n);
         }
         let mut workers: BTreeMap<(&str, bool), i64> = BTreeMap::new();
         let configured = |pool: &str| state.rules().is_some_and(|r| r.pools.contains_key(pool));

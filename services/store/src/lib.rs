@@ -27,8 +27,8 @@ use ksched_core::events::Reconfigure;
 use ksched_core::records::{DeadLetter, Millis};
 use ksched_core::rules::Rules;
 use ksched_core::state::{
-    ActiveConfig, Breaker, Bucket, BucketKey, ColdStore, Dirty, HistoryItem, HistoryLines,
-    IdempotencyEntry, Job, PoolShare, Saga, ShareKey, State, Worker,
+    ActiveConfig, Breaker, Bucket, BucketKey, ColdStore, Debounce, DebounceKey, Dirty, HistoryItem,
+    HistoryLines, IdempotencyEntry, Job, PoolShare, Saga, ShareKey, State, Worker,
 };
 use rocksdb::{
     ColumnFamily, ColumnFamilyDescriptor, DB, Direction, IteratorMode, Options, WriteBatch,
@@ -97,7 +97,8 @@ pub struct Scanned {
 /// started again.
 /// 9: a job's concurrency key carries its rate limit; rate limit buckets (`rate_buckets`).
 /// 10: each pool's fair share between tenants at each priority (`fair_shares`).
-pub const FORMAT_VERSION: u32 = 10;
+/// 11: open debounce windows (`debounces`).
+pub const FORMAT_VERSION: u32 = 11;
 
 /// Most idempotency keys one write deletes when their retention passed; the rest follow in
 /// the next writes, so a prune never becomes one huge batch.
@@ -118,6 +119,7 @@ const CF_DELAYS: &str = "delays";
 const CF_SCHEDULES: &str = "schedules";
 const CF_BUCKETS: &str = "rate_buckets";
 const CF_SHARES: &str = "fair_shares";
+const CF_DEBOUNCES: &str = "debounces";
 /// Every column family, in a fixed order.
 pub const CFS: &[&str] = &[
     CF_META,
@@ -135,6 +137,7 @@ pub const CFS: &[&str] = &[
     CF_SCHEDULES,
     CF_BUCKETS,
     CF_SHARES,
+    CF_DEBOUNCES,
 ];
 
 const META_FORMAT: &[u8] = b"format";
@@ -273,6 +276,7 @@ const SCANNED_ONLY: &[&str] = &[
     CF_SCHEDULES,
     CF_BUCKETS,
     CF_SHARES,
+    CF_DEBOUNCES,
 ];
 
 /// Every column family, sharing one block cache.
@@ -579,6 +583,9 @@ impl Store {
         for (_, (k, share)) in self.scan::<(ShareKey, PoolShare)>(CF_SHARES)? {
             state.shares.insert(k, share);
         }
+        for (_, (k, window)) in self.scan::<(DebounceKey, Debounce)>(CF_DEBOUNCES)? {
+            state.debounces.insert(k, window);
+        }
         for (k, s) in self.scan::<Saga>(CF_SAGAS)? {
             if s.rolling_back() {
                 state.sagas.insert(utf8(k), s);
@@ -709,6 +716,14 @@ impl Store {
             match state.shares.get(sk) {
                 Some(x) => b.put_cf(self.cf(CF_SHARES), k, encode(&(sk, x))),
                 None => b.delete_cf(self.cf(CF_SHARES), k),
+            }
+        }
+        for dk in &dirty.debounces {
+            // Length-prefixed parts, as the buckets'.
+            let k = self.key(&encode(dk));
+            match state.debounces.get(dk) {
+                Some(x) => b.put_cf(self.cf(CF_DEBOUNCES), k, encode(&(dk, x))),
+                None => b.delete_cf(self.cf(CF_DEBOUNCES), k),
             }
         }
         for wf in &dirty.sagas {

@@ -678,3 +678,115 @@ fn delayed_jobs_wait_in_the_store_and_are_read_back_as_they_come_due() {
     let ev = feed(&mut state, t + 30_000, "ksched.control", tick(t + 30_000));
     assert!(released(ev).is_empty(), "each once");
 }
+
+#[test]
+fn debounce_windows_survive_a_restart_and_leave_the_store_when_they_close() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = 1_700_000_000_000;
+    let policy = AllowAll;
+    let ctx = Ctx { policy: &policy };
+    let mut r = rules();
+    r.topic_debounce.insert(
+        "job.default".into(),
+        ksched_core::rules::DebounceRule {
+            key: "label:document".into(),
+            wait: "5s".into(),
+            max_wait: None,
+        },
+    );
+    let reconf = Reconfigure {
+        rules_json: r.to_canonical_json(),
+        policy_snapshot: "s".into(),
+        ..Default::default()
+    };
+    let doc = |id: &str, document: &str| JobRequest {
+        job_id: id.into(),
+        topic: "job.default".into(),
+        tenant_id: "acme".into(),
+        submitted_at: t,
+        labels: [("document".to_owned(), document.to_owned())].into(),
+        ..Default::default()
+    };
+    let tick = |watermark| {
+        Input::Tick(Tick {
+            source: "t".into(),
+            issued_at: watermark,
+            watermark: Some(watermark),
+        })
+    };
+    let mut offset = 0;
+    let mut feed = |store: &Store, state: &mut State, at: i64, topic: &str, input: Input| {
+        state.load_for_input(&input, store).unwrap();
+        let cause = Cause {
+            topic: topic.into(),
+            partition: 0,
+            offset,
+        };
+        let p = process(state, &ctx, cause, at, input);
+        offset += 1;
+        let dirty = state.take_dirty();
+        store.persist(state, dirty, Some(offset)).unwrap();
+        state.evict_cold();
+        p.entry.events
+    };
+    let store = Store::open(dir.path(), 0).unwrap();
+    let mut state = State::tracking_changes();
+    feed(
+        &store,
+        &mut state,
+        t,
+        "ksched.control",
+        Input::Reconfigure(reconf),
+    );
+    feed(
+        &store,
+        &mut state,
+        t,
+        "job.default",
+        Input::Submit(doc("a-1", "x")),
+    );
+    feed(
+        &store,
+        &mut state,
+        t + 1,
+        "job.default",
+        Input::Submit(doc("b-1", "y")),
+    );
+    assert_eq!(state.debounces.len(), 2);
+
+    // Restarted, the windows are there: a-2 replaces a-1, read back from the store.
+    drop(store);
+    let store = Store::open(dir.path(), 0).unwrap();
+    let mut state = store.load_state().unwrap();
+    state.dirty = Some(Default::default());
+    assert_eq!(state.debounces.len(), 2);
+    assert_eq!(state.debounces_due.len(), 2);
+    let events = feed(
+        &store,
+        &mut state,
+        t + 2,
+        "job.default",
+        Input::Submit(doc("a-2", "x")),
+    );
+    let names: Vec<&str> = events.iter().map(|e| e.name()).collect();
+    assert!(names.contains(&"JobCancelled"), "{names:?}");
+    assert_eq!(
+        store.job("a-1").unwrap().unwrap().state.to_string(),
+        "CANCELLED"
+    );
+
+    // b-1's window closes at its time; a-2's stays open; the store follows.
+    feed(
+        &store,
+        &mut state,
+        t + 5_001,
+        "ksched.control",
+        tick(t + 5_001),
+    );
+    assert_eq!(state.debounces.len(), 1);
+    drop(store);
+    let store = Store::open(dir.path(), 0).unwrap();
+    let loaded = store.load_state().unwrap();
+    assert_eq!(loaded.debounces, state.debounces);
+    assert_eq!(loaded.debounces_due, state.debounces_due);
+}

@@ -64,6 +64,9 @@ pub(super) async fn workers(
     Html(page("Workers", "/ui/workers", Some(&who), &body)).into_response()
 }
 
+/// Most concurrency keys the console lists (the busiest).
+const CONSOLE_KEYS: usize = 50;
+
 pub(super) async fn pools(
     AxState(api): AxState<Arc<Api>>,
     Extension(who): Extension<Identity>,
@@ -103,18 +106,45 @@ pub(super) async fn pools(
         })
         .collect();
     let tenants: Vec<Vec<String>> = usage
+        .tenants
         .iter()
-        .map(|(t, (running, waiting, limit))| {
+        .map(|(t, u)| {
+            let reasons: Vec<String> = (u.reasons.iter())
+                .map(|(r, n)| format!("{} {n}", esc(r)))
+                .collect();
             vec![
                 format!("<a href=\"/ui/jobs?tenant={}\">{}</a>", url(t), esc(t)),
-                running.to_string(),
-                waiting.to_string(),
-                limit.map_or("none".into(), |l| l.to_string()),
+                u.active.to_string(),
+                u.waiting.to_string(),
+                reasons.join(", "),
+                u.limit.map_or("none".into(), |l| l.to_string()),
             ]
         })
         .collect();
+    let busiest = usage.busiest_keys(CONSOLE_KEYS);
+    let keys: Vec<Vec<String>> = busiest
+        .iter()
+        .map(|((t, k), u)| {
+            vec![
+                esc(t),
+                if k.is_empty() {
+                    "(the tenant)".to_owned()
+                } else {
+                    esc(k)
+                },
+                u.active.to_string(),
+                u.waiting.to_string(),
+                u.limit.map_or("none".into(), |l| l.to_string()),
+                u.rate.as_deref().map_or("none".into(), esc),
+            ]
+        })
+        .collect();
+    let keys_note = match usage.keys.len().saturating_sub(busiest.len()) {
+        0 => String::new(),
+        n => format!("<p>{n} more keys with fewer jobs (the API lists up to 1,000).</p>"),
+    };
     let body = format!(
-        "<h1>Pools</h1>{}<h1>Tenants</h1>{}",
+        "<h1>Pools</h1>{}<h1>Tenants</h1>{}<h1>Concurrency keys</h1>{}{keys_note}",
         table(
             &[
                 "POOL",
@@ -126,8 +156,18 @@ pub(super) async fn pools(
             &rows
         ),
         table(
-            &["TENANT", "ON WORKERS", "WAITING", "MAX CONCURRENT JOBS"],
+            &[
+                "TENANT",
+                "ON WORKERS",
+                "WAITING",
+                "WAITING FOR",
+                "MAX CONCURRENT JOBS"
+            ],
             &tenants
+        ),
+        table(
+            &["TENANT", "KEY", "ACTIVE", "WAITING", "LIMIT", "RATE"],
+            &keys
         )
     );
     Html(page("Pools & tenants", "/ui/pools", Some(&who), &body)).into_response()

@@ -233,6 +233,7 @@ pub(crate) fn every_event() -> Vec<Event> {
             job_hash: "ab".repeat(32),
             pools: vec!["default".into()],
             routing_notes: vec!["pool gpu lacks gpu".into()],
+            unique_key: Some("label:daily-sales".into()),
         }),
         Event::JobDuplicate(JobDuplicate {
             job_id: "job-2".into(),
@@ -472,6 +473,22 @@ pub(crate) fn every_event() -> Vec<Event> {
             detail: "submitted".into(),
             triggered: false,
             next_slot: Some(1_700_092_800_000),
+        }),
+        Event::JobDebounced(JobDebounced {
+            job_id: "job-3".into(),
+            key: "readme".into(),
+            first_at: 1_700_000_000_000,
+            due: 1_700_000_005_000,
+            replaces: Some("job-2".into()),
+        }),
+        Event::DebouncesClosed(DebouncesClosed {
+            through: 1_700_000_006_000,
+        }),
+        Event::JobDuplicate(JobDuplicate {
+            job_id: "job-4".into(),
+            existing_job_id: "job-3".into(),
+            kind: DuplicateKind::UniqueKey,
+            idempotency_key: Some("payload:00ff".into()),
         }),
     ]
 }

@@ -59,7 +59,7 @@ impl Decider<'_, '_> {
     }
 
     /// Cancels a job that has not ended: JobCancelled, and the worker told if it has it.
-    fn cancel_job(&mut self, job_id: &str, principal: &str, reason: Option<String>) {
+    pub(super) fn cancel_job(&mut self, job_id: &str, principal: &str, reason: Option<String>) {
         let job = &self.state().jobs[job_id];
         let on_worker = matches!(
             job.state,

@@ -39,6 +39,8 @@ pub use placement::{GROUP_HELD_BOUND, MAX_CANDIDATES};
 pub use reports::{HEARTBEAT_LOAD_STEP, redundant_heartbeat};
 pub use retry::backoff_ms;
 pub use saga::{compensation_id, saga_keys_of, workflow_of};
+pub use submit::{DEBOUNCE_PRINCIPAL, unique_scope};
+pub(crate) use submit::{debounceable, unique_key_of};
 
 /// What decisions may consult besides the state: the policy engine.
 #[derive(Clone, Copy)]

@@ -278,7 +278,7 @@ impl Decider<'_, '_> {
                 None => {
                     // accept() goes on with the rollback itself if the compensation ended
                     // at once (no pool, denied): saga_on_terminal sees it running.
-                    self.accept(request, true);
+                    self.accept(request, true, None);
                     return;
                 }
                 Some((code, reason)) => {

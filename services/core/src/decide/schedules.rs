@@ -403,7 +403,7 @@ impl Decider<'_, '_> {
             triggered,
             next,
         );
-        self.accept(request, true);
+        self.accept(request, true, None);
     }
 
     /// Why a firing's job may not be admitted, if it may not.

@@ -5,9 +5,12 @@ use crate::events::*;
 use crate::hash::job_hash;
 use crate::policy::{PolicyDecision, input_document};
 use crate::reason::{DlqReason, Rejection};
-use crate::records::{Constraints, JobRequest, RedriveJob};
+use crate::records::{Constraints, JobRequest, Millis, RedriveJob};
 use crate::rules::{Limits, Rules};
 use crate::state::{Job, State};
+
+/// Who cancels a job a later job of its debounce key replaced (`JobCancelled.principal_id`).
+pub const DEBOUNCE_PRINCIPAL: &str = "ksched:debounce";
 
 /// Label naming the one pool a job would like (SPEC §3.3).
 pub(super) const LABEL_PREFERRED_POOL: &str = "preferred_pool";
@@ -134,6 +137,27 @@ impl Decider<'_, '_> {
             }
         }
 
+        let unique_key = unique_key_of(&self.rules().rules, &request);
+        if let Some(key) = &unique_key {
+            let window = self.rules().rules.topic_unique[&request.topic].window_ms();
+            let scope = unique_scope(&request.tenant_id, &request.topic);
+            let seen = self
+                .state()
+                .idempotency
+                .get(&(scope, key.clone()))
+                .filter(|e| self.now().saturating_sub(e.seen_at) < window)
+                .map(|e| e.job_id.clone());
+            if let Some(existing_job_id) = seen {
+                self.emit(Event::JobDuplicate(JobDuplicate {
+                    job_id: request.job_id.clone(),
+                    existing_job_id,
+                    kind: DuplicateKind::UniqueKey,
+                    idempotency_key: Some(key.clone()),
+                }));
+                return;
+            }
+        }
+
         let config = self.rules();
         let (pools, _) = route(&config.rules, &request);
         if let Some(why) = queue_full(self.state(), &config.rules, &request, &pools) {
@@ -150,19 +174,30 @@ impl Decider<'_, '_> {
             self.dead_letter_input(&request.job_id, &request.tenant_id, code, why);
             return;
         }
-        self.accept(request, journal_request);
+        self.accept(request, journal_request, unique_key);
     }
 
-    /// Admits a job (a submission or a saga compensation): routing, policy, queueing.
-    /// `journal_request`: the request is not the entry's input, so JobAccepted carries it.
-    pub(super) fn accept(&mut self, request: JobRequest, journal_request: bool) {
+    /// Admits a job (a submission, a schedule's firing or a saga compensation): routing,
+    /// policy, queueing. `journal_request`: the request is not the entry's input, so
+    /// JobAccepted carries it. `unique_key`: the unique key a submission takes (SPEC §10).
+    pub(super) fn accept(
+        &mut self,
+        request: JobRequest,
+        journal_request: bool,
+        unique_key: Option<String>,
+    ) {
         let job_id = request.job_id.clone();
-        let notes = self.record_accepted(request, journal_request);
+        let notes = self.record_accepted(request, journal_request, unique_key);
         self.route_and_judge(&job_id, notes);
     }
 
     /// Journals JobAccepted (the job exists from here on); returns the routing notes.
-    fn record_accepted(&mut self, request: JobRequest, journal_request: bool) -> Vec<String> {
+    fn record_accepted(
+        &mut self,
+        request: JobRequest,
+        journal_request: bool,
+        unique_key: Option<String>,
+    ) -> Vec<String> {
         let (pools, notes) = route(&self.rules().rules, &request);
         self.emit(Event::JobAccepted(JobAccepted {
             job_id: request.job_id.clone(),
@@ -170,6 +205,7 @@ impl Decider<'_, '_> {
             pools,
             routing_notes: notes.clone(),
             request: journal_request.then(|| Box::new(request)),
+            unique_key,
         }));
         notes
     }
@@ -256,7 +292,7 @@ impl Decider<'_, '_> {
             self.refuse(&r.job_id, Rejection::QueueFull, why);
             return;
         }
-        let notes = self.record_accepted(request, true);
+        let notes = self.record_accepted(request, true, None);
         self.emit(Event::JobRedriven(JobRedriven {
             job_id: r.job_id.clone(),
             new_job_id: new_id.to_owned(),
@@ -326,9 +362,15 @@ impl Decider<'_, '_> {
     }
 
     /// An allowed (or approved) job: it waits DELAYED while its `not_before` is ahead
-    /// (SPEC §9), and goes to its queues otherwise.
+    /// (SPEC §9), or its debounce window is open (SPEC §10), and goes to its queues
+    /// otherwise.
     pub(super) fn admit(&mut self, job_id: &str) {
-        match self.state().jobs[job_id].request.not_before {
+        let debounced = match self.debounce(job_id) {
+            Debounced::No => None,
+            Debounced::Until(due) => Some(due),
+            Debounced::Replaced => return,
+        };
+        match self.state().jobs[job_id].request.not_before.max(debounced) {
             Some(not_before) if not_before > self.now() => {
                 self.emit(Event::JobDelayed(JobDelayed {
                     job_id: job_id.to_owned(),
@@ -337,6 +379,74 @@ impl Decider<'_, '_> {
             }
             _ => self.enqueue(job_id),
         }
+    }
+
+    /// Holds a job of a topic with a debounce rule (SPEC §10): it waits the rule's wait from
+    /// now, and replaces (cancels) the job waiting under its key if that one's window is
+    /// open, no longer than the max wait from the first job of the run. A job admitted late
+    /// (approved) finding a job accepted after it waiting under its key is the one replaced:
+    /// the later request wins. Saga steps and compensations, and schedule firings, are not
+    /// debounced.
+    fn debounce(&mut self, job_id: &str) -> Debounced {
+        let request = &self.state().jobs[job_id].request;
+        let config = self.rules();
+        let Some(rule) = config.rules.topic_debounce.get(&request.topic) else {
+            return Debounced::No;
+        };
+        let Some(key) = rule
+            .key_of(&request.labels)
+            .filter(|_| debounceable(request))
+        else {
+            return Debounced::No;
+        };
+        let (wait, max_wait) = (rule.wait_ms(), rule.max_wait_ms());
+        let window_key = (request.tenant_id.clone(), request.topic.clone(), key);
+        let now = self.now();
+        let open =
+            self.state().debounces.get(&window_key).filter(|w| {
+                w.due > now
+                    && w.job_id != job_id
+                    && self.state().jobs.get(&w.job_id).is_some_and(|j| {
+                        j.state == JobState::Delayed && j.delayed_until == Some(w.due)
+                    })
+            });
+        let accepted_at = self.state().jobs[job_id].accepted_at;
+        if let Some(w) = open
+            && self.state().jobs[&w.job_id].accepted_at > accepted_at
+        {
+            let reason = format!(
+                "debounced: job {}, accepted after it with the same debounce key {:?}, waits to run",
+                w.job_id,
+                crate::records::truncate_for_display(&window_key.2, 64)
+            );
+            self.cancel_job(job_id, DEBOUNCE_PRINCIPAL, Some(reason));
+            return Debounced::Replaced;
+        }
+        let (first_at, replaces) = match open {
+            Some(w) => (w.first_at, Some(w.job_id.clone())),
+            None => (now, None),
+        };
+        // The window never outlives the max wait; a job of a later time of its own waits
+        // for that, out of the window's reach.
+        let due = now
+            .saturating_add(wait)
+            .min(first_at.saturating_add(max_wait));
+        let (_, _, key) = window_key;
+        self.emit(Event::JobDebounced(JobDebounced {
+            job_id: job_id.to_owned(),
+            key: key.clone(),
+            first_at,
+            due,
+            replaces: replaces.clone(),
+        }));
+        if let Some(old) = replaces {
+            let reason = format!(
+                "debounced: job {job_id} of the same debounce key {:?} replaced it",
+                crate::records::truncate_for_display(&key, 64)
+            );
+            self.cancel_job(&old, DEBOUNCE_PRINCIPAL, Some(reason));
+        }
+        Debounced::Until(due)
     }
 
     /// Puts a PENDING job in its pools' queues and tries to place it; if it cannot be placed
@@ -383,12 +493,47 @@ impl Decider<'_, '_> {
     }
 }
 
+/// What a debounce rule does with a job being admitted.
+enum Debounced {
+    /// Nothing: no rule, no key, or a job no rule debounces.
+    No,
+    /// It waits until then.
+    Until(Millis),
+    /// A job of its key accepted after it waits: this one is cancelled.
+    Replaced,
+}
+
 /// The input policy's decision on a job, as journaled, and whether the evaluation was
 /// stopped at a limit (a denial then dead-letters `policy_limit_exceeded`).
 #[derive(Debug)]
 pub(super) struct Judged {
     pub(super) event: PolicyEvaluated,
     pub(super) limit_exceeded: bool,
+}
+
+/// Whether a job may be debounced (SPEC §10): not a saga's step or compensation (a saga
+/// waits for each of them), nor a schedule's firing (its overlap policy governs it).
+pub(crate) fn debounceable(r: &JobRequest) -> bool {
+    super::saga::workflow_of(r).is_none() && !crate::schedule::is_firing_job_id(&r.job_id)
+}
+
+/// The unique key a submission on its topic takes (SPEC §10), if the topic has a unique
+/// rule and the job a key: `label:VALUE`, or `payload:DIGEST` (hex of the payload's digest).
+pub(crate) fn unique_key_of(rules: &Rules, r: &JobRequest) -> Option<String> {
+    let rule = rules.topic_unique.get(&r.topic)?;
+    rule.key_of(&r.labels, || {
+        crate::apply::payload_digest(&r.payload)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    })
+}
+
+/// Where a topic's unique keys are kept among the idempotency keys: under a tenant of
+/// `<tenant>:unique:<topic>`, which no submission can name (tenant ids hold no `:`), so a
+/// producer's idempotency key never meets a unique key.
+pub fn unique_scope(tenant: &str, topic: &str) -> String {
+    format!("{tenant}:unique:{topic}")
 }
 
 /// Longest job or tenant id, in bytes (ids key records, logs and terminals).
@@ -515,6 +660,18 @@ pub(super) fn queue_full(
         {
             return Some(format!(
                 "the shard has {max} rate limit buckets not yet full (limits.max_concurrency_keys); submit again later"
+            ));
+        }
+    }
+    if let Some(rule) = rules.topic_debounce.get(&r.topic)
+        && debounceable(r)
+        && let Some(key) = rule.key_of(&r.labels)
+    {
+        let max = rules.limits.max_concurrency_keys as usize;
+        let window_key = (r.tenant_id.clone(), r.topic.clone(), key);
+        if state.debounces.len() >= max && !state.debounces.contains_key(&window_key) {
+            return Some(format!(
+                "the shard has {max} debounce windows open (limits.max_concurrency_keys); submit again later"
             ));
         }
     }

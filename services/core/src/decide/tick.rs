@@ -14,6 +14,9 @@ use crate::reason::{AttemptError, DlqReason};
 use crate::records::{Millis, Tick};
 use crate::state::{Timer, TimerKind};
 
+/// Most debounce windows one Tick closes (the rest at the next).
+const DEBOUNCES_CLOSED_PER_TICK: usize = 10_000;
+
 /// Never prune idempotency keys more often than this (log time).
 const MAX_PRUNE_INTERVAL_MS: i64 = 3_600_000;
 /// Most jobs a WorkerLost event lists (every one is retried by its own event).
@@ -44,6 +47,7 @@ impl Decider<'_, '_> {
         }
         self.fire_due_timers(judged);
         let released = self.release_due(judged);
+        self.close_debounces(judged);
         self.fire_due_schedules(judged);
         self.resume_sagas();
         self.forget_lost_workers(judged);
@@ -51,6 +55,21 @@ impl Decider<'_, '_> {
         let pools: Vec<String> = self.state().queues.keys().cloned().collect();
         self.schedule_pools(pools);
         self.explain_waiting(&released);
+    }
+
+    /// Debounce windows due by the watermark close (SPEC §10): their jobs are released (or
+    /// were replaced, cancelled, rescheduled), and the next job of such a key begins a run.
+    /// At most [`DEBOUNCES_CLOSED_PER_TICK`] a Tick (and those due at the same time as the
+    /// last of them), so that no entry grows with the windows open.
+    fn close_debounces(&mut self, judged: Millis) {
+        let through = (self.state().debounces_due.iter())
+            .take(DEBOUNCES_CLOSED_PER_TICK)
+            .take_while(|(due, _)| *due <= judged)
+            .last()
+            .map(|(due, _)| *due);
+        if let Some(through) = through {
+            self.emit(Event::DebouncesClosed(DebouncesClosed { through }));
+        }
     }
 
     /// DELAYED jobs due by the watermark go to their queues (SPEC §9), earliest first, one

@@ -31,6 +31,8 @@ const MAX_TIMERS: usize = 3;
 #[derive(Debug, PartialEq)]
 struct Entries {
     queued_at: Option<Millis>,
+    /// Why it waits, while it is queued and a reason was journaled ([`WaitReason`] codes).
+    waiting: Option<&'static str>,
     /// Its (tenant, concurrency key) while it is active, and while it is queued or active.
     active_key: Option<(String, String)>,
     live_key: Option<(String, String)>,
@@ -74,8 +76,11 @@ impl Entries {
             Some(_) => job.first_queued_at.map_or(q, |first| first.min(q)),
             None => q,
         });
+        let waiting = (job.queued_at.and(job.wait_reason.as_deref()))
+            .map(|r| crate::reason::WaitReason::parse(r).map_or("other", |w| w.as_str()));
         Entries {
             queued_at,
+            waiting,
             active_key: key(active || retrying),
             live_key: key(active || retrying || job.queued_at.is_some()),
             active_on: active.then(|| job.worker_id.clone()),
@@ -87,6 +92,7 @@ impl Entries {
     fn none() -> Entries {
         Entries {
             queued_at: None,
+            waiting: None,
             active_key: None,
             live_key: None,
             active_on: None,
@@ -127,6 +133,7 @@ struct Indexes<'a> {
     timers: &'a mut std::collections::BTreeSet<Timer>,
     tenant_active: &'a mut BTreeMap<String, i64>,
     tenant_pending: &'a mut BTreeMap<String, i64>,
+    waiting_by_reason: &'a mut BTreeMap<&'static str, i64>,
     workers: &'a mut BTreeMap<String, Worker>,
     orphans: &'a mut BTreeMap<String, std::collections::BTreeSet<String>>,
 }
@@ -134,6 +141,19 @@ struct Indexes<'a> {
 impl Indexes<'_> {
     /// Moves job `id` from the entries `before` to `after`, touching only what differs.
     fn change(&mut self, id: &str, job: &Job, before: &Entries, after: &Entries) {
+        if before.waiting != after.waiting {
+            if let Some(r) = before.waiting
+                && let Some(n) = self.waiting_by_reason.get_mut(r)
+            {
+                *n -= 1;
+                if *n <= 0 {
+                    self.waiting_by_reason.remove(r);
+                }
+            }
+            if let Some(r) = after.waiting {
+                *self.waiting_by_reason.entry(r).or_default() += 1;
+            }
+        }
         if before.queued_at != after.queued_at {
             if let Some(q) = before.queued_at {
                 self.unqueue(id, job, q);
@@ -519,6 +539,7 @@ impl State {
             timers,
             tenant_active,
             tenant_pending,
+            waiting_by_reason,
             workers,
             orphans,
             config,
@@ -547,6 +568,7 @@ impl State {
                 timers,
                 tenant_active,
                 tenant_pending,
+                waiting_by_reason,
                 workers,
                 orphans,
             },
@@ -755,9 +777,11 @@ impl State {
         self.timers.clear();
         self.tenant_active.clear();
         self.tenant_pending.clear();
+        self.waiting_by_reason.clear();
         self.orphans.clear();
         self.workers_by_pool.clear();
         self.index_schedules();
+        self.index_debounces();
         for w in self.workers.values_mut() {
             w.inflight.clear();
             *self
@@ -896,6 +920,9 @@ impl State {
         }
         if rebuilt.tenant_pending != self.tenant_pending {
             problems.push("tenant pending counts disagree with job records".to_owned());
+        }
+        if rebuilt.waiting_by_reason != self.waiting_by_reason {
+            problems.push("waiting counts per reason disagree with job records".to_owned());
         }
         if rebuilt.orphans != self.orphans {
             problems.push("jobs of unknown workers disagree with job records".to_owned());

@@ -27,12 +27,14 @@ pub trait ColdStore {
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Prerequisites {
     pub job_ids: Vec<String>,
-    pub idempotency: Option<(String, String)>,
+    /// The idempotency keys it may read: the request's own, and the unique key its topic's
+    /// rule gives it ([`crate::decide::unique_scope`]).
+    pub idempotency: Vec<(String, String)>,
 }
 
 impl State {
     /// What must be loaded before deciding on `input`.
-    pub fn prerequisites(input: &Input) -> Prerequisites {
+    pub fn prerequisites(&self, input: &Input) -> Prerequisites {
         let mut p = Prerequisites::default();
         if let Some(id) = input.job_id() {
             p.job_ids.push(id.to_owned());
@@ -44,9 +46,40 @@ impl State {
         if let Input::Submit(r) = input
             && let Some(key) = &r.meta.idempotency_key
         {
-            p.idempotency = Some((r.tenant_id.clone(), key.clone()));
+            p.idempotency.push((r.tenant_id.clone(), key.clone()));
+        }
+        // The topic a submission is decided under is the one it was read from, which the
+        // processor writes into the request it journals.
+        if let Input::Submit(r) = input
+            && let Some(rules) = self.rules()
+            && let Some(key) = crate::decide::unique_key_of(rules, r)
+        {
+            p.idempotency
+                .push((crate::decide::unique_scope(&r.tenant_id, &r.topic), key));
         }
         p
+    }
+
+    /// The job waiting under the debounce key of the job `input` may admit, if one does
+    /// (SPEC §10): the input's request, or the request of the job it names.
+    fn debounced_by(&self, input: &Input) -> Option<String> {
+        if !matches!(
+            input,
+            Input::Submit(_) | Input::Redrive(_) | Input::Approve(_)
+        ) {
+            return None;
+        }
+        let request = match input {
+            Input::Submit(r) => r,
+            other => &self.jobs.get(other.job_id()?)?.request,
+        };
+        let rule = self.rules()?.topic_debounce.get(&request.topic)?;
+        if !crate::decide::debounceable(request) {
+            return None;
+        }
+        let key = rule.key_of(&request.labels)?;
+        let window_key = (request.tenant_id.clone(), request.topic.clone(), key);
+        Some(self.debounces.get(&window_key)?.job_id.clone())
     }
 
     /// The sagas a decision on `input` may read, once the input's job is loaded: its
@@ -71,9 +104,14 @@ impl State {
         input: &Input,
         store: &S,
     ) -> Result<(), S::Error> {
-        let pre = State::prerequisites(input);
+        let pre = self.prerequisites(input);
         self.load_jobs(&pre.job_ids, store)?;
-        if let Some((tenant, key)) = &pre.idempotency {
+        // A job admitted (submitted, redriven, approved) may replace the job waiting under
+        // its debounce key.
+        if let Some(waiting) = self.debounced_by(input) {
+            self.load_jobs(&[waiting], store)?;
+        }
+        for (tenant, key) in &pre.idempotency {
             let k = (tenant.clone(), key.clone());
             if !self.idempotency.contains_key(&k)
                 && let Some(e) = store.idempotency(tenant, key)?

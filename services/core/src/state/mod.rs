@@ -38,6 +38,9 @@ pub use tracking::Dirty;
 /// rates (topics sharing keys, or a rate changed) take tokens from buckets of their own.
 pub type BucketKey = (String, String, crate::rules::Rate);
 
+/// (tenant, topic, debounce key): one debounce window (SPEC §10).
+pub type DebounceKey = (String, String, String);
+
 /// A pool's lanes of one concurrency key and its limits: (pool, tenant, key and limits).
 pub type KeyGroup = (String, String, KeyLimit);
 
@@ -80,6 +83,9 @@ pub struct State {
     pub orphans: BTreeMap<String, BTreeSet<String>>,
     /// Derived: tenant -> its PENDING jobs in a queue (for the admission limit).
     pub tenant_pending: BTreeMap<String, i64>,
+    /// Derived: queued jobs by the reason they wait ([`crate::reason::WaitReason`] codes;
+    /// `other` for a code this build does not know), once a `JobWaiting` gave one.
+    pub waiting_by_reason: BTreeMap<&'static str, i64>,
     /// Derived: pool -> worker records naming it (for `limits.max_workers_per_pool`).
     pub workers_by_pool: BTreeMap<String, u32>,
     /// Derived: pool -> lane -> its jobs in the pool's queue ([`Lane`]).
@@ -110,6 +116,10 @@ pub struct State {
     pub bucket_changes: BTreeSet<(Millis, BucketKey)>,
     /// (pool, priority rank) -> its fair share between tenants ([`PoolShare`], SPEC §10).
     pub shares: BTreeMap<ShareKey, PoolShare>,
+    /// Open debounce windows (SPEC §10), until a Tick reaches their due time.
+    pub debounces: BTreeMap<DebounceKey, Debounce>,
+    /// Derived: open debounce windows by due time.
+    pub debounces_due: BTreeSet<(Millis, DebounceKey)>,
     /// Pools with a lane moved out of `parked` by the entry being decided, which the decider
     /// then passes over. Bookkeeping of one entry: cleared at the next, not projected.
     pub woken: BTreeSet<String>,
@@ -147,6 +157,7 @@ impl PartialEq for State {
             && self.liveness_floor == other.liveness_floor
             && self.orphans == other.orphans
             && self.tenant_pending == other.tenant_pending
+            && self.waiting_by_reason == other.waiting_by_reason
             && self.workers_by_pool == other.workers_by_pool
             && self.lanes == other.lanes
             && self.lane_heads == other.lane_heads
@@ -158,6 +169,8 @@ impl PartialEq for State {
             && self.buckets == other.buckets
             && self.bucket_changes == other.bucket_changes
             && self.shares == other.shares
+            && self.debounces == other.debounces
+            && self.debounces_due == other.debounces_due
             && self.dead_letters_by_reason == other.dead_letters_by_reason
             && self.jobs_by_state == other.jobs_by_state
             && self.queues == other.queues
@@ -181,6 +194,35 @@ impl State {
 
     pub fn rules(&self) -> Option<&Rules> {
         self.config.as_deref().map(|c| &c.rules)
+    }
+
+    /// Opens (or moves on) the debounce window of `key`.
+    pub(crate) fn open_debounce(&mut self, key: DebounceKey, window: Debounce) {
+        if let Some(old) = self.debounces.get(&key) {
+            self.debounces_due.remove(&(old.due, key.clone()));
+        }
+        self.debounces_due.insert((window.due, key.clone()));
+        self.mark_debounce(&key);
+        self.debounces.insert(key, window);
+    }
+
+    /// Closes every debounce window due by `through`.
+    pub(crate) fn close_debounces(&mut self, through: Millis) {
+        while let Some((due, key)) = self.debounces_due.first().cloned() {
+            if due > through {
+                break;
+            }
+            self.debounces_due.pop_first();
+            self.debounces.remove(&key);
+            self.mark_debounce(&key);
+        }
+    }
+
+    /// Files the debounce windows loaded from storage by due time.
+    pub fn index_debounces(&mut self) {
+        self.debounces_due = (self.debounces.iter())
+            .map(|(k, d)| (d.due, k.clone()))
+            .collect();
     }
 }
 

@@ -726,3 +726,14 @@ pub struct Firing {
     pub triggered: bool,
     pub detail: String,
 }
+
+/// An open debounce window (SPEC §10): the job of its key waiting to run, and when.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Debounce {
+    /// The job waiting DELAYED under the key (the last accepted).
+    pub job_id: String,
+    /// When the run of jobs began: the first one's acceptance (log time).
+    pub first_at: Millis,
+    /// When the waiting job is due: the window closes then.
+    pub due: Millis,
+}

@@ -16,6 +16,8 @@ pub struct Dirty {
     pub buckets: BTreeSet<super::BucketKey>,
     /// (pool, priority) fair shares changed.
     pub shares: BTreeSet<super::ShareKey>,
+    /// Debounce windows opened, moved on or closed (a key the state no longer holds closed).
+    pub debounces: BTreeSet<super::DebounceKey>,
     pub sagas: BTreeSet<String>,
     /// Schedules changed or deleted (a key the state no longer holds was deleted).
     pub schedules: BTreeSet<String>,
@@ -89,6 +91,12 @@ impl State {
     pub(crate) fn mark_bucket(&mut self, key: &super::BucketKey) {
         if let Some(d) = self.dirty.as_mut() {
             d.buckets.insert(key.clone());
+        }
+    }
+
+    pub(crate) fn mark_debounce(&mut self, key: &super::DebounceKey) {
+        if let Some(d) = self.dirty.as_mut() {
+            d.debounces.insert(key.clone());
         }
     }
 

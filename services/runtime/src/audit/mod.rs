@@ -30,7 +30,10 @@ pub use export::{entry_json, export_avro, export_jsonl};
 pub use rebuild::{Difference, RebuildReport, compare, rebuild};
 pub use timeline::{TimelineItem, Until, job_window, replay_until, timeline};
 pub use verify::{Divergence, VerifyReport, verify};
-pub use what_if::{Alternative, Outcome, PausedSchedule, WhatIfReport, WhatIfRow, what_if};
+pub use what_if::{
+    Alternative, Outcome, PausedSchedule, TenantWaits, WaitSummary, WhatIfReport, WhatIfRow,
+    what_if,
+};
 
 /// Where the journal is.
 #[derive(Debug, Clone)]

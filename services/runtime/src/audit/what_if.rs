@@ -121,6 +121,101 @@ pub struct WhatIfReport {
     pub rows: Vec<WhatIfRow>,
     /// How many jobs differ in each respect.
     pub totals: BTreeMap<&'static str, usize>,
+    /// Per tenant, how long its jobs waited to be placed in each world: what a limit, a
+    /// rate or a weight changes even where every job ends the same.
+    pub waits: Vec<TenantWaits>,
+}
+
+/// How long one tenant's jobs waited from their acceptance to their first placement, in
+/// the recorded world and in the alternative.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TenantWaits {
+    pub tenant_id: String,
+    pub actual: WaitSummary,
+    pub alternative: WaitSummary,
+}
+
+/// Waits from acceptance to first placement (log time), in milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct WaitSummary {
+    /// Jobs placed at least once.
+    pub placed: usize,
+    /// Jobs accepted and never placed (still waiting when the journal ends, or ended
+    /// without a placement).
+    pub unplaced: usize,
+    pub p50_ms: Millis,
+    pub p99_ms: Millis,
+    pub max_ms: Millis,
+}
+
+impl WaitSummary {
+    fn of(mut waits: Vec<Millis>, unplaced: usize) -> WaitSummary {
+        waits.sort_unstable();
+        let at = |q: f64| {
+            let i = ((waits.len() as f64 * q).ceil() as usize).clamp(1, waits.len().max(1)) - 1;
+            waits.get(i).copied().unwrap_or(0)
+        };
+        WaitSummary {
+            placed: waits.len(),
+            unplaced,
+            p50_ms: at(0.50),
+            p99_ms: at(0.99),
+            max_ms: waits.last().copied().unwrap_or(0),
+        }
+    }
+
+    pub fn to_json(&self) -> Value {
+        json!({
+            "placed": self.placed,
+            "unplaced": self.unplaced,
+            "p50_ms": self.p50_ms,
+            "p99_ms": self.p99_ms,
+            "max_ms": self.max_ms,
+        })
+    }
+}
+
+/// When each job was accepted and first placed, in one world (log time).
+#[derive(Debug, Default)]
+struct Waits {
+    accepted: BTreeMap<String, Millis>,
+    placed: BTreeMap<String, Millis>,
+}
+
+impl Waits {
+    fn record(&mut self, events: &[Event], log_time: Millis) {
+        for e in events {
+            match e {
+                Event::JobAccepted(a) => {
+                    self.accepted.entry(a.job_id.clone()).or_insert(log_time);
+                }
+                Event::JobScheduled(s) => {
+                    self.placed.entry(s.job_id.clone()).or_insert(log_time);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Per tenant (as `tenant_of` says, for the jobs it names): the waits and the jobs
+    /// never placed.
+    fn by_tenant(
+        &self,
+        tenant_of: impl Fn(&str) -> Option<String>,
+    ) -> BTreeMap<String, (Vec<Millis>, usize)> {
+        let mut out: BTreeMap<String, (Vec<Millis>, usize)> = BTreeMap::new();
+        for (id, accepted) in &self.accepted {
+            let Some(tenant) = tenant_of(id) else {
+                continue;
+            };
+            let entry = out.entry(tenant).or_default();
+            match self.placed.get(id) {
+                Some(placed) => entry.0.push(placed.saturating_sub(*accepted)),
+                None => entry.1 += 1,
+            }
+        }
+        out
+    }
 }
 
 /// A job's tenant and topic, and its outcome in one world.
@@ -261,6 +356,7 @@ pub fn what_if(
     let mut other = State::new();
     let mut actual_verdicts = BTreeMap::new();
     let mut other_verdicts = BTreeMap::new();
+    let (mut actual_waits, mut other_waits) = (Waits::default(), Waits::default());
     let scoped = scoped.then(|| Scoped {
         engine: policy,
         visible,
@@ -287,6 +383,7 @@ pub fn what_if(
             *s.recorded.borrow_mut() = c.raw.clone();
         }
         record_verdicts(&rec.entry.events, &mut actual_verdicts);
+        actual_waits.record(&rec.entry.events, rec.entry.log_time);
         let input = match &rec.entry.input {
             Input::Reconfigure(r) => Input::Reconfigure(alt.substitute(r)?),
             // Human decisions stand: an approval that matched its job's snapshot then
@@ -318,6 +415,7 @@ pub fn what_if(
             input,
         );
         record_verdicts(&p.entry.events, &mut other_verdicts);
+        other_waits.record(&p.entry.events, p.entry.log_time);
         // A schedule the input made or woke is paused before anything else is decided.
         pause_hypothesised(
             &mut other,
@@ -381,6 +479,27 @@ pub fn what_if(
             differs_in,
         });
     }
+    let tenant_of = |id: &str| {
+        let id = id.to_owned();
+        Some(tenant(&id).to_owned()).filter(|t| visible(t))
+    };
+    let (mut xs, mut ys) = (
+        actual_waits.by_tenant(tenant_of),
+        other_waits.by_tenant(tenant_of),
+    );
+    let tenants: BTreeSet<String> = xs.keys().chain(ys.keys()).cloned().collect();
+    let waits = tenants
+        .into_iter()
+        .map(|t| {
+            let (x, x_unplaced) = xs.remove(&t).unwrap_or_default();
+            let (y, y_unplaced) = ys.remove(&t).unwrap_or_default();
+            TenantWaits {
+                tenant_id: t,
+                actual: WaitSummary::of(x, x_unplaced),
+                alternative: WaitSummary::of(y, y_unplaced),
+            }
+        })
+        .collect();
     let schedules_not_found = (alt.paused_schedules.iter())
         .map(PausedSchedule::key)
         .filter(|k| !seen.contains(k) && !other.schedules.contains_key(k))
@@ -390,5 +509,60 @@ pub fn what_if(
         schedules_not_found,
         rows,
         totals,
+        waits,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wait_summaries_take_nearest_rank_percentiles() {
+        let s = WaitSummary::of((1..=200).rev().collect(), 3);
+        assert_eq!((s.placed, s.unplaced), (200, 3));
+        assert_eq!((s.p50_ms, s.p99_ms, s.max_ms), (100, 198, 200));
+        assert_eq!(
+            WaitSummary::of(vec![], 2),
+            WaitSummary {
+                unplaced: 2,
+                ..WaitSummary::default()
+            }
+        );
+        assert_eq!(WaitSummary::of(vec![7], 0).p99_ms, 7);
+    }
+
+    #[test]
+    fn waits_run_from_the_first_acceptance_to_the_first_placement() {
+        let accepted = |id: &str| {
+            Event::JobAccepted(ksched_core::events::JobAccepted {
+                job_id: id.into(),
+                request: None,
+                job_hash: String::new(),
+                pools: vec![],
+                routing_notes: vec![],
+                unique_key: None,
+            })
+        };
+        let scheduled = |id: &str| {
+            Event::JobScheduled(ksched_core::events::JobScheduled {
+                job_id: id.into(),
+                attempt: 1,
+                pool: "default".into(),
+                worker_id: "w1".into(),
+                strategy: "least_loaded".into(),
+                candidates: vec![],
+                notes: vec![],
+                candidates_omitted: 0,
+            })
+        };
+        let mut w = Waits::default();
+        w.record(&[accepted("a"), accepted("b"), accepted("c")], 1_000);
+        w.record(&[scheduled("a")], 1_040);
+        w.record(&[scheduled("a"), scheduled("b")], 1_500);
+        let by = w.by_tenant(|id| (id != "c").then(|| "acme".to_owned()));
+        assert_eq!(by["acme"], (vec![40, 500], 0), "c's tenant is not shown");
+        let by = w.by_tenant(|_| Some("acme".to_owned()));
+        assert_eq!(by["acme"].1, 1, "c was never placed");
+    }
 }

@@ -50,6 +50,16 @@ impl PoolsFile {
             .iter()
             .filter_map(|(t, p)| Some((t.clone(), p.concurrency()?.clone())))
             .collect();
+        rules.topic_unique = self
+            .topics
+            .iter()
+            .filter_map(|(t, p)| Some((t.clone(), p.bound()?.unique.clone()?)))
+            .collect();
+        rules.topic_debounce = self
+            .topics
+            .iter()
+            .filter_map(|(t, p)| Some((t.clone(), p.bound()?.debounce.clone()?)))
+            .collect();
         rules.pools = self.pools.clone();
         rules.tenants = self.tenants.clone();
     }
@@ -76,8 +86,10 @@ impl OneOrMany {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(
     untagged,
-    expecting = "a pool, a list of pools, or {pools: [...], tenants: [...], principal: ..., concurrency: {key: ..., limit: N, rate: N/PERIOD, burst: N}} (no other keys)"
+    expecting = "a pool, a list of pools, or {pools: [...], tenants: [...], principal: ..., concurrency: {key: ..., limit: N, rate: N/PERIOD, burst: N}, unique: {key: ..., for: SPAN}, debounce: {key: ..., wait: SPAN, max_wait: SPAN}} (no other keys)"
 )]
+// Read once per topic from pools.yaml: the size of the larger variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum TopicRoute {
     Pools(OneOrMany),
     Bound(BoundTopic),
@@ -101,6 +113,14 @@ pub struct BoundTopic {
     /// placed per period (SPEC §10). Optional.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub concurrency: Option<ksched_core::rules::ConcurrencyRule>,
+    /// One job per key within a span (SPEC §10): `{key: "label:report", for: 1h}`.
+    /// Optional.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unique: Option<ksched_core::rules::UniqueRule>,
+    /// Jobs of one key close together collapse into the last (SPEC §10): `{key:
+    /// "label:document", wait: 5s, max_wait: 1m}`. Optional.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub debounce: Option<ksched_core::rules::DebounceRule>,
 }
 
 impl TopicRoute {
@@ -122,6 +142,13 @@ impl TopicRoute {
         match self {
             TopicRoute::Pools(_) => None,
             TopicRoute::Bound(b) => b.principal.as_deref(),
+        }
+    }
+
+    fn bound(&self) -> Option<&BoundTopic> {
+        match self {
+            TopicRoute::Pools(_) => None,
+            TopicRoute::Bound(b) => Some(b),
         }
     }
 

@@ -118,3 +118,48 @@ fn transactional_producers_are_one_or_two() {
     s.processor.transactional_producers = 1;
     s.validate().unwrap();
 }
+
+#[test]
+fn a_topic_has_unique_and_debounced_jobs_in_pools_yaml() {
+    let pools = parse_pools(
+        "topics:\n  job.reports:\n    pools: default\n    unique: {key: \"label:report\", for: 1h}\n\
+         \x20 job.reindex:\n    pools: default\n    debounce: {key: \"label:document\", wait: 5s, max_wait: 1m}\n\
+         \x20 job.plain: default\npools:\n  default: {}\n",
+    )
+    .unwrap();
+    let mut rules = Rules::default();
+    pools.apply_to(&mut rules);
+    rules.validate().unwrap();
+    assert_eq!(rules.topic_unique["job.reports"].window_ms(), 3_600_000);
+    let d = &rules.topic_debounce["job.reindex"];
+    assert_eq!((d.wait_ms(), d.max_wait_ms()), (5_000, 60_000));
+    assert_eq!(rules.topic_unique.len() + rules.topic_debounce.len(), 2);
+    // Rules without any keep the id they had before these rules existed.
+    let json = {
+        let mut plain = Rules::default();
+        parse_pools("topics:\n  job.default: default\npools:\n  default: {}\n")
+            .unwrap()
+            .apply_to(&mut plain);
+        plain.to_canonical_json()
+    };
+    assert!(!json.contains("topic_unique") && !json.contains("topic_debounce"));
+    for bad in [
+        "unique: {key: report, for: 1h}",
+        "unique: {for: forever}",
+        "unique: {key: payload}",
+        "debounce: {wait: 5s, max_wait: 1s}",
+        "debounce: {wait: 5s, extra: 1}",
+    ] {
+        let text =
+            format!("topics:\n  job.x:\n    pools: default\n    {bad}\npools:\n  default: {{}}\n");
+        let refused = match parse_pools(&text) {
+            Err(_) => true,
+            Ok(p) => {
+                let mut r = Rules::default();
+                p.apply_to(&mut r);
+                r.validate().is_err()
+            }
+        };
+        assert!(refused, "{bad}");
+    }
+}

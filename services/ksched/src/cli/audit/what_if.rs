@@ -88,6 +88,11 @@ pub(super) fn what_if(
                 "differing": report.rows.len(),
                 "totals": report.totals,
                 "schedules_not_found": report.schedules_not_found,
+                "waits": report.waits.iter().map(|w| json!({
+                    "tenant_id": w.tenant_id,
+                    "actual": w.actual.to_json(),
+                    "alternative": w.alternative.to_json(),
+                })).collect::<Vec<_>>(),
                 "rows": report.rows.iter().map(|r| json!({
                     "job_id": r.job_id,
                     "tenant_id": r.tenant_id,
@@ -148,6 +153,27 @@ pub(super) fn what_if(
             );
             for s in &report.schedules_not_found {
                 println!("schedule {s} is not in this journal");
+            }
+            if report.waits.iter().any(|w| w.actual != w.alternative) {
+                println!("\nwaits from acceptance to first placement (ms):");
+                let show = |s: &audit::WaitSummary| {
+                    format!(
+                        "{} placed, p50 {}, p99 {}, max {}{}",
+                        s.placed,
+                        s.p50_ms,
+                        s.p99_ms,
+                        s.max_ms,
+                        if s.unplaced > 0 {
+                            format!(", {} never placed", s.unplaced)
+                        } else {
+                            String::new()
+                        }
+                    )
+                };
+                let rows: Vec<Vec<String>> = (report.waits.iter())
+                    .map(|w| vec![w.tenant_id.clone(), show(&w.actual), show(&w.alternative)])
+                    .collect();
+                table(&["TENANT", "ACTUAL", "WHAT-IF"], &rows);
             }
         }
     }
