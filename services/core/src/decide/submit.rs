@@ -118,41 +118,30 @@ impl Decider<'_, '_> {
             return;
         }
 
-        if let Some(key) = &request.meta.idempotency_key {
-            let retention = self.rules().rules.timing.idempotency_retention_ms;
-            let seen = self
-                .state()
-                .idempotency
-                .get(&(request.tenant_id.clone(), key.clone()))
-                .filter(|e| self.now().saturating_sub(e.seen_at) < retention)
-                .map(|e| e.job_id.clone());
-            if let Some(existing_job_id) = seen {
-                self.emit(Event::JobDuplicate(JobDuplicate {
-                    job_id: request.job_id.clone(),
-                    existing_job_id,
-                    kind: DuplicateKind::IdempotencyKey,
-                    idempotency_key: Some(key.clone()),
-                }));
-                return;
-            }
-        }
-
+        let retention = self.rules().rules.timing.idempotency_retention_ms;
+        let idempotent = (request.meta.idempotency_key.clone()).map(|key| {
+            (
+                (request.tenant_id.clone(), key),
+                retention,
+                DuplicateKind::IdempotencyKey,
+            )
+        });
         let unique_key = unique_key_of(&self.rules().rules, &request);
-        if let Some(key) = &unique_key {
+        let unique = unique_key.clone().map(|key| {
             let window = self.rules().rules.topic_unique[&request.topic].window_ms();
             let scope = unique_scope(&request.tenant_id, &request.topic);
-            let seen = self
-                .state()
-                .idempotency
-                .get(&(scope, key.clone()))
+            ((scope, key), window, DuplicateKind::UniqueKey)
+        });
+        for (held, window, kind) in [idempotent, unique].into_iter().flatten() {
+            let seen = (self.state().idempotency.get(&held))
                 .filter(|e| self.now().saturating_sub(e.seen_at) < window)
                 .map(|e| e.job_id.clone());
             if let Some(existing_job_id) = seen {
                 self.emit(Event::JobDuplicate(JobDuplicate {
                     job_id: request.job_id.clone(),
                     existing_job_id,
-                    kind: DuplicateKind::UniqueKey,
-                    idempotency_key: Some(key.clone()),
+                    kind,
+                    idempotency_key: Some(held.1),
                 }));
                 return;
             }
