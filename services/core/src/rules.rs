@@ -381,7 +381,7 @@ impl ConcurrencyRule {
     }
 
     fn check(&self, topic: &str) -> Result<(), RulesError> {
-        let valid = self.key == "tenant" || self.label().is_some_and(|l| !l.trim().is_empty());
+        let valid = key_is_label_or(&self.key, "tenant");
         if !valid {
             return Err(RulesError(format!(
                 "topic {topic}: concurrency key {:?} must be `label:NAME` or `tenant`",
@@ -459,8 +459,7 @@ impl UniqueRule {
     }
 
     fn check(&self, topic: &str, retention_ms: i64) -> Result<(), RulesError> {
-        let valid = self.key == "payload"
-            || (self.key.strip_prefix("label:")).is_some_and(|l| !l.trim().is_empty());
+        let valid = key_is_label_or(&self.key, "payload");
         if !valid {
             return Err(RulesError(format!(
                 "topic {topic}: unique key {:?} must be `label:NAME` or `payload`",
@@ -529,8 +528,7 @@ impl DebounceRule {
     }
 
     fn check(&self, topic: &str, max_delay_ms: i64) -> Result<(), RulesError> {
-        let valid = self.key == "tenant"
-            || (self.key.strip_prefix("label:")).is_some_and(|l| !l.trim().is_empty());
+        let valid = key_is_label_or(&self.key, "tenant");
         if !valid {
             return Err(RulesError(format!(
                 "topic {topic}: debounce key {:?} must be `label:NAME` or `tenant`",
@@ -559,6 +557,11 @@ impl DebounceRule {
         }
         Ok(())
     }
+}
+
+/// Whether a rule's `key` is `label:NAME` (a name not blank) or `other`.
+fn key_is_label_or(key: &str, other: &str) -> bool {
+    key == other || (key.strip_prefix("label:")).is_some_and(|l| !l.trim().is_empty())
 }
 
 fn span_ms(text: &str) -> i64 {
