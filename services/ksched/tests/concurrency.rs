@@ -223,3 +223,102 @@ fn a_rate_is_kept_across_a_kill_and_a_takeover() {
     let (code, out, err) = standby.cli(&["audit", "verify"]);
     assert_eq!(code, 0, "{out}{err}");
 }
+
+/// Unique and debounced jobs across a kill and a takeover: the owner is SIGKILLed while a
+/// debounced job waits and a unique key is taken; on the standby, a later job of the
+/// debounce key replaces the waiting one (read back from the store, where delayed jobs
+/// wait), and a job of the taken unique key is refused. Only the last debounced job and the
+/// first unique one run, once each.
+#[test]
+fn unique_keys_and_debounce_windows_survive_a_kill_and_a_takeover() {
+    let routes = |prefix: &str| {
+        format!(
+            "topics:\n  {prefix}jobs:\n    pools: default\n    unique: {{key: \"label:report\", for: 1h}}\n    debounce: {{key: \"label:document\", wait: 40s, max_wait: 2m}}\npools:\n  default: {{}}\n"
+        )
+    };
+    let (mut owner, standby) = owner_and_standby_of(RunningScheduler::start_with_rules(&routes));
+    let runs: Arc<Mutex<BTreeMap<String, u32>>> = Arc::default();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let stop = CancellationToken::new();
+    {
+        let _guard = rt.enter();
+        let worker = Worker::new(owner.worker_config("flow-worker")).unwrap();
+        let (s, runs) = (stop.clone(), runs.clone());
+        rt.spawn(async move {
+            worker
+                .run(
+                    move |job| {
+                        let runs = runs.clone();
+                        async move {
+                            let id = job.dispatch.job.job_id.clone();
+                            *runs.lock().unwrap().entry(id).or_default() += 1;
+                            Outcome::succeeded()
+                        }
+                    },
+                    s,
+                )
+                .await
+        });
+    }
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", &owner.bootstrap)
+        .set("enable.idempotence", "true")
+        .create()
+        .unwrap();
+    let topic = owner.job_topic.clone();
+    let submit = |id: &str, label: (&str, &str)| {
+        let mut job = JobRequest {
+            job_id: id.into(),
+            topic: topic.clone(),
+            tenant_id: "acme".into(),
+            ..Default::default()
+        };
+        job.labels.insert(label.0.into(), label.1.into());
+        produce_job(&producer, &job);
+        producer.flush(Duration::from_secs(10)).unwrap();
+    };
+    submit("acme:u1", ("report", "daily"));
+    submit("acme:d1", ("document", "readme"));
+    submit("acme:d2", ("document", "readme"));
+    wait_until("the unique job to run", 60, || {
+        runs.lock().unwrap().contains_key("acme:u1")
+    });
+    let state = |id: &str| {
+        let (_, out, _) = standby.cli(&["jobs", "get", id, "--output", "json"]);
+        serde_json::from_str::<serde_json::Value>(&out).unwrap_or_default()["state"]
+            .as_str()
+            .unwrap_or("")
+            .to_owned()
+    };
+    wait_until("d1 to be replaced by d2 and written", 60, || {
+        state("acme:d1") == "CANCELLED" && state("acme:d2") == "DELAYED"
+    });
+    owner.kill();
+    wait_until("the standby to take over", 60, || {
+        role(&standby).as_deref() == Some("owner")
+    });
+    submit("acme:u2", ("report", "daily"));
+    submit("acme:d3", ("document", "readme"));
+    wait_until("d2 to be replaced by d3", 60, || {
+        state("acme:d2") == "CANCELLED"
+    });
+    wait_until("d3 to run after its wait", 120, || {
+        runs.lock().unwrap().contains_key("acme:d3")
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    stop.cancel();
+    assert_eq!(
+        *runs.lock().unwrap(),
+        BTreeMap::from([("acme:d3".to_owned(), 1), ("acme:u1".to_owned(), 1)]),
+        "only the last debounced job and the first unique one ran, once each"
+    );
+    assert_eq!(state("acme:u2"), "", "the duplicate has no record");
+    let (code, out, err) = standby.cli(&["audit", "job", "acme:u1"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("acme:u2"),
+        "the refusal is in u1's timeline: {out}"
+    );
+    let (code, out, err) = standby.cli(&["audit", "verify"]);
+    assert_eq!(code, 0, "{out}{err}");
+}

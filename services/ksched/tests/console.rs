@@ -535,6 +535,17 @@ fn the_console_signs_in_with_a_token_and_refuses_posts_from_other_sites() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+    // The pools page says what the tenant's waiting job waits for, beside the keys and the
+    // fair share tables.
+    let (code, _, body) = raw("GET", "/ui/pools", &[("Cookie", &cookie)], None);
+    assert_eq!(code, 200);
+    for part in [
+        "approval_required 1",
+        "<h1>Concurrency keys</h1>",
+        "<h1>Fair share</h1>",
+    ] {
+        assert!(body.contains(part), "{part} in {body}");
+    }
 
     // Another site's form, a JSON body, no Origin: refused before anything is sent.
     for (headers, why) in [

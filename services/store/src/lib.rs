@@ -931,6 +931,15 @@ impl Store {
     }
 
     /// Every stored worker.
+    /// Each pool's fair share between tenants at each priority, as last written.
+    pub fn fair_shares(&self) -> Result<Vec<(ShareKey, PoolShare)>> {
+        Ok(self
+            .scan::<(ShareKey, PoolShare)>(CF_SHARES)?
+            .into_iter()
+            .map(|(_, share)| share)
+            .collect())
+    }
+
     pub fn workers(&self) -> Result<Vec<(String, Worker)>> {
         Ok(self
             .scan::<Worker>(CF_WORKERS)?

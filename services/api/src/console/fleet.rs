@@ -14,6 +14,7 @@ use super::samples;
 use crate::auth::{Action, Identity};
 use crate::fleet::{dead_letter_counts, dead_letters, tenant_usage};
 use crate::{Api, DEFAULT_LIMIT};
+use ksched_core::records::Priority;
 
 pub(super) async fn workers(
     AxState(api): AxState<Arc<Api>>,
@@ -62,6 +63,36 @@ pub(super) async fn workers(
         )
     );
     Html(page("Workers", "/ui/workers", Some(&who), &body)).into_response()
+}
+
+/// The rows of the fair share table: per pool and priority, the clock and each tenant
+/// `who` sees with its pass, lowest first; passes in placements of a weight-1 tenant.
+fn fair_shares(api: &Api, who: &Identity) -> Vec<Vec<String>> {
+    let unit = ksched_core::state::SHARE_UNIT as f64;
+    let placements = |v: u128| format!("{:.2}", v as f64 / unit);
+    let mut rows = Vec::new();
+    for store in &api.stores {
+        for ((pool, rank), share) in store.fair_shares().unwrap_or_default() {
+            let priority = [Priority::Critical, Priority::Interactive, Priority::Batch]
+                .into_iter()
+                .find(|p| p.rank() == rank)
+                .map_or("?", |p| p.as_str());
+            let mut passes: Vec<(&String, &u128)> =
+                (share.passes.iter()).filter(|(t, _)| who.sees(t)).collect();
+            passes.sort_by_key(|(t, pass)| (**pass, *t));
+            for (tenant, pass) in passes {
+                rows.push(vec![
+                    esc(&pool),
+                    priority.to_owned(),
+                    placements(share.clock),
+                    esc(tenant),
+                    placements(*pass),
+                    placements(pass.saturating_sub(share.clock)),
+                ]);
+            }
+        }
+    }
+    rows
 }
 
 /// Most concurrency keys the console lists (the busiest).
@@ -139,12 +170,17 @@ pub(super) async fn pools(
             ]
         })
         .collect();
+    let shares = fair_shares(&api, &who);
     let keys_note = match usage.keys.len().saturating_sub(busiest.len()) {
         0 => String::new(),
         n => format!("<p>{n} more keys with fewer jobs (the API lists up to 1,000).</p>"),
     };
     let body = format!(
-        "<h1>Pools</h1>{}<h1>Tenants</h1>{}<h1>Concurrency keys</h1>{}{keys_note}",
+        "<h1>Pools</h1>{}<h1>Tenants</h1>{}<h1>Concurrency keys</h1>{}{keys_note}\
+         <h1>Fair share</h1><p>Per pool and priority, each tenant's pass against the pool's \
+         clock, in placements of a weight-1 tenant: the lowest pass is served next; a tenant \
+         ahead of the clock has had more than its share lately. Tenants at or behind the \
+         clock with nothing waiting are forgotten at each Tick.</p>{}",
         table(
             &[
                 "POOL",
@@ -168,6 +204,10 @@ pub(super) async fn pools(
         table(
             &["TENANT", "KEY", "ACTIVE", "WAITING", "LIMIT", "RATE"],
             &keys
+        ),
+        table(
+            &["POOL", "PRIORITY", "CLOCK", "TENANT", "PASS", "AHEAD"],
+            &shares
         )
     );
     Html(page("Pools & tenants", "/ui/pools", Some(&who), &body)).into_response()
