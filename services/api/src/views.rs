@@ -26,6 +26,7 @@ pub fn job_view(id: &str, j: &Job) -> Value {
         "principal_id": r.principal_id,
         "topic": r.topic,
         "priority": r.priority.as_str(),
+        "queue_priority": ksched_core::records::Priority::of_rank(j.queue_rank()).as_str(),
         "pools": j.pools,
         "attempt": j.attempt,
         "worker_id": j.worker_id,

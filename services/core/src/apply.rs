@@ -177,6 +177,7 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
                 history_lines: 0,
                 history_omitted: 0,
                 history_progress: false,
+                aged: 0,
             };
             state.insert_job(e.job_id.clone(), job, Some(line(event, at)));
             if let Some(d) = state.dirty.as_mut()
@@ -243,6 +244,7 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
             state.update_job_logged(&e.job_id, Some(line(event, at)), |j| {
                 enter(j, JobState::Pending);
                 j.queued_at = Some(now);
+                j.aged = 0;
                 j.first_queued_at.get_or_insert(now);
                 j.placement_from = None;
                 j.concurrency = config
@@ -288,14 +290,13 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
                 let rated = (j.concurrency.as_ref())
                     .filter(|c| c.rate.is_some())
                     .cloned();
-                (
-                    j.request.tenant_id.clone(),
-                    j.request.priority.rank(),
-                    rated,
-                )
+                let turn = (j.concurrency.as_ref())
+                    .filter(|c| c.fair)
+                    .map_or(String::new(), |c| c.key.clone());
+                (j.request.tenant_id.clone(), j.queue_rank(), rated, turn)
             });
-            if let Some((tenant, rank, rated)) = placed {
-                state.charge_share(&e.pool, rank, &tenant);
+            if let Some((tenant, rank, rated, turn)) = placed {
+                state.charge_share(&e.pool, rank, &tenant, &turn);
                 if let Some(limits) = rated {
                     state.take_token(&tenant, &limits);
                 }
@@ -677,6 +678,12 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
                 j.delayed_until = Some(e.not_before);
                 j.queued_at = None;
                 j.retry_at = None;
+                j.updated_at = now;
+            });
+        }
+        Event::JobAged(e) => {
+            state.update_job_logged(&e.job_id, Some(line(event, at)), |j| {
+                j.aged = j.request.priority.rank().saturating_sub(e.priority.rank());
                 j.updated_at = now;
             });
         }

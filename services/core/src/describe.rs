@@ -343,6 +343,14 @@ impl Event {
                 time(out, d.first_at);
                 out.push(')');
             }
+            Event::JobAged(a) => {
+                write!(
+                    out,
+                    "aged to {} in its queues, having waited since ",
+                    a.priority.as_str()
+                )?;
+                time(out, a.queued_at);
+            }
             Event::DebouncesClosed(c) => {
                 out.push_str("debounce windows due by ");
                 time(out, c.through);

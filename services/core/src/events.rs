@@ -787,6 +787,18 @@ pub struct DebouncesClosed {
     pub through: Millis,
 }
 
+/// A queued job waited its pools' aging time (SPEC §10): it stands in its queues at
+/// `priority` from here, in its place by age, until it leaves them. Its request keeps the
+/// priority it was submitted with.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobAged {
+    pub job_id: String,
+    /// The priority it goes on at: one above the one it waited at.
+    pub priority: crate::records::Priority,
+    /// When it was queued (this time): it has waited since.
+    pub queued_at: Millis,
+}
+
 /// Every event the scheduler journals.
 // The large fields of rare or per-worker events are boxed (a saga's request and its
 // compensation, a heartbeat, a dead letter), so an event is as large as the common ones
@@ -835,6 +847,7 @@ pub enum Event {
     ScheduleFired(ScheduleFired),
     JobDebounced(JobDebounced),
     DebouncesClosed(DebouncesClosed),
+    JobAged(JobAged),
 }
 
 impl Event {
@@ -883,6 +896,7 @@ impl Event {
             Event::ScheduleFired(_) => "ScheduleFired",
             Event::JobDebounced(_) => "JobDebounced",
             Event::DebouncesClosed(_) => "DebouncesClosed",
+            Event::JobAged(_) => "JobAged",
         }
     }
 
@@ -920,6 +934,7 @@ impl Event {
             Event::JobReleased(e) => &e.job_id,
             Event::JobRescheduled(e) => &e.job_id,
             Event::JobDebounced(e) => &e.job_id,
+            Event::JobAged(e) => &e.job_id,
             Event::ScheduleFired(e) => match &e.job_id {
                 Some(id) => id,
                 None => return None,

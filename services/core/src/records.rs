@@ -34,6 +34,15 @@ impl Priority {
         }
     }
 
+    /// The priority of queue rank `rank` (ranks past the last are BATCH).
+    pub fn of_rank(rank: u8) -> Priority {
+        match rank {
+            0 => Priority::Critical,
+            1 => Priority::Interactive,
+            _ => Priority::Batch,
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Priority::Critical => "CRITICAL",

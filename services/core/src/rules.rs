@@ -51,6 +51,51 @@ pub struct PoolRules {
     /// rules written before shards existed keep their id.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub shard: Option<u32>,
+    /// Priority aging (SPEC §10): a job queued here that has waited `after` gains one
+    /// priority, and one more for each `after` it waits on, up to `up_to`. None: jobs keep
+    /// their priority. Left out of the journaled rules when not set.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub aging: Option<AgingRule>,
+}
+
+/// A pool's priority aging (SPEC §10), so that no job waits for ever behind a stream of
+/// jobs of higher priority: a BATCH job that has waited `after` in the queue goes on as
+/// INTERACTIVE, and after twice `after` as CRITICAL (unless `up_to` stops it sooner). It
+/// keeps its place by age, so it runs before the jobs of its new priority queued after it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgingRule {
+    /// How long a job waits for each priority it gains: a span, `30s`, `5m`; at least 1s.
+    pub after: String,
+    /// The highest priority aging gives. Default CRITICAL.
+    #[serde(default = "AgingRule::default_up_to")]
+    pub up_to: crate::records::Priority,
+}
+
+impl AgingRule {
+    /// The shortest `after`: each step is a journaled event per waiting job.
+    pub const MIN_AFTER_MS: i64 = 1_000;
+
+    fn default_up_to() -> crate::records::Priority {
+        crate::records::Priority::Critical
+    }
+
+    /// `after` in milliseconds (0 if it is not valid; validation refuses that).
+    pub fn after_ms(&self) -> i64 {
+        span_ms(&self.after)
+    }
+
+    fn check(&self, pool: &str) -> Result<(), RulesError> {
+        parse_period_ms(&self.after)
+            .map_err(|e| RulesError(format!("pool {pool}: aging after {e}")))?;
+        if self.after_ms() < Self::MIN_AFTER_MS {
+            return Err(RulesError(format!(
+                "pool {pool}: aging after {:?} must be at least 1s",
+                self.after
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// Limits for one tenant. Under `tenants`, the entry `"*"` holds the defaults for every
@@ -360,6 +405,12 @@ pub struct ConcurrencyRule {
     /// period's worth.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub burst: Option<u32>,
+    /// Fair share between the keys of one tenant (SPEC §10): within the tenant's share of
+    /// a pool at a priority, its keys take turns (the key placed least lately first), not
+    /// oldest job first, so one key's backlog does not hold the tenant's other keys behind
+    /// it. Needs a `label:` key. Left out of the journaled rules when false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub fair: bool,
 }
 
 impl ConcurrencyRule {
@@ -393,6 +444,11 @@ impl ConcurrencyRule {
                 "topic {topic}: concurrency limit must be at least 1"
             )));
         }
+        if self.fair && self.label().is_none() {
+            return Err(RulesError(format!(
+                "topic {topic}: fair share between keys needs a `label:NAME` key (a `tenant` key is one key a tenant)"
+            )));
+        }
         match &self.rate {
             Some(rate) => {
                 Rate::parse(rate, self.burst)
@@ -401,9 +457,9 @@ impl ConcurrencyRule {
             None if self.burst.is_some() => {
                 return Err(RulesError(format!("topic {topic}: a burst needs a rate")));
             }
-            None if self.limit.is_none() => {
+            None if self.limit.is_none() && !self.fair => {
                 return Err(RulesError(format!(
-                    "topic {topic}: concurrency needs a limit, a rate or both"
+                    "topic {topic}: concurrency needs a limit, a rate, fair share between keys, or more than one"
                 )));
             }
             None => {}
@@ -695,6 +751,16 @@ impl Rules {
                 }
             }
         }
+        for (topic, pools) in &self.topics {
+            // A job stands at one priority in all its pools: their aging must agree.
+            let aging = |p: &String| self.pools.get(p).and_then(|r| r.aging.as_ref());
+            if let Some(p) = pools.iter().find(|p| aging(p) != aging(&pools[0])) {
+                return err(format!(
+                    "topic {topic} maps to pools {} and {p} with different aging rules; a job stands at one priority in all its pools: give them the same `aging`",
+                    pools[0]
+                ));
+            }
+        }
         for (topic, rule) in &self.topic_concurrency {
             if !self.topics.contains_key(topic) {
                 return err(format!(
@@ -767,6 +833,9 @@ impl Rules {
         for (name, pool) in &self.pools {
             if let Some(p) = pool.workers.iter().find(|p| p.trim().is_empty()) {
                 return err(format!("pool {name}: worker pattern {p:?} is empty"));
+            }
+            if let Some(aging) = &pool.aging {
+                aging.check(name)?;
             }
         }
         for name in self.pools.keys() {
@@ -901,6 +970,12 @@ impl Rules {
         self.pools.get(pool).map(|p| p.strategy).unwrap_or_default()
     }
 
+    /// The aging rule a job queued in `pools` ages by (a topic's pools agree on it: the
+    /// first of them that has one).
+    pub fn aging_of(&self, pools: &[String]) -> Option<&AgingRule> {
+        (pools.iter()).find_map(|p| self.pools.get(p).and_then(|r| r.aging.as_ref()))
+    }
+
     /// A tenant limit: the tenant's own, else the `"*"` default.
     fn tenant_limit<T>(
         &self,
@@ -937,6 +1012,7 @@ impl Rules {
             key,
             limit: rule.limit.unwrap_or(u32::MAX),
             rate: rule.rate_limit(),
+            fair: rule.fair,
         })
     }
 

@@ -23,6 +23,7 @@ fn limited(limit: u32) -> Rules {
             limit: Some(limit),
             rate: None,
             burst: None,
+            fair: false,
         },
     );
     r
@@ -117,6 +118,7 @@ fn a_tenant_key_limits_all_of_the_tenants_jobs_on_the_topic() {
             limit: Some(1),
             rate: None,
             burst: None,
+            fair: false,
         },
     );
     let mut sim = Sim::with_rules(r);
@@ -170,6 +172,7 @@ fn a_job_whose_pools_have_no_worker_times_out_even_while_its_key_is_full() {
             limit: Some(1),
             rate: None,
             burst: None,
+            fair: false,
         },
     );
     let mut sim = Sim::with_rules(r);
@@ -248,6 +251,7 @@ fn a_slot_freed_in_one_pool_wakes_the_keys_jobs_in_another() {
             limit: Some(1),
             rate: None,
             burst: None,
+            fair: false,
         },
     );
     let mut sim = Sim::with_rules(r);
@@ -331,6 +335,7 @@ fn rules_with_a_bad_concurrency_rule_are_refused() {
             limit: Some(1),
             rate: None,
             burst: None,
+            fair: false,
         },
     );
     assert!(r.validate().unwrap_err().0.contains("maps to no pool"));

@@ -168,7 +168,8 @@ const RISKS: [&str; 6] = ["", "", "deny", "approve", "limited", "pii"];
 
 /// The rules of a run, with concurrency limits of `limit` (0: none) and rate limits as
 /// [`Op::Limit`] says: `job.default` by its `concurrency_key` label, `job.multi` one key per
-/// tenant. initech weighs 3 in fair share when `limit` is even, 1 when odd.
+/// tenant. initech weighs 3 in fair share when `limit` is even, 1 when odd. Three pools age.
+/// `job.default`'s keys are fair between themselves unless `limit` is 2.
 fn run_rules(limit: u8, rate: u8) -> ksched_core::rules::Rules {
     let mut r = rules();
     r.breaker.consecutive_failures = 3;
@@ -192,6 +193,18 @@ fn run_rules(limit: u8, rate: u8) -> ksched_core::rules::Rules {
             max_wait: Some("1s".into()),
         },
     );
+    // Jobs in `default`, `a` and `b` gain a priority a second they wait: up to CRITICAL
+    // when `rate` is even, INTERACTIVE when odd.
+    for pool in ["default", "a", "b"] {
+        r.pools.get_mut(pool).unwrap().aging = Some(ksched_core::rules::AgingRule {
+            after: "1s".into(),
+            up_to: if rate.is_multiple_of(2) {
+                Priority::Critical
+            } else {
+                Priority::Interactive
+            },
+        });
+    }
     r.tenants.insert(
         "initech".into(),
         ksched_core::rules::TenantRules {
@@ -204,11 +217,13 @@ fn run_rules(limit: u8, rate: u8) -> ksched_core::rules::Rules {
         2 => (Some("3/2s".to_owned()), Some(2)),
         _ => (None, None),
     };
-    if limit > 0 || rate.is_some() {
-        for (topic, key) in [
-            ("job.default", "label:concurrency_key"),
-            ("job.multi", "tenant"),
-        ] {
+    // `job.default`'s keys take turns within their tenant's share unless `limit` is 2 (with
+    // no limit and no rate: only that).
+    for (topic, key, fair) in [
+        ("job.default", "label:concurrency_key", limit != 2),
+        ("job.multi", "tenant", false),
+    ] {
+        if limit > 0 || rate.is_some() || fair {
             r.topic_concurrency.insert(
                 topic.into(),
                 ksched_core::rules::ConcurrencyRule {
@@ -216,6 +231,7 @@ fn run_rules(limit: u8, rate: u8) -> ksched_core::rules::Rules {
                     limit: (limit > 0).then_some(u32::from(limit)),
                     rate: rate.clone(),
                     burst,
+                    fair,
                 },
             );
         }

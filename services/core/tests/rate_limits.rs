@@ -24,6 +24,7 @@ fn rated(rate: &str, burst: Option<u32>, limit: Option<u32>) -> Rules {
             limit,
             rate: Some(rate.into()),
             burst,
+            fair: false,
         },
     );
     r
@@ -119,6 +120,7 @@ fn topics_sharing_a_key_under_different_rates_each_keep_their_own_bucket() {
             limit: None,
             rate: Some("10/s".into()),
             burst: None,
+            fair: false,
         },
     );
     let mut sim = Sim::with_rules(rules);

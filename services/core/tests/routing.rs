@@ -346,6 +346,7 @@ fn throttled_gives_work_to_the_worker_with_the_most_credit() {
             strategy: StrategyKind::Throttled,
             workers: vec![],
             shard: None,
+            aging: None,
         },
     );
     let mut sim = Sim::with_rules(rules);
@@ -389,6 +390,7 @@ fn capacity_bin_packs_by_memory_best_fit() {
             strategy: StrategyKind::Capacity,
             workers: vec![],
             shard: None,
+            aging: None,
         },
     );
     let mut sim = Sim::with_rules(rules);

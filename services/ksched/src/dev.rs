@@ -91,8 +91,8 @@ fn dev_rules() -> Rules {
         PoolRules {
             requires: vec!["gpu".into()],
             strategy: StrategyKind::Capacity,
-            workers: Vec::new(),
             shard: Some(1),
+            ..PoolRules::default()
         },
     );
     r.four_eyes = true;

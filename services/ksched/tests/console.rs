@@ -413,6 +413,12 @@ fn an_operator_follows_approves_and_redrives_jobs_in_a_real_browser() {
         "{diff}"
     );
     assert!(!diff.contains("ok-1"), "ok-1 ends the same: {diff}");
+    // And how long each tenant's jobs waited in each world.
+    let waits = b.text("#what-if-waits");
+    assert!(
+        waits.contains("acme") && waits.contains(" ms → "),
+        "{waits}"
+    );
     b.shot("what-if");
 
     // Everything the console did is in the journal, and replays to the same decisions.

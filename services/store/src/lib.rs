@@ -98,7 +98,8 @@ pub struct Scanned {
 /// 9: a job's concurrency key carries its rate limit; rate limit buckets (`rate_buckets`).
 /// 10: each pool's fair share between tenants at each priority (`fair_shares`).
 /// 11: open debounce windows (`debounces`).
-pub const FORMAT_VERSION: u32 = 11;
+/// 12: a job keeps the priorities aging gave it while queued.
+pub const FORMAT_VERSION: u32 = 12;
 
 /// Most idempotency keys one write deletes when their retention passed; the rest follow in
 /// the next writes, so a prune never becomes one huge batch.

@@ -186,6 +186,40 @@ pub(super) async fn what_if_page(Extension(who): Extension<Identity>) -> Respons
     .into_response()
 }
 
+/// How long each tenant's jobs waited from acceptance to their first placement, recorded
+/// and under the alternative: what a limit, a rate or a weight changes even where every
+/// job ends the same.
+fn waits_table(waits: &[ksched_runtime::audit::TenantWaits]) -> String {
+    if waits.is_empty() {
+        return String::new();
+    }
+    let ms = |v: i64| format!("{v} ms");
+    let both = |f: &dyn Fn(&ksched_runtime::audit::WaitSummary) -> String,
+                w: &ksched_runtime::audit::TenantWaits| {
+        format!("{} → {}", f(&w.actual), f(&w.alternative))
+    };
+    let rows: Vec<Vec<String>> = waits
+        .iter()
+        .map(|w| {
+            vec![
+                esc(&w.tenant_id),
+                both(&|s| s.placed.to_string(), w),
+                both(&|s| ms(s.p50_ms), w),
+                both(&|s| ms(s.p99_ms), w),
+                both(&|s| ms(s.max_ms), w),
+                both(&|s| s.unplaced.to_string(), w),
+            ]
+        })
+        .collect();
+    format!(
+        "<h2>Time to first placement, per tenant (recorded → under the alternative)</h2><div id=\"what-if-waits\">{}</div>",
+        table(
+            &["TENANT", "PLACED", "P50", "P99", "MAX", "NEVER PLACED"],
+            &rows
+        )
+    )
+}
+
 /// The what-if diff: jobs whose state, pool, worker or verdict would have differed. The
 /// pools and the policy are checked here; the replay runs in a child process.
 pub(super) async fn what_if(
@@ -264,6 +298,7 @@ pub(super) async fn what_if(
             rows,
             totals,
             schedules_not_found,
+            waits,
         }) => {
             for s in &schedules_not_found {
                 error(
@@ -312,6 +347,7 @@ pub(super) async fn what_if(
                     &rows
                 )
             );
+            body.push_str(&waits_table(&waits));
         }
         Ok(ReplayAnswer::Failed(e)) | Err(e) => error(&mut body, format!("the replay failed: {e}")),
         Ok(_) => error(&mut body, "the replay answered another question".into()),

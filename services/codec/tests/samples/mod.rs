@@ -484,6 +484,11 @@ pub(crate) fn every_event() -> Vec<Event> {
         Event::DebouncesClosed(DebouncesClosed {
             through: 1_700_000_006_000,
         }),
+        Event::JobAged(JobAged {
+            job_id: "job-5".into(),
+            priority: Priority::Interactive,
+            queued_at: 1_700_000_000_000,
+        }),
         Event::JobDuplicate(JobDuplicate {
             job_id: "job-4".into(),
             existing_job_id: "job-3".into(),

@@ -15,7 +15,7 @@ use crate::events::*;
 use crate::reason::{DlqReason, WaitReason};
 use crate::records::Heartbeat;
 use crate::rules::{Overload, Rules};
-use crate::state::{FairKey, Job, Lane, QueueKey, State, Worker};
+use crate::state::{FairKey, Job, Lane, State, Walk, Worker};
 use crate::strategy::{Assessment, Eligible, for_kind};
 
 /// Most lanes of one tenant at one priority a pass finds held before it goes on to the
@@ -116,7 +116,7 @@ impl Decider<'_, '_> {
             // group, lanes up to its cursor were held (a pass never frees capacity, and a
             // lane's next head comes after the job placed before it).
             let mut after: Option<FairKey> = None;
-            let mut cursors: BTreeMap<(String, u8), ((QueueKey, Lane), u32)> = BTreeMap::new();
+            let mut walks: BTreeMap<(String, u8), (Walk, u32)> = BTreeMap::new();
             let mut held = 0;
             // Whether the pool can take anything changes only with a placement.
             let mut full = self.pool_is_full(&pool);
@@ -128,35 +128,38 @@ impl Decider<'_, '_> {
                     break;
                 };
                 let (rank, _, _, tenant) = &group;
-                let at = cursors.get(&(tenant.clone(), *rank));
-                let spent = at.is_some_and(|(_, n)| *n >= GROUP_HELD_BOUND);
-                let next = (!spent)
-                    .then(|| heads.next_head(tenant, *rank, at.map(|(h, _)| h)))
-                    .flatten()
-                    .cloned();
+                let (walk, held_here) = walks.entry((tenant.clone(), *rank)).or_default();
+                let next = (*held_here < GROUP_HELD_BOUND)
+                    .then(|| heads.next_head(tenant, *rank, walk))
+                    .flatten();
                 let Some(head) = next else {
                     after = Some(group);
                     continue;
                 };
+                walk.tried(&head);
                 if !self.may_work() {
                     return;
                 }
-                let mut held_here = at.map_or(0, |(_, n)| *n);
-                if self.try_place(&head.0.job_id) {
+                if self.try_place(&head.1.0.job_id) {
                     self.spend();
                     full = self.pool_is_full(&pool);
-                    // The tenant's group moved on: everything from this group on is
-                    // looked at again.
-                    after =
-                        (self.state().lane_heads.get(&pool)).and_then(|h| h.group_before(&group));
+                    // The tenant's group moved: everything from where it stood, or now
+                    // stands if that is sooner, is looked at again. (A placement that
+                    // charged another pool, or a deadline, can leave the group's first
+                    // head an older one of another turn.)
+                    let heads = self.state().lane_heads.get(&pool);
+                    let now = heads.and_then(|h| h.fair_key(tenant, *rank));
+                    let from = now.filter(|n| *n < group).unwrap_or(group.clone());
+                    after = heads.and_then(|h| h.group_before(&from));
                 } else {
                     held += 1;
-                    held_here += 1;
+                    if let Some((_, n)) = walks.get_mut(&(tenant.clone(), *rank)) {
+                        *n += 1;
+                    }
                     if held >= bound {
                         break;
                     }
                 }
-                cursors.insert((tenant.clone(), *rank), (head, held_here));
             }
         }
     }
@@ -216,7 +219,7 @@ impl Decider<'_, '_> {
     /// pass tries of the key); true for a job without a key.
     pub(super) fn first_of_its_key(&self, job_id: &str) -> bool {
         let job = &self.state().jobs[job_id];
-        let Some(c) = &job.concurrency else {
+        let Some(c) = job.concurrency.as_ref().filter(|c| c.holds()) else {
             return true;
         };
         let lane = lane_of(job);
@@ -303,25 +306,46 @@ impl Decider<'_, '_> {
 }
 
 impl Decider<'_, '_> {
-    /// What fair share said of a placement while other tenants had jobs waiting in the pool
-    /// at the job's priority (journaled with the placement, for `audit job`).
-    fn share_note(&self, job: &Job, pool: &str) -> Option<String> {
+    /// What fair share said of a placement while other tenants (or other turns of its
+    /// tenant) had jobs waiting in the pool at the job's priority, and the priority aging
+    /// gave it (journaled with the placement, for `audit job`).
+    fn share_note(&self, job: &Job, pool: &str) -> Vec<String> {
         let state = self.state();
-        let rank = job.request.priority.rank();
-        let tenants = state.lane_heads.get(pool).map_or(0, |h| h.tenants_at(rank));
-        if tenants < 2 {
-            return None;
-        }
+        let rank = job.queue_rank();
+        let priority = crate::records::Priority::of_rank(rank).as_str();
+        let heads = state.lane_heads.get(pool);
         let tenant = &job.request.tenant_id;
         let units = |v: u128| v as f64 / crate::state::SHARE_UNIT as f64;
-        let clock = (state.shares.get(&(pool.to_owned(), rank))).map_or(0, |s| s.clock);
-        Some(format!(
-            "fair share in pool {pool}: tenant {tenant} (weight {}) at pass {:.2}, clock {:.2}, {tenants} tenants waiting at {} priority",
-            state.share_weight(tenant),
-            units(state.share_pass(pool, rank, tenant)),
-            units(clock),
-            job.request.priority.as_str(),
-        ))
+        let share = state.shares.get(&(pool.to_owned(), rank));
+        let mut notes = Vec::new();
+        if job.aged > 0 {
+            notes.push(format!(
+                "placed at {priority} priority, aged from {} while it waited",
+                job.request.priority.as_str()
+            ));
+        }
+        let tenants = heads.map_or(0, |h| h.tenants_at(rank));
+        if tenants >= 2 {
+            notes.push(format!(
+                "fair share in pool {pool}: tenant {tenant} (weight {}) at pass {:.2}, clock {:.2}, {tenants} tenants waiting at {priority} priority",
+                state.share_weight(tenant),
+                units(state.share_pass(pool, rank, tenant)),
+                units(share.map_or(0, |s| s.clock)),
+            ));
+        }
+        let turns = heads.map_or(0, |h| h.turns_at(tenant, rank));
+        if turns >= 2 {
+            let turn = (job.concurrency.as_ref())
+                .filter(|c| c.fair)
+                .map_or("", |c| c.key.as_str());
+            let clock = (share.and_then(|s| s.turns.get(tenant))).map_or(0, |t| t.clock);
+            notes.push(format!(
+                "turns of tenant {tenant} in pool {pool}: key {turn:?} at pass {:.2}, clock {:.2}, {turns} keys waiting",
+                units(share.map_or(0, |s| s.turn_pass(tenant, turn))),
+                units(clock),
+            ));
+        }
+        notes
     }
 }
 

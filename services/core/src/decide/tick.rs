@@ -11,7 +11,7 @@
 use crate::decide::Decider;
 use crate::events::*;
 use crate::reason::{AttemptError, DlqReason};
-use crate::records::{Millis, Tick};
+use crate::records::{Millis, Priority, Tick};
 use crate::state::{Timer, TimerKind};
 
 /// Most debounce windows one Tick closes (the rest at the next).
@@ -164,20 +164,44 @@ impl Decider<'_, '_> {
     }
 
     fn fire_due_timers(&mut self, judged: Millis) {
-        let due: Vec<Timer> = self
-            .state()
-            .timers
-            .iter()
-            .take_while(|t| t.due <= judged)
-            .cloned()
-            .collect();
+        // No more than the entry can act on (one unit each): a million timers due at once
+        // cost each entry its budget, not a million. Aging is never urgent: its steps are
+        // kept apart and take what the other timers leave, at most half of the entry's
+        // work, so that a backlog given aging at once neither stands before a deadline
+        // nor keeps the scheduling pass from running.
+        let aging_cap = (self.budget_left() / 2).max(1);
+        let cap = self.budget_left() + 1;
+        let due_of = |set: &std::collections::BTreeSet<Timer>, cap: usize| -> Vec<Timer> {
+            (set.iter())
+                .take_while(|t| t.due <= judged)
+                .take(cap)
+                .cloned()
+                .collect()
+        };
+        let mut due = due_of(&self.state().timers, cap);
+        let aging = due_of(&self.state().aging_timers, aging_cap + 1);
+        if due.len() == cap || aging.len() > aging_cap {
+            self.continue_later();
+        }
+        due.extend(aging);
         let config = self.rules();
         let timing = &config.rules.timing;
         let mut requeued = Vec::new();
+        let mut aging_left = aging_cap;
         for t in due {
             // An earlier timer in this tick may have settled the job already.
-            if !self.state().timers.contains(&t) {
+            let set = match t.kind {
+                TimerKind::Aging => &self.state().aging_timers,
+                _ => &self.state().timers,
+            };
+            if !set.contains(&t) {
                 continue;
+            }
+            if t.kind == TimerKind::Aging {
+                if aging_left == 0 {
+                    continue;
+                }
+                aging_left -= 1;
             }
             if !self.may_work() {
                 break;
@@ -194,6 +218,14 @@ impl Decider<'_, '_> {
                     self.time_out(&t.job_id, DlqReason::DeadlineExceeded, detail);
                 }
                 TimerKind::RetryAt => requeued.push(t.job_id.clone()),
+                TimerKind::Aging => {
+                    let event = JobAged {
+                        job_id: t.job_id.clone(),
+                        priority: Priority::of_rank(job.queue_rank().saturating_sub(1)),
+                        queued_at: job.queued_at.unwrap_or(t.due),
+                    };
+                    self.emit(Event::JobAged(event));
+                }
                 TimerKind::PlacementTimeout => {
                     // A job a worker could take now that no pass reached (past the pass's
                     // bound) is placed, not dead-lettered; a keyed job only if it is its

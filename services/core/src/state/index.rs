@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use crate::events::{Event, Input, JobState};
 use crate::records::Millis;
-use crate::rules::Timing;
+use crate::rules::Rules;
 
 use super::{
     Bucket, BucketKey, HISTORY_MAX, Heads, Job, KeyGroup, KeyLimit, Lane, PoolShare, QueueKey,
@@ -22,15 +22,17 @@ pub(crate) struct Line<'a> {
     pub(crate) input: &'a Input,
 }
 
-/// The timers one job can have at once: a deadline and at most two of its state's.
-const MAX_TIMERS: usize = 3;
+/// The timers one job can have at once: a deadline and at most three of its state's (a
+/// queued job's retry, placement timeout and aging; a running job's two timeouts).
+const MAX_TIMERS: usize = 4;
 
 /// What one job contributes to the derived indexes at one moment, short of what cannot
 /// change while it lives (its pools, tenant and priority: [`State::update_job`] checks that
 /// in debug builds).
 #[derive(Debug, PartialEq)]
 struct Entries {
-    queued_at: Option<Millis>,
+    /// The rank and time it stands in its pools' queues at, while queued.
+    queued: Option<(u8, Millis)>,
     /// Why it waits, while it is queued and a reason was journaled ([`WaitReason`] codes).
     waiting: Option<&'static str>,
     /// Its (tenant, concurrency key) while it is active, and while it is queued or active.
@@ -45,20 +47,23 @@ impl Entries {
     fn of(
         id: &str,
         job: &Job,
-        timing: Option<&Timing>,
+        rules: Option<&Rules>,
         floor: Millis,
         workers: &BTreeMap<String, Worker>,
     ) -> Entries {
         let mut timers = [None; MAX_TIMERS];
-        if let Some(timing) = timing {
+        if let Some(rules) = rules {
             // Only a running job's timeout counts from its worker's evidence; the search
             // through the worker's listed jobs is skipped for the others.
             let evidence = (job.state == JobState::Running)
                 .then(|| evidence(workers, id, job))
                 .flatten();
             let mut n = 0;
-            each_timer(job, timing, floor, evidence, |due, kind| {
-                timers[n] = Some((due, kind));
+            each_timer(job, rules, floor, evidence, |due, kind| {
+                debug_assert!(n < MAX_TIMERS, "job {id}: more than {MAX_TIMERS} timers");
+                if let Some(slot) = timers.get_mut(n) {
+                    *slot = Some((due, kind));
+                }
                 n += 1;
             });
         }
@@ -79,7 +84,7 @@ impl Entries {
         let waiting = (job.queued_at.and(job.wait_reason.as_deref()))
             .map(|r| crate::reason::WaitReason::parse(r).map_or("other", |w| w.as_str()));
         Entries {
-            queued_at,
+            queued: queued_at.map(|q| (job.queue_rank(), q)),
             waiting,
             active_key: key(active || retrying),
             live_key: key(active || retrying || job.queued_at.is_some()),
@@ -91,7 +96,7 @@ impl Entries {
     /// No entries: a job outside every index.
     fn none() -> Entries {
         Entries {
-            queued_at: None,
+            queued: None,
             waiting: None,
             active_key: None,
             live_key: None,
@@ -131,6 +136,7 @@ struct Indexes<'a> {
     clock: Millis,
     woken: &'a mut std::collections::BTreeSet<String>,
     timers: &'a mut std::collections::BTreeSet<Timer>,
+    aging_timers: &'a mut std::collections::BTreeSet<Timer>,
     tenant_active: &'a mut BTreeMap<String, i64>,
     tenant_pending: &'a mut BTreeMap<String, i64>,
     waiting_by_reason: &'a mut BTreeMap<&'static str, i64>,
@@ -154,11 +160,11 @@ impl Indexes<'_> {
                 *self.waiting_by_reason.entry(r).or_default() += 1;
             }
         }
-        if before.queued_at != after.queued_at {
-            if let Some(q) = before.queued_at {
+        if before.queued != after.queued {
+            if let Some(q) = before.queued {
                 self.unqueue(id, job, q);
             }
-            if let Some(q) = after.queued_at {
+            if let Some(q) = after.queued {
                 self.enqueue(id, job, q);
             }
         }
@@ -205,29 +211,39 @@ impl Indexes<'_> {
         }
         for (due, kind) in before.timers() {
             if !after.timers().any(|t| t == (due, kind)) {
-                self.timers.remove(&Timer {
+                let timer = Timer {
                     due,
                     kind,
                     job_id: id.to_owned(),
-                });
+                };
+                self.timer_set(kind).remove(&timer);
             }
         }
         for (due, kind) in after.timers() {
             if !before.timers().any(|t| t == (due, kind)) {
-                self.timers.insert(Timer {
+                let timer = Timer {
                     due,
                     kind,
                     job_id: id.to_owned(),
-                });
+                };
+                self.timer_set(kind).insert(timer);
             }
         }
     }
 
-    fn enqueue(&mut self, id: &str, job: &Job, queued_at: Millis) {
+    /// Where a timer of `kind` is kept: aging steps apart from the others.
+    fn timer_set(&mut self, kind: TimerKind) -> &mut std::collections::BTreeSet<Timer> {
+        match kind {
+            TimerKind::Aging => self.aging_timers,
+            _ => self.timers,
+        }
+    }
+
+    fn enqueue(&mut self, id: &str, job: &Job, (rank, queued_at): (u8, Millis)) {
         let lane = crate::decide::lane_of(job);
         for pool in &job.pools {
             let key = QueueKey {
-                rank: job.request.priority.rank(),
+                rank,
                 queued_at,
                 job_id: id.to_owned(),
             };
@@ -259,11 +275,11 @@ impl Indexes<'_> {
         }
     }
 
-    fn unqueue(&mut self, id: &str, job: &Job, queued_at: Millis) {
+    fn unqueue(&mut self, id: &str, job: &Job, (rank, queued_at): (u8, Millis)) {
         let lane = crate::decide::lane_of(job);
         for pool in &job.pools {
             let key = QueueKey {
-                rank: job.request.priority.rank(),
+                rank,
                 queued_at,
                 job_id: id.to_owned(),
             };
@@ -303,7 +319,7 @@ impl Indexes<'_> {
     /// is at its limit: the key's jobs in the pool are tried oldest first, and a key costs
     /// one move per pool when it reaches or leaves its limit, however many lanes it has.
     fn move_head(&mut self, pool: &str, lane: &Lane, old: Option<QueueKey>, new: Option<QueueKey>) {
-        let Some(c) = &lane.concurrency else {
+        let Some(c) = lane.concurrency.as_ref().filter(|c| c.holds()) else {
             if let Some(o) = old {
                 self.drop_head(pool, &(o, lane.clone()));
             }
@@ -354,28 +370,71 @@ impl Indexes<'_> {
         }
     }
 
-    /// Adds a head to the ones a pass over `pool` walks. A tenant without a pass at its
-    /// pool and priority starts at the clock there: every tenant with a head has a pass.
+    /// Adds a head to the ones a pass over `pool` walks. A tenant coming into the pass at
+    /// its pool and priority starts at the clock there, or where its pass stands if that is
+    /// ahead: every tenant with a head has a pass, and none banks a share from before. A
+    /// turn ([`super::shares::turn_of`]) likewise at its tenant's turns' clock, except
+    /// the `""` turn of a tenant with no turns bookkeeping (no fair key waiting), which
+    /// needs none: it stands at 0 and is not charged.
     fn add_head(&mut self, pool: &str, head: (QueueKey, Lane)) {
         let tenant = &head.1.tenant;
-        let key = (pool.to_owned(), head.0.rank);
-        let pass = match self.shares.get(&key).and_then(|s| s.passes.get(tenant)) {
-            Some(p) => *p,
-            None if !self.seeding => 0,
-            None => {
-                let share = self.shares.entry(key.clone()).or_default();
-                share.passes.insert(tenant.clone(), share.clock);
-                if let Some(d) = self.dirty.as_deref_mut() {
-                    d.shares.insert(key);
+        let (rank, turn) = (head.0.rank, super::shares::turn_of(&head.1));
+        let key = (pool.to_owned(), rank);
+        let heads = self.lane_heads.get(pool);
+        let (comes, turn_comes) = (
+            !heads.is_some_and(|h| h.has(tenant, rank)),
+            !heads.is_some_and(|h| h.has_turn(tenant, rank, turn)),
+        );
+        // Only what comes is written: a pass `Heads` already holds is read, never moved
+        // here (it would then differ from what a rebuild reads back).
+        let (pass, turn_pass) = if self.seeding && turn_comes {
+            let share = self.shares.entry(key.clone()).or_default();
+            let mut changed = false;
+            let pass = if comes {
+                let clock = share.clock;
+                let p = (share.passes.entry(tenant.clone())).or_insert_with(|| {
+                    changed = true;
+                    clock
+                });
+                if *p < clock {
+                    *p = clock;
+                    changed = true;
                 }
-                share.clock
+                *p
+            } else {
+                share.pass(tenant)
+            };
+            let turn_pass = if turn.is_empty() && !share.turns.contains_key(tenant) {
+                0
+            } else {
+                let turns = share.turns.entry(tenant.clone()).or_default();
+                let clock = turns.clock;
+                let p = (turns.passes.entry(turn.to_owned())).or_insert_with(|| {
+                    changed = true;
+                    clock
+                });
+                if *p < clock {
+                    *p = clock;
+                    changed = true;
+                }
+                *p
+            };
+            if changed && let Some(d) = self.dirty.as_deref_mut() {
+                d.shares.insert(key);
             }
+            (pass, turn_pass)
+        } else {
+            let share = self.shares.get(&key);
+            (
+                share.map_or(0, |s| s.pass(tenant)),
+                share.map_or(0, |s| s.turn_pass(tenant, turn)),
+            )
         };
         let weight = self.weight(tenant);
         (self.lane_heads)
             .entry(pool.to_owned())
             .or_default()
-            .insert(head, pass, weight);
+            .insert(head, pass, weight, turn_pass);
     }
 
     /// Removes a head from the ones a pass over `pool` walks; false when it was not there.
@@ -384,9 +443,7 @@ impl Indexes<'_> {
         let Some(heads) = self.lane_heads.get_mut(pool) else {
             return false;
         };
-        let pass = (self.shares.get(&(pool.to_owned(), head.0.rank)))
-            .map_or(0, |s| s.pass(&head.1.tenant));
-        let removed = heads.remove(head, pass, weight);
+        let removed = heads.remove(head, weight);
         if heads.is_empty() {
             self.lane_heads.remove(pool);
         }
@@ -521,7 +578,7 @@ fn fixed_keys(job: &Job) -> (Vec<String>, String, u8) {
 
 impl State {
     /// The derived indexes and the job records, borrowed apart.
-    fn split(&mut self) -> (&mut super::JobMap, Indexes<'_>, Option<&Timing>, Millis) {
+    fn split(&mut self) -> (&mut super::JobMap, Indexes<'_>, Option<&Rules>, Millis) {
         let State {
             jobs,
             queues,
@@ -537,6 +594,7 @@ impl State {
             clock,
             woken,
             timers,
+            aging_timers,
             tenant_active,
             tenant_pending,
             waiting_by_reason,
@@ -566,13 +624,14 @@ impl State {
                 clock: *clock,
                 woken,
                 timers,
+                aging_timers,
                 tenant_active,
                 tenant_pending,
                 waiting_by_reason,
                 workers,
                 orphans,
             },
-            config.as_deref().map(|c| &c.rules.timing),
+            config.as_deref().map(|c| &c.rules),
             *liveness_floor,
         )
     }
@@ -591,12 +650,12 @@ impl State {
         line: Option<Line<'_>>,
         f: impl FnOnce(&mut Job) -> R,
     ) -> Option<R> {
-        let (jobs, mut ix, timing, floor) = self.split();
+        let (jobs, mut ix, rules, floor) = self.split();
         let job = jobs.get_mut(id)?;
         let before_state = job.state;
         let before_delay = super::delay_key_of(id, job);
         let pool = job.pool.clone().filter(|_| before_state.is_active());
-        let before = Entries::of(id, job, timing, floor, ix.workers);
+        let before = Entries::of(id, job, rules, floor, ix.workers);
         #[cfg(debug_assertions)]
         let fixed = fixed_keys(job);
         #[cfg(debug_assertions)]
@@ -613,7 +672,7 @@ impl State {
             job.queued_at.is_none() || lane.is_none() || lane == Some(crate::decide::lane_of(job)),
             "job {id}: its lane is fixed while it is queued"
         );
-        let after = Entries::of(id, job, timing, floor, ix.workers);
+        let after = Entries::of(id, job, rules, floor, ix.workers);
         if before != after {
             ix.change(id, job, &before, &after);
         }
@@ -740,23 +799,23 @@ impl State {
             self.push_line(&id, seq, line);
         }
         self.mark_job(&id);
-        let (jobs, mut ix, timing, floor) = self.split();
-        let entries = Entries::of(&id, &job, timing, floor, ix.workers);
+        let (jobs, mut ix, rules, floor) = self.split();
+        let entries = Entries::of(&id, &job, rules, floor, ix.workers);
         ix.change(&id, &job, &Entries::none(), &entries);
         jobs.insert(id, Box::new(job));
     }
 
     pub(crate) fn index_job(&mut self, id: &str) {
-        let (jobs, mut ix, timing, floor) = self.split();
+        let (jobs, mut ix, rules, floor) = self.split();
         let Some(job) = jobs.get(id) else { return };
-        let entries = Entries::of(id, job, timing, floor, ix.workers);
+        let entries = Entries::of(id, job, rules, floor, ix.workers);
         ix.change(id, job, &Entries::none(), &entries);
     }
 
     pub(crate) fn unindex_job(&mut self, id: &str) {
-        let (jobs, mut ix, timing, floor) = self.split();
+        let (jobs, mut ix, rules, floor) = self.split();
         let Some(job) = jobs.get(id) else { return };
-        let entries = Entries::of(id, job, timing, floor, ix.workers);
+        let entries = Entries::of(id, job, rules, floor, ix.workers);
         ix.change(id, job, &entries, &Entries::none());
     }
 
@@ -775,6 +834,7 @@ impl State {
             .map(|(k, b)| (b.next_change(self.clock), k.clone()))
             .collect();
         self.timers.clear();
+        self.aging_timers.clear();
         self.tenant_active.clear();
         self.tenant_pending.clear();
         self.waiting_by_reason.clear();
@@ -794,10 +854,10 @@ impl State {
             .map(|(id, _)| id.to_owned())
             .collect();
         // Each job's index entries go into ordered sets and counts: the order does not show.
-        let (jobs, mut ix, timing, floor) = self.split();
+        let (jobs, mut ix, rules, floor) = self.split();
         ix.seeding = false;
         for (id, job) in jobs.iter_any_order() {
-            let entries = Entries::of(id, job, timing, floor, ix.workers);
+            let entries = Entries::of(id, job, rules, floor, ix.workers);
             ix.change(id, job, &Entries::none(), &entries);
         }
         self.seed_missing_passes();
@@ -912,7 +972,7 @@ impl State {
         {
             problems.push("queue lanes disagree with job records".to_owned());
         }
-        if rebuilt.timers != self.timers {
+        if rebuilt.timers != self.timers || rebuilt.aging_timers != self.aging_timers {
             problems.push("timers disagree with job records".to_owned());
         }
         if rebuilt.tenant_active != self.tenant_active {
@@ -1012,7 +1072,7 @@ fn evidence(workers: &BTreeMap<String, Worker>, id: &str, job: &Job) -> Option<M
 /// backoffs and max runtimes are not evidence-based.
 fn each_timer(
     job: &Job,
-    timing: &Timing,
+    rules: &Rules,
     floor: Millis,
     evidence: Option<Millis>,
     mut push: impl FnMut(Millis, TimerKind),
@@ -1022,6 +1082,7 @@ fn each_timer(
     if job.state.is_terminal() || job.state.is_parked() {
         return;
     }
+    let timing = &rules.timing;
     if let Some(d) = job.deadline_at {
         push(d, TimerKind::Deadline);
     }
@@ -1037,6 +1098,16 @@ fn each_timer(
                     from.max(floor).saturating_add(timing.placement_timeout_ms),
                     TimerKind::PlacementTimeout,
                 );
+                // Aging (SPEC §10): one priority per `after` waited since it was queued.
+                if let Some(aging) = rules.aging_of(&job.pools)
+                    && job.queue_rank() > aging.up_to.rank()
+                {
+                    let steps = i64::from(job.aged) + 1;
+                    push(
+                        q.saturating_add(aging.after_ms().saturating_mul(steps)),
+                        TimerKind::Aging,
+                    );
+                }
             }
         }
         JobState::Dispatched => {

@@ -31,7 +31,7 @@ pub(crate) use index::Line;
 pub use jobs::JobMap;
 pub use loading::{ColdStore, Prerequisites};
 pub use records::*;
-pub use shares::{FairKey, Heads, PoolShare, SHARE_UNIT, ShareKey};
+pub use shares::{FairKey, HeadAt, Heads, PoolShare, SHARE_UNIT, ShareKey, Turns, Walk};
 pub use tracking::Dirty;
 
 /// A rate limit bucket's identity: (tenant, key, rate). Jobs of one key under different
@@ -66,8 +66,11 @@ pub struct State {
     pub jobs_by_state: BTreeMap<JobState, u64>,
     /// Derived: pool -> pending queue.
     pub queues: BTreeMap<String, BTreeSet<QueueKey>>,
-    /// Derived: job timers by due time.
+    /// Derived: job timers by due time, but aging steps.
     pub timers: BTreeSet<Timer>,
+    /// Derived: queued jobs' next aging steps by due time ([`TimerKind::Aging`]), apart
+    /// from `timers` so that a backlog of them never stands before a deadline.
+    pub aging_timers: BTreeSet<Timer>,
     /// Derived: tenant -> SCHEDULED + DISPATCHED + RUNNING jobs.
     pub tenant_active: BTreeMap<String, i64>,
     /// The scheduler time timers and worker liveness were last judged at: the watermark of
@@ -175,6 +178,7 @@ impl PartialEq for State {
             && self.jobs_by_state == other.jobs_by_state
             && self.queues == other.queues
             && self.timers == other.timers
+            && self.aging_timers == other.aging_timers
             && self.tenant_active == other.tenant_active
     }
 }

@@ -304,9 +304,17 @@ pub struct Job {
     pub history_omitted: u32,
     /// The last line is progress (the next progress replaces it).
     pub history_progress: bool,
+    /// Priorities gained by aging (SPEC §10) while queued, since it was last queued: it
+    /// stands in its queues at [`Job::queue_rank`].
+    pub aged: u8,
 }
 
 impl Job {
+    /// The rank it stands in its queues at: its priority's, less what aging gave it.
+    pub fn queue_rank(&self) -> u8 {
+        self.request.priority.rank().saturating_sub(self.aged)
+    }
+
     /// The job's effective memory demand in bytes (label `memory`: bytes, or with a
     /// Ki/Mi/Gi/K/M/G suffix), for the capacity strategy.
     pub fn memory_demand(&self) -> Option<i64> {
@@ -522,6 +530,18 @@ pub struct KeyLimit {
     pub key: String,
     pub limit: u32,
     pub rate: Option<crate::rules::Rate>,
+    /// The key takes turns with the tenant's other keys in its share of a pool
+    /// ([`crate::rules::ConcurrencyRule::fair`]).
+    pub fair: bool,
+}
+
+impl KeyLimit {
+    /// Whether the key may hold its jobs back (a limit, a rate): only then do its lanes in
+    /// a pool stand in a pass as one group, oldest first. A key that only takes turns
+    /// leaves its lanes apart, as a job without a key would.
+    pub fn holds(&self) -> bool {
+        self.limit != u32::MAX || self.rate.is_some()
+    }
 }
 
 /// A key's token bucket (SPEC §10 rate limits), as GCRA keeps one: the time its next token
@@ -574,6 +594,8 @@ pub enum TimerKind {
     DispatchTimeout,
     RunningTimeout,
     MaxRuntime,
+    /// A queued job gains a priority ([`crate::rules::AgingRule`]).
+    Aging,
 }
 
 /// A job timer, ordered by due time.

@@ -169,6 +169,7 @@ pub(crate) fn rules() -> Rules {
             strategy: StrategyKind::LeastLoaded,
             workers: Vec::new(),
             shard: None,
+            aging: None,
         },
     );
     r.pools.insert("a".into(), PoolRules::default());

@@ -51,6 +51,7 @@ pub(super) fn keys_only(args: &BenchArgs, keys: u64) -> Result<()> {
                         limit: Some(args.flow_limit),
                         rate: None,
                         burst: None,
+                        fair: false,
                     },
                 );
             }

@@ -385,6 +385,7 @@ pub(crate) fn jobs(t: &Target, cmd: JobsCommand) -> CliResult {
                         "principal_id",
                         "topic",
                         "priority",
+                        "queue_priority",
                         "pools",
                         "pool",
                         "worker_id",

@@ -126,6 +126,9 @@ pub enum ReplayAnswer {
         /// Named schedules this shard's journal never held (`TENANT:ID`).
         #[serde(default)]
         schedules_not_found: Vec<String>,
+        /// Per visible tenant, how long its jobs waited to be placed in each world.
+        #[serde(default)]
+        waits: Vec<super::TenantWaits>,
     },
     /// The replay could not be done (bad pools or policy, an unreadable journal).
     Failed(String),
@@ -496,6 +499,7 @@ fn diff(
             .iter()
             .map(|(k, n)| ((*k).to_owned(), *n))
             .collect(),
+        waits: report.waits.clone(),
     })
 }
 

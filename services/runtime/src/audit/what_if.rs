@@ -128,7 +128,7 @@ pub struct WhatIfReport {
 
 /// How long one tenant's jobs waited from their acceptance to their first placement, in
 /// the recorded world and in the alternative.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TenantWaits {
     pub tenant_id: String,
     pub actual: WaitSummary,
@@ -136,7 +136,7 @@ pub struct TenantWaits {
 }
 
 /// Waits from acceptance to first placement (log time), in milliseconds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct WaitSummary {
     /// Jobs placed at least once.
     pub placed: usize,
