@@ -3,7 +3,8 @@
 //! at once; the owner is SIGKILLed halfway and the standby goes on. At no moment do two jobs
 //! of one key run together, each key's jobs start in the order they were submitted, and
 //! every job runs exactly once. Likewise a rate limit: a key's jobs start no faster than
-//! its rate allows, across the kill and the takeover.
+//! its rate allows, across the kill and the takeover; and fair share between tenants goes on
+//! at its weights.
 
 mod common;
 
@@ -312,6 +313,111 @@ fn unique_keys_and_debounce_windows_survive_a_kill_and_a_takeover() {
         out.contains("acme:u2"),
         "the refusal is in u1's timeline: {out}"
     );
+    let (code, out, err) = standby.cli(&["audit", "verify"]);
+    assert_eq!(code, 0, "{out}{err}");
+}
+
+/// Fair share between tenants (weights 3:1) on a worker of one slot: after the owner is
+/// SIGKILLed and the standby takes over with the passes it read from the journal, the
+/// tenants go on sharing 3:1, and every job runs once.
+#[test]
+fn fair_share_goes_on_across_a_kill_and_a_takeover() {
+    let routes = |prefix: &str| {
+        format!(
+            "topics:\n  {prefix}jobs:\n    pools: default\npools:\n  default: {{}}\ntenants:\n  acme: {{weight: 3}}\n  globex: {{weight: 1}}\n"
+        )
+    };
+    let (mut owner, standby) = owner_and_standby_of(RunningScheduler::start_with_rules(&routes));
+
+    let started: Arc<Mutex<Vec<String>>> = Arc::default();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let stop = CancellationToken::new();
+    {
+        let _guard = rt.enter();
+        let mut cfg = owner.worker_config("share-worker");
+        cfg.max_parallel_jobs = 1;
+        let worker = Worker::new(cfg).unwrap();
+        let (s, started) = (stop.clone(), started.clone());
+        rt.spawn(async move {
+            worker
+                .run(
+                    move |job| {
+                        let started = started.clone();
+                        async move {
+                            started
+                                .lock()
+                                .unwrap()
+                                .push(job.dispatch.job.job_id.clone());
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                            Outcome::succeeded()
+                        }
+                    },
+                    s,
+                )
+                .await
+        });
+    }
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", &owner.bootstrap)
+        .set("enable.idempotence", "true")
+        .create()
+        .unwrap();
+    let topic = owner.job_topic.clone();
+    // acme's 60 jobs, then globex's 20: both wait for the one slot.
+    for (tenant, n) in [("acme", 60), ("globex", 20)] {
+        for i in 0..n {
+            let job = JobRequest {
+                job_id: format!("{tenant}:j{i:02}"),
+                topic: topic.clone(),
+                tenant_id: tenant.into(),
+                ..Default::default()
+            };
+            produce_job(&producer, &job);
+        }
+    }
+    producer.flush(Duration::from_secs(10)).unwrap();
+
+    wait_until("a third of the jobs to start", 60, || {
+        started.lock().unwrap().len() >= 28
+    });
+    owner.kill();
+    let at_kill = started.lock().unwrap().len();
+    wait_until("the standby to take over", 60, || {
+        role(&standby).as_deref() == Some("owner")
+    });
+    wait_until("every job to start", 120, || {
+        started.lock().unwrap().len() >= 80
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    stop.cancel();
+    let started = started.lock().unwrap().clone();
+    let mut once = started.clone();
+    once.sort();
+    once.dedup();
+    assert_eq!(once.len(), 80, "a job ran twice: {started:?}");
+    assert_eq!(started.len(), 80, "a job ran twice: {started:?}");
+    // While both wait, 3 of acme's to 1 of globex's, also across the takeover: counted
+    // from the first globex start (acme's first ones may start before globex's are read),
+    // every prefix stays within 2 of 3:1.
+    let from = started
+        .iter()
+        .position(|id| id.starts_with("globex"))
+        .unwrap();
+    let both = &started[from..];
+    let (mut a, mut g) = (0i64, 0i64);
+    for (n, id) in both.iter().enumerate() {
+        if id.starts_with("acme") {
+            a += 1;
+        } else {
+            g += 1;
+        }
+        if g < 20 && a < 60 - from as i64 {
+            assert!(
+                (a - 3 * g).abs() <= 3,
+                "after {n} starts from globex's first ({at_kill} before the kill): {a} acme to {g} globex: {started:?}"
+            );
+        }
+    }
     let (code, out, err) = standby.cli(&["audit", "verify"]);
     assert_eq!(code, 0, "{out}{err}");
 }
