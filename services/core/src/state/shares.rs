@@ -362,20 +362,15 @@ impl State {
         share.clock = (share.clock + SHARE_UNIT / u128::from(others.max(1))).max(start);
         share.passes.insert(tenant.to_owned(), new);
         // A tenant with no turns bookkeeping has only its `""` turn: nothing to charge.
-        let turn_new = match share.turns.get_mut(tenant) {
-            None if turn.is_empty() => None,
-            t => {
-                let t = match t {
-                    Some(t) => t,
-                    None => share.turns.entry(tenant.to_owned()).or_default(),
-                };
-                let turn_start = (t.passes.get(turn).copied().unwrap_or(0)).max(t.clock);
-                let turn_new = turn_start + SHARE_UNIT;
-                t.clock = (t.clock + SHARE_UNIT / turns as u128).max(turn_start);
-                t.passes.insert(turn.to_owned(), turn_new);
-                Some(turn_new)
-            }
-        };
+        let keeps_turns = !turn.is_empty() || share.turns.contains_key(tenant);
+        let turn_new = keeps_turns.then(|| {
+            let t = share.turns.entry(tenant.to_owned()).or_default();
+            let turn_start = (t.passes.get(turn).copied().unwrap_or(0)).max(t.clock);
+            let turn_new = turn_start + SHARE_UNIT;
+            t.clock = (t.clock + SHARE_UNIT / turns as u128).max(turn_start);
+            t.passes.insert(turn.to_owned(), turn_new);
+            turn_new
+        });
         if let Some(heads) = self.lane_heads.get_mut(pool) {
             if let Some(turn_new) = turn_new {
                 heads.repass_turn(tenant, rank, turn, turn_new);
