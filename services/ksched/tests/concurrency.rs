@@ -29,6 +29,40 @@ struct Seen {
     runs: BTreeMap<String, u32>,
 }
 
+/// A producer of job records to `owner`'s broker.
+fn producer_of(owner: &RunningScheduler) -> BaseProducer {
+    ClientConfig::new()
+        .set("bootstrap.servers", &owner.bootstrap)
+        .set("enable.idempotence", "true")
+        .create()
+        .unwrap()
+}
+
+/// An SDK worker `id` of `slots` slots for `owner`'s pool, running `handler` until the
+/// token is cancelled (on the runtime returned with it, which must outlive the run).
+fn run_worker<H, F>(
+    owner: &RunningScheduler,
+    id: &str,
+    slots: usize,
+    handler: H,
+) -> (tokio::runtime::Runtime, CancellationToken)
+where
+    H: Fn(ksched_worker::JobContext) -> F + Send + Sync + 'static,
+    F: std::future::Future<Output = Outcome> + Send + 'static,
+{
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let stop = CancellationToken::new();
+    let mut cfg = owner.worker_config(id);
+    cfg.max_parallel_jobs = slots;
+    let worker = {
+        let _guard = rt.enter();
+        Worker::new(cfg).unwrap()
+    };
+    let s = stop.clone();
+    rt.spawn(async move { worker.run(handler, s).await });
+    (rt, stop)
+}
+
 #[test]
 fn a_limit_of_one_is_never_two_across_a_kill_and_a_takeover() {
     let routes = |prefix: &str| {
@@ -39,47 +73,30 @@ fn a_limit_of_one_is_never_two_across_a_kill_and_a_takeover() {
     let (mut owner, standby) = owner_and_standby_of(RunningScheduler::start_with_rules(&routes));
 
     let seen: Arc<Mutex<Seen>> = Arc::default();
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let stop = CancellationToken::new();
-    {
-        let _guard = rt.enter();
-        let mut cfg = owner.worker_config("key-worker");
-        cfg.max_parallel_jobs = 8;
-        let worker = Worker::new(cfg).unwrap();
-        let (s, seen) = (stop.clone(), seen.clone());
-        rt.spawn(async move {
-            worker
-                .run(
-                    move |job| {
-                        let seen = seen.clone();
-                        async move {
-                            let key = job.dispatch.job.labels["customer"].clone();
-                            let id = job.dispatch.job.job_id.clone();
-                            {
-                                let mut s = seen.lock().unwrap();
-                                let n = s.running.entry(key.clone()).or_default();
-                                *n += 1;
-                                let now = *n;
-                                let most = s.most.entry(key.clone()).or_default();
-                                *most = (*most).max(now);
-                                s.started.entry(key.clone()).or_default().push(id.clone());
-                                *s.runs.entry(id).or_default() += 1;
-                            }
-                            tokio::time::sleep(Duration::from_millis(250)).await;
-                            *seen.lock().unwrap().running.get_mut(&key).unwrap() -= 1;
-                            Outcome::succeeded()
-                        }
-                    },
-                    s,
-                )
-                .await
-        });
-    }
-    let producer: BaseProducer = ClientConfig::new()
-        .set("bootstrap.servers", &owner.bootstrap)
-        .set("enable.idempotence", "true")
-        .create()
-        .unwrap();
+    let (_rt, stop) = {
+        let seen = seen.clone();
+        run_worker(&owner, "key-worker", 8, move |job| {
+            let seen = seen.clone();
+            async move {
+                let key = job.dispatch.job.labels["customer"].clone();
+                let id = job.dispatch.job.job_id.clone();
+                {
+                    let mut s = seen.lock().unwrap();
+                    let n = s.running.entry(key.clone()).or_default();
+                    *n += 1;
+                    let now = *n;
+                    let most = s.most.entry(key.clone()).or_default();
+                    *most = (*most).max(now);
+                    s.started.entry(key.clone()).or_default().push(id.clone());
+                    *s.runs.entry(id).or_default() += 1;
+                }
+                tokio::time::sleep(Duration::from_millis(250)).await;
+                *seen.lock().unwrap().running.get_mut(&key).unwrap() -= 1;
+                Outcome::succeeded()
+            }
+        })
+    };
+    let producer = producer_of(&owner);
     let topic = owner.job_topic.clone();
     let mut submitted: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for i in 0..24 {
@@ -145,35 +162,18 @@ fn a_rate_is_kept_across_a_kill_and_a_takeover() {
     };
     let (mut owner, standby) = owner_and_standby_of(RunningScheduler::start_with_rules(&routes));
     let starts: Arc<Mutex<Vec<(String, std::time::Instant)>>> = Arc::default();
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let stop = CancellationToken::new();
-    {
-        let _guard = rt.enter();
-        let mut cfg = owner.worker_config("rate-worker");
-        cfg.max_parallel_jobs = 8;
-        let worker = Worker::new(cfg).unwrap();
-        let (s, starts) = (stop.clone(), starts.clone());
-        rt.spawn(async move {
-            worker
-                .run(
-                    move |job| {
-                        let starts = starts.clone();
-                        async move {
-                            let id = job.dispatch.job.job_id.clone();
-                            starts.lock().unwrap().push((id, std::time::Instant::now()));
-                            Outcome::succeeded()
-                        }
-                    },
-                    s,
-                )
-                .await
-        });
-    }
-    let producer: BaseProducer = ClientConfig::new()
-        .set("bootstrap.servers", &owner.bootstrap)
-        .set("enable.idempotence", "true")
-        .create()
-        .unwrap();
+    let (_rt, stop) = {
+        let starts = starts.clone();
+        run_worker(&owner, "rate-worker", 8, move |job| {
+            let starts = starts.clone();
+            async move {
+                let id = job.dispatch.job.job_id.clone();
+                starts.lock().unwrap().push((id, std::time::Instant::now()));
+                Outcome::succeeded()
+            }
+        })
+    };
+    let producer = producer_of(&owner);
     let topic = owner.job_topic.clone();
     let mut submitted = Vec::new();
     for i in 0..5 {
@@ -239,33 +239,18 @@ fn unique_keys_and_debounce_windows_survive_a_kill_and_a_takeover() {
     };
     let (mut owner, standby) = owner_and_standby_of(RunningScheduler::start_with_rules(&routes));
     let runs: Arc<Mutex<BTreeMap<String, u32>>> = Arc::default();
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let stop = CancellationToken::new();
-    {
-        let _guard = rt.enter();
-        let worker = Worker::new(owner.worker_config("flow-worker")).unwrap();
-        let (s, runs) = (stop.clone(), runs.clone());
-        rt.spawn(async move {
-            worker
-                .run(
-                    move |job| {
-                        let runs = runs.clone();
-                        async move {
-                            let id = job.dispatch.job.job_id.clone();
-                            *runs.lock().unwrap().entry(id).or_default() += 1;
-                            Outcome::succeeded()
-                        }
-                    },
-                    s,
-                )
-                .await
-        });
-    }
-    let producer: BaseProducer = ClientConfig::new()
-        .set("bootstrap.servers", &owner.bootstrap)
-        .set("enable.idempotence", "true")
-        .create()
-        .unwrap();
+    let (_rt, stop) = {
+        let runs = runs.clone();
+        run_worker(&owner, "flow-worker", 4, move |job| {
+            let runs = runs.clone();
+            async move {
+                let id = job.dispatch.job.job_id.clone();
+                *runs.lock().unwrap().entry(id).or_default() += 1;
+                Outcome::succeeded()
+            }
+        })
+    };
+    let producer = producer_of(&owner);
     let topic = owner.job_topic.clone();
     let submit = |id: &str, label: (&str, &str)| {
         let mut job = JobRequest {
@@ -330,38 +315,21 @@ fn fair_share_goes_on_across_a_kill_and_a_takeover() {
     let (mut owner, standby) = owner_and_standby_of(RunningScheduler::start_with_rules(&routes));
 
     let started: Arc<Mutex<Vec<String>>> = Arc::default();
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let stop = CancellationToken::new();
-    {
-        let _guard = rt.enter();
-        let mut cfg = owner.worker_config("share-worker");
-        cfg.max_parallel_jobs = 1;
-        let worker = Worker::new(cfg).unwrap();
-        let (s, started) = (stop.clone(), started.clone());
-        rt.spawn(async move {
-            worker
-                .run(
-                    move |job| {
-                        let started = started.clone();
-                        async move {
-                            started
-                                .lock()
-                                .unwrap()
-                                .push(job.dispatch.job.job_id.clone());
-                            tokio::time::sleep(Duration::from_millis(100)).await;
-                            Outcome::succeeded()
-                        }
-                    },
-                    s,
-                )
-                .await
-        });
-    }
-    let producer: BaseProducer = ClientConfig::new()
-        .set("bootstrap.servers", &owner.bootstrap)
-        .set("enable.idempotence", "true")
-        .create()
-        .unwrap();
+    let (_rt, stop) = {
+        let started = started.clone();
+        run_worker(&owner, "share-worker", 1, move |job| {
+            let started = started.clone();
+            async move {
+                started
+                    .lock()
+                    .unwrap()
+                    .push(job.dispatch.job.job_id.clone());
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                Outcome::succeeded()
+            }
+        })
+    };
+    let producer = producer_of(&owner);
     let topic = owner.job_topic.clone();
     // acme's 60 jobs, then globex's 20: both wait for the one slot.
     for (tenant, n) in [("acme", 60), ("globex", 20)] {
