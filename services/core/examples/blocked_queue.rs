@@ -102,7 +102,7 @@ fn run(blocked: usize, inputs: usize, max_scan: u32, distinct_labels: bool) -> f
             ..Default::default()
         }),
     );
-    let queued = state.queues.get("default").map_or(0, |q| q.len());
+    let queued = state.queued.get("default").map_or(0, |n| *n as usize);
     assert!(queued >= blocked, "only {queued} jobs queued");
     let started = Instant::now();
     for i in 0..inputs {

@@ -28,7 +28,7 @@ fn a_retryable_failure_backs_off_then_runs_again_and_succeeds() {
     assert!((1_000..1_200).contains(&r.backoff_ms), "{}", r.backoff_ms);
     assert_eq!(r.retry_at, sim.now + r.backoff_ms);
     assert_eq!(sim.job_state("j1"), JobState::Pending);
-    assert!(sim.state.queues.is_empty(), "not queued during the backoff");
+    assert!(sim.state.queued.is_empty(), "not queued during the backoff");
     assert!(
         sim.dead_letters().is_empty(),
         "FAILED_RETRYABLE suppresses the DLQ"

@@ -417,7 +417,7 @@ fn cancel_pending_running_and_terminal_jobs() {
     sim.submit(job("pending"));
     let ev = sim.cancel("pending", Some("acme"));
     assert_eq!(names(&ev), ["JobCancelled"]);
-    assert!(sim.state.queues.is_empty());
+    assert!(sim.state.queued.is_empty());
 
     sim.worker("w1", "default");
     sim.submit(job("running"));

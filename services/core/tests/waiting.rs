@@ -46,9 +46,11 @@ fn the_queue_is_ordered_by_priority_then_age_then_job_id() {
     submit(&mut sim, "batch-new", Priority::Batch);
     sim.now -= 10;
     submit(&mut sim, "crit-a", Priority::Critical); // same time as batch-new, but critical
-    let order: Vec<String> = sim.state.queues["default"]
-        .iter()
-        .map(|k| k.job_id.clone())
+    let order: Vec<String> = sim
+        .state
+        .queue_order("default")
+        .into_iter()
+        .map(|k| k.job_id)
         .collect();
     assert_eq!(
         order,
@@ -124,7 +126,7 @@ fn placement_timeout_dead_letters_with_the_reason_that_held_the_job() {
     assert_eq!(dl.reason_code, "no_workers");
     assert_eq!(dl.last_state, "FAILED");
     assert_eq!(sim.job_state("j1"), JobState::Failed);
-    assert!(sim.state.queues.is_empty(), "no longer queued");
+    assert!(sim.state.queued.is_empty(), "no longer queued");
 
     // pool_overloaded
     let mut sim = Sim::new();
@@ -234,7 +236,7 @@ fn a_full_pool_stops_the_pass_early() {
         names(&ev),
         ["WorkerUpdated", "JobScheduled", "JobDispatched"]
     );
-    assert_eq!(sim.state.queues["default"].len(), 49);
+    assert_eq!(sim.state.queued["default"], 49);
 }
 
 #[test]

@@ -404,10 +404,10 @@ impl Metrics {
         self.jobs_in_memory
             .set(i64::try_from(state.jobs.len()).unwrap_or(i64::MAX));
         self.queue_depth.reset();
-        for (pool, q) in &state.queues {
+        for (pool, n) in &state.queued {
             self.queue_depth
                 .with_label_values(&[pool.as_str()])
-                .set(i64::try_from(q.len()).unwrap_or(i64::MAX));
+                .set(i64::try_from(*n).unwrap_or(i64::MAX));
         }
         self.jobs_waiting.reset();
         for (reason, n) in &state.waiting_by_reason {

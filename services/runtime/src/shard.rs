@@ -224,6 +224,7 @@ pub fn check_moves(
     settings: &crate::settings::Settings,
     journal: &str,
     state: &ksched_core::state::State,
+    store: &ksched_store::Store,
     new: &Rules,
     shard: Shard,
 ) -> crate::error::Result<()> {
@@ -239,11 +240,16 @@ pub fn check_moves(
     let old = &current.rules;
     for m in moves(old, new, shard.count, shard.id) {
         if m.from == shard.id {
-            let unfinished = state
+            // Queued and delayed records wait in storage as well as in memory.
+            let in_memory = state
                 .jobs
                 .iter_any_order()
                 .filter(|(_, j)| !j.state.is_terminal() && j.request.topic == m.topic)
-                .count();
+                .count() as u64;
+            let stored = store
+                .unfinished_of_topic(&m.topic, |id| state.jobs.contains_key(id))
+                .map_err(crate::error::Error::from)?;
+            let unfinished = in_memory + stored;
             if unfinished > 0 {
                 return refuse(format!(
                     "job topic {} (pools {}) would move from shard {} to shard {}, but shard {} still holds {unfinished} unfinished jobs of it, which only it can run and hear from; keep its pools on shard {} (pools.yaml `shard: {}`) until they end (`ksched jobs list --topic {} --state PENDING`, and RUNNING), stop producing to it, then move it",

@@ -555,6 +555,7 @@ impl Store {
     pub fn load_state(&self) -> Result<State> {
         let mut state = State::tracking_changes();
         state.delays = ksched_core::state::Delays::unknown(ksched_core::state::DEFAULT_WINDOW);
+        state.backlog = ksched_core::state::Backlog::evicting();
         state.clock = self.get_meta(META_CLOCK)?.unwrap_or(0);
         state.entries = self.get_meta(META_ENTRIES)?.unwrap_or(0);
         state.last_idempotency_prune = self.get_meta(META_LAST_PRUNE)?.unwrap_or(0);
@@ -592,15 +593,14 @@ impl Store {
                 state.sagas.insert(utf8(k), s);
             }
         }
+        // Unfinished jobs stream into the indexes; queued ones past their lanes' windows
+        // leave memory as they come.
         let active = self.scan::<()>(CF_ACTIVE)?;
-        state.jobs.reserve(active.len());
-        for (k, ()) in active {
+        let records = active.into_iter().filter_map(|(k, ())| {
             let id = utf8(k);
-            if let Some(job) = self.job(&id)? {
-                state.jobs.insert(id, Box::new(job));
-            }
-        }
-        state.rebuild_indexes();
+            self.job(&id).map(|job| job.map(|j| (id, j))).transpose()
+        });
+        state.rebuild_indexes_with(records)?;
         Ok(state)
     }
 
@@ -1033,6 +1033,40 @@ impl Store {
         self.scan_ids(CF_JOBS, after, bound, keep, |_, v| {
             decode(CF_JOBS, v).map(Some)
         })
+    }
+
+    /// How many unfinished jobs of job topic `topic` storage holds that `in_memory` does not
+    /// name: queued and active ones (the `active` index) and delayed ones (`delays`). A walk
+    /// of every unfinished job, for the rare checks that must count them all.
+    pub fn unfinished_of_topic(
+        &self,
+        topic: &str,
+        in_memory: impl Fn(&str) -> bool,
+    ) -> Result<u64> {
+        let mut n = 0;
+        self.scan_active_jobs(None, ScanBound::ALL, |id, job| {
+            if !in_memory(id) && job.request.topic == topic {
+                n += 1;
+            }
+            false
+        })?;
+        let mut after = None;
+        loop {
+            let keys = self.delays_after(after.as_ref(), 4096)?;
+            for (_, id) in &keys {
+                if !in_memory(id)
+                    && let Some(job) = self.job(id)?
+                    && job.request.topic == topic
+                {
+                    n += 1;
+                }
+            }
+            match keys.last() {
+                Some(last) if keys.len() >= 4096 => after = Some(last.clone()),
+                _ => break,
+            }
+        }
+        Ok(n)
     }
 
     /// [`Store::scan_jobs`] over the non-terminal jobs (the `active` index).

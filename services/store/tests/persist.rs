@@ -155,7 +155,8 @@ fn persisted_and_reloaded_state_matches_the_in_memory_projection() {
     assert_eq!(loaded.clock, reference.clock);
     assert_eq!(loaded.entries, reference.entries);
     assert_eq!(loaded.config, reference.config);
-    assert_eq!(loaded.queues, reference.queues);
+    assert_eq!(loaded.queued, reference.queued);
+    assert_eq!(loaded.lanes, reference.lanes);
     assert_eq!(loaded.timers, reference.timers);
     assert_eq!(loaded.tenant_active, reference.tenant_active);
     // Fair share between tenants goes on where it was (acme's pass, behind the clock with
@@ -789,4 +790,150 @@ fn debounce_windows_survive_a_restart_and_leave_the_store_when_they_close() {
     let loaded = store.load_state().unwrap();
     assert_eq!(loaded.debounces, state.debounces);
     assert_eq!(loaded.debounces_due, state.debounces_due);
+}
+
+/// A backlog longer than its lanes' windows: the live state lets the records past them go
+/// once written, a restart streams the unfinished jobs into its indexes and keeps only the
+/// windows' records, and both decide as a state that never left memory.
+#[test]
+fn a_backlog_past_the_windows_stays_on_disk_and_is_read_back_as_it_runs() {
+    let t = 1_700_000_000_000;
+    let mut r = rules();
+    r.limits.max_work_per_entry = 3;
+    let reconf = Reconfigure {
+        rules_json: r.to_canonical_json(),
+        policy_snapshot: "s".into(),
+        ..Default::default()
+    };
+    let job = |n: usize| JobRequest {
+        job_id: format!("j{n:03}"),
+        topic: "job.default".into(),
+        tenant_id: if n.is_multiple_of(3) {
+            "initech"
+        } else {
+            "acme"
+        }
+        .into(),
+        priority: if n % 10 == 7 {
+            Priority::Critical
+        } else {
+            Priority::Batch
+        },
+        submitted_at: t,
+        ..Default::default()
+    };
+    let hb = Heartbeat {
+        worker_id: "w1".into(),
+        pool: "default".into(),
+        max_parallel_jobs: 2,
+        owned_partitions: vec![0],
+        ..Default::default()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), 0).unwrap();
+    let mut reference = State::new();
+    let mut live = State::tracking_changes();
+    live.backlog = ksched_core::state::Backlog::evicting();
+    let ctx = Ctx { policy: &AllowAll };
+    let mut offset = 0;
+    let mut step = |state: &mut State, reference: &mut State, ts: i64, input: Input| {
+        let topic = match &input {
+            Input::Submit(r) => r.topic.clone(),
+            _ => "ksched.control".into(),
+        };
+        let cause = Cause {
+            topic,
+            partition: 0,
+            offset,
+        };
+        offset += 1;
+        let expected = process(reference, &ctx, cause.clone(), ts, input.clone());
+        state.load_for_input(&input, &store).unwrap();
+        let got = process(state, &ctx, cause, ts, input);
+        assert_eq!(
+            got.entry, expected.entry,
+            "same decision from a partial state"
+        );
+        let dirty = state.take_dirty();
+        store.persist(state, dirty, Some(offset)).unwrap();
+        state.evict_cold();
+        expected.entry.events
+    };
+    step(&mut live, &mut reference, t, Input::Reconfigure(reconf));
+    for n in 0..60 {
+        step(
+            &mut live,
+            &mut reference,
+            t + 1 + n as i64,
+            Input::Submit(job(n)),
+        );
+    }
+    let queued_in = |s: &State| {
+        (s.jobs.iter_any_order())
+            .filter(|(_, j)| j.queued_at.is_some())
+            .count()
+    };
+    // Two lanes (one a tenant), windows of four.
+    assert_eq!(queued_in(&live), 8);
+
+    drop(live);
+    let mut loaded = store.load_state().unwrap();
+    assert_eq!(
+        queued_in(&loaded),
+        8,
+        "a restart reads back the windows only"
+    );
+    assert_eq!(loaded.queued, reference.queued);
+    assert_eq!(loaded.lanes, reference.lanes);
+    assert_eq!(loaded.lane_heads, reference.lane_heads);
+    assert_eq!(loaded.timers, reference.timers);
+    assert_eq!(loaded.tenant_pending, reference.tenant_pending);
+    assert_eq!(loaded.shares, reference.shares);
+    assert!(loaded.window_problems().is_empty());
+
+    // A worker runs the backlog: the windows are read back as they slide.
+    let mut ts = t + 1_000;
+    let mut done = 0;
+    let mut events = step(
+        &mut loaded,
+        &mut reference,
+        ts,
+        Input::Heartbeat(hb.clone()),
+    );
+    while done < 60 {
+        let dispatched: Vec<(String, i32)> = (events.iter())
+            .filter_map(|e| match e {
+                ksched_core::events::Event::JobDispatched(d) => Some((d.job_id.clone(), d.attempt)),
+                _ => None,
+            })
+            .collect();
+        assert!(!dispatched.is_empty(), "nothing dispatched after {done}");
+        events = Vec::new();
+        for (id, attempt) in dispatched {
+            ts += 1;
+            let result = JobResult {
+                job_id: id,
+                attempt,
+                worker_id: "w1".into(),
+                status: ResultStatus::Succeeded,
+                error_code: None,
+                error_message: None,
+                result_ptr: None,
+                result_meta: ResultMeta::default(),
+                execution_ms: 1,
+                finished_at: 0,
+            };
+            events.extend(step(&mut loaded, &mut reference, ts, Input::Result(result)));
+            done += 1;
+        }
+        ts += 1;
+        events.extend(step(
+            &mut loaded,
+            &mut reference,
+            ts,
+            Input::Heartbeat(hb.clone()),
+        ));
+    }
+    assert!(reference.queued.is_empty());
+    assert_eq!(queued_in(&loaded), 0);
 }

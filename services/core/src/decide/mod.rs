@@ -171,7 +171,7 @@ impl Decider<'_, '_> {
         }
         self.emit(Event::ConfigApplied(ConfigApplied { config: r.clone() }));
         self.reset_breakers("the configuration changed");
-        let pools: Vec<String> = self.state().queues.keys().cloned().collect();
+        let pools: Vec<String> = self.state().queued.keys().cloned().collect();
         self.schedule_pools(pools);
     }
 }

@@ -310,7 +310,7 @@ pub fn redundant_heartbeat(state: &crate::state::State, hb: &Heartbeat, log_time
         && hb.active_jobs == last.active_jobs
         && hb.active_job_ids == last.active_job_ids
         && hb.draining == last.draining;
-    let nothing_waits = state.queues.get(&hb.pool).is_none_or(|q| q.is_empty());
+    let nothing_waits = !state.queued.contains_key(&hb.pool);
     let valid = invalid_heartbeat(
         hb,
         rules.pools.contains_key(&hb.pool),

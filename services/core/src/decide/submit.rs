@@ -622,10 +622,13 @@ pub(super) fn queue_full(
     pools: &[String],
 ) -> Option<String> {
     let max_pool = rules.limits.max_pending_per_pool;
-    if let Some(pool) = pools
-        .iter()
-        .find(|p| state.queues.get(*p).map_or(0, |q| q.len() as i64) >= max_pool)
-    {
+    if let Some(pool) = pools.iter().find(|p| {
+        state
+            .queued
+            .get(*p)
+            .map_or(0, |n| i64::try_from(*n).unwrap_or(i64::MAX))
+            >= max_pool
+    }) {
         return Some(format!(
             "pool {pool} already has {max_pool} pending jobs (limits.max_pending_per_pool); submit again later"
         ));

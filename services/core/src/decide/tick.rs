@@ -52,7 +52,7 @@ impl Decider<'_, '_> {
         self.resume_sagas();
         self.forget_lost_workers(judged);
         self.prune_idempotency();
-        let pools: Vec<String> = self.state().queues.keys().cloned().collect();
+        let pools: Vec<String> = self.state().queued.keys().cloned().collect();
         self.schedule_pools(pools);
         self.explain_waiting(&released);
     }

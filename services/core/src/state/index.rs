@@ -43,6 +43,15 @@ struct Entries {
     timers: [Option<(Millis, TimerKind)>; MAX_TIMERS],
 }
 
+/// The rank and time a queued job stands in its pools' queues at (None: not queued).
+pub(super) fn queue_place(job: &Job) -> Option<(u8, Millis)> {
+    let queued_at = job.queued_at.map(|q| match &job.concurrency {
+        Some(_) => job.first_queued_at.map_or(q, |first| first.min(q)),
+        None => q,
+    })?;
+    Some((job.queue_rank(), queued_at))
+}
+
 impl Entries {
     fn of(
         id: &str,
@@ -77,14 +86,10 @@ impl Entries {
         // its first place in the key's queue: a limit of 1 runs the key's jobs in order,
         // retries included.
         let retrying = job.state == JobState::Pending && job.retry_at.is_some();
-        let queued_at = job.queued_at.map(|q| match &job.concurrency {
-            Some(_) => job.first_queued_at.map_or(q, |first| first.min(q)),
-            None => q,
-        });
         let waiting = (job.queued_at.and(job.wait_reason.as_deref()))
             .map(|r| crate::reason::WaitReason::parse(r).map_or("other", |w| w.as_str()));
         Entries {
-            queued: queued_at.map(|q| (job.queue_rank(), q)),
+            queued: queue_place(job),
             waiting,
             active_key: key(active || retrying),
             live_key: key(active || retrying || job.queued_at.is_some()),
@@ -113,7 +118,7 @@ impl Entries {
 /// The derived indexes, borrowed apart from the job records so a job can be changed and
 /// re-indexed with one lookup.
 struct Indexes<'a> {
-    queues: &'a mut BTreeMap<String, std::collections::BTreeSet<QueueKey>>,
+    queued: &'a mut BTreeMap<String, u64>,
     lanes: &'a mut BTreeMap<String, BTreeMap<Lane, std::collections::BTreeSet<QueueKey>>>,
     lane_heads: &'a mut BTreeMap<String, Heads>,
     shares: &'a mut BTreeMap<super::ShareKey, PoolShare>,
@@ -142,6 +147,9 @@ struct Indexes<'a> {
     waiting_by_reason: &'a mut BTreeMap<&'static str, i64>,
     workers: &'a mut BTreeMap<String, Worker>,
     orphans: &'a mut BTreeMap<String, std::collections::BTreeSet<String>>,
+    backlog: &'a mut super::Backlog,
+    /// How many first jobs of a lane decisions may read ([`super::window_of`]).
+    window: usize,
 }
 
 impl Indexes<'_> {
@@ -254,19 +262,31 @@ impl Indexes<'_> {
                 .entry(lane.clone())
                 .or_default();
             let head_before = jobs.first().cloned();
-            jobs.insert(key.clone());
-            if head_before.as_ref().is_none_or(|h| key < *h) {
-                self.move_head(pool, &lane, head_before, Some(key.clone()));
+            let new_head = head_before.as_ref().is_none_or(|h| key < *h);
+            if new_head {
+                jobs.insert(key.clone());
+            } else {
+                jobs.insert(key);
             }
-            match self.queues.get_mut(pool) {
-                Some(q) => {
-                    q.insert(key);
-                }
+            // The job this one put past the window, if any, may leave memory now.
+            if self.backlog.evicting
+                && jobs.len() > self.window
+                && let Some(pushed) = jobs.iter().nth(self.window)
+            {
+                self.backlog.spare(&pushed.job_id);
+            }
+            if new_head {
+                let key = jobs.first().cloned();
+                self.move_head(pool, &lane, head_before, key);
+            }
+            match self.queued.get_mut(pool) {
+                Some(n) => *n += 1,
                 None => {
-                    self.queues.insert(pool.clone(), [key].into());
+                    self.queued.insert(pool.clone(), 1);
                 }
             }
         }
+        self.backlog.spare(id);
         match self.tenant_pending.get_mut(&job.request.tenant_id) {
             Some(n) => *n += 1,
             None => {
@@ -283,10 +303,10 @@ impl Indexes<'_> {
                 queued_at,
                 job_id: id.to_owned(),
             };
-            if let Some(q) = self.queues.get_mut(pool) {
-                q.remove(&key);
-                if q.is_empty() {
-                    self.queues.remove(pool);
+            if let Some(n) = self.queued.get_mut(pool) {
+                *n -= 1;
+                if *n == 0 {
+                    self.queued.remove(pool);
                 }
             }
             let Some(lanes) = self.lanes.get_mut(pool) else {
@@ -298,6 +318,10 @@ impl Indexes<'_> {
             let was_head = jobs.first() == Some(&key);
             jobs.remove(&key);
             let next = jobs.first().cloned();
+            // The window may reach a job whose record is in storage.
+            if jobs.len() >= self.window {
+                self.backlog.slide(pool, &lane);
+            }
             if jobs.is_empty() {
                 lanes.remove(&lane);
                 if lanes.is_empty() {
@@ -581,7 +605,7 @@ impl State {
     fn split(&mut self) -> (&mut super::JobMap, Indexes<'_>, Option<&Rules>, Millis) {
         let State {
             jobs,
-            queues,
+            queued,
             lanes,
             lane_heads,
             shares,
@@ -603,12 +627,14 @@ impl State {
             config,
             liveness_floor,
             dirty,
+            backlog,
             ..
         } = self;
+        let window = super::window_of(config.as_deref().map(|c| &c.rules));
         (
             jobs,
             Indexes {
-                queues,
+                queued,
                 lanes,
                 lane_heads,
                 shares,
@@ -630,6 +656,8 @@ impl State {
                 waiting_by_reason,
                 workers,
                 orphans,
+                backlog,
+                window,
             },
             config.as_deref().map(|c| &c.rules),
             *liveness_floor,
@@ -822,7 +850,22 @@ impl State {
     /// Rebuilds every derived index from the records (after new rules change the timers, and
     /// after loading records from storage).
     pub fn rebuild_indexes(&mut self) {
-        self.queues.clear();
+        let none = std::iter::empty::<Result<(String, Job), std::convert::Infallible>>();
+        self.rebuild_indexes_with(none)
+            .unwrap_or_else(|never| match never {});
+    }
+
+    /// [`State::rebuild_indexes`] from the records in memory and those of `more` (a start
+    /// streams the unfinished jobs from storage). Queued records past every lane's window
+    /// leave memory as they come when the backlog evicts ([`super::Backlog`]): jobs only
+    /// join the queues here, so a job past a window stays past it.
+    pub fn rebuild_indexes_with<E>(
+        &mut self,
+        more: impl IntoIterator<Item = Result<(String, Job), E>>,
+    ) -> Result<(), E> {
+        /// Records indexed between two looks for queued ones past every window.
+        const EVICT_EVERY: usize = 16_384;
+        self.queued.clear();
         self.lanes.clear();
         self.lane_heads.clear();
         self.parked.clear();
@@ -840,6 +883,7 @@ impl State {
         self.waiting_by_reason.clear();
         self.orphans.clear();
         self.workers_by_pool.clear();
+        self.backlog.forget();
         self.index_schedules();
         self.index_debounces();
         for w in self.workers.values_mut() {
@@ -860,7 +904,30 @@ impl State {
             let entries = Entries::of(id, job, rules, floor, ix.workers);
             ix.change(id, job, &Entries::none(), &entries);
         }
+        let mut streamed = 0;
+        for item in more {
+            let (id, job) = item?;
+            if self.jobs.contains_key(&id) {
+                continue;
+            }
+            if job.state.is_cold() {
+                self.cold.insert(id.clone());
+            }
+            let (jobs, mut ix, rules, floor) = self.split();
+            ix.seeding = false;
+            let entries = Entries::of(&id, &job, rules, floor, ix.workers);
+            ix.change(&id, &job, &Entries::none(), &entries);
+            jobs.insert(id, Box::new(job));
+            streamed += 1;
+            if streamed % EVICT_EVERY == 0 {
+                self.evict_spare(None);
+            }
+        }
+        if streamed > 0 {
+            self.evict_spare(None);
+        }
         self.seed_missing_passes();
+        Ok(())
     }
 
     /// Gives each queued or active job the concurrency key and limit of the rules now in
@@ -935,6 +1002,16 @@ impl State {
         }
     }
 
+    /// Every job waiting in `pool`'s queue, in queue order (priority, then when queued, then
+    /// id): its lanes merged. A walk of the whole queue, for tests and audits.
+    pub fn queue_order(&self, pool: &str) -> Vec<QueueKey> {
+        let mut keys: Vec<QueueKey> = (self.lanes.get(pool).into_iter())
+            .flat_map(|lanes| lanes.values().flatten().cloned())
+            .collect();
+        keys.sort_unstable();
+        keys
+    }
+
     /// Active jobs of a concurrency key of a tenant.
     pub fn key_active_jobs(&self, tenant: &str, key: &str) -> i64 {
         (self.key_active.get(tenant))
@@ -955,7 +1032,7 @@ impl State {
         let mut rebuilt = self.clone();
         rebuilt.dirty = None;
         rebuilt.rebuild_indexes();
-        if rebuilt.queues != self.queues {
+        if rebuilt.queued != self.queued {
             problems.push("pending queues disagree with job records".to_owned());
         }
         if rebuilt.bucket_changes != self.bucket_changes {

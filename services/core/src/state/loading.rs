@@ -1,7 +1,7 @@
 //! The partial state: what deciding on an input, or folding an entry, needs loaded from the
 //! store first, and what may leave memory after a checkpoint.
 
-use crate::events::Input;
+use crate::events::{Event, Input};
 use crate::records::Millis;
 
 use super::{IdempotencyEntry, Job, Saga, State};
@@ -104,6 +104,12 @@ impl State {
         input: &Input,
         store: &S,
     ) -> Result<(), S::Error> {
+        // What re-derives every index from the records needs every queued one; else the
+        // lanes' windows, which any decision may place from.
+        if matches!(input, Input::Reconfigure(_)) || self.clock_gap_ahead(input) {
+            self.load_queued(store)?;
+        }
+        self.refill_windows(store)?;
         let pre = self.prerequisites(input);
         self.load_jobs(&pre.job_ids, store)?;
         // A job admitted (submitted, redriven, approved) may replace the job waiting under
@@ -143,6 +149,26 @@ impl State {
                 .map(|(_, id)| id)
                 .collect();
             self.load_jobs(&due, store)?;
+            // The jobs of the timers it may fire: as many as the entry's work, and aging
+            // steps apart (see `fire_due_timers`).
+            // (A Tick of an older format is judged at its log time, not known here.)
+            let judged = t.watermark.map_or(Millis::MAX, |w| w.max(self.watermark));
+            let timers = std::mem::take(&mut self.timers);
+            let due_timers = timers
+                .iter()
+                .take_while(|t| t.due <= judged)
+                .take(reach + 1);
+            let loaded = self.load_timer_records(due_timers, store);
+            self.timers = timers;
+            loaded?;
+            let aging = std::mem::take(&mut self.aging_timers);
+            let due_aging = aging
+                .iter()
+                .take_while(|t| t.due <= judged)
+                .take(reach / 2 + 2);
+            let loaded = self.load_timer_records(due_aging, store);
+            self.aging_timers = aging;
+            loaded?;
             // The schedules due, and those buffered: their previous runs (the overlap
             // policy reads them) and the ids their firings would take (never one a job has).
             // A buffered firing's time is known; a due one's is its next firing or, caught
@@ -189,6 +215,21 @@ impl State {
         Ok(())
     }
 
+    /// Whether deciding on `input` journals a [`crate::events::ClockGap`], which re-derives
+    /// every timer (the condition `tick` judges by).
+    fn clock_gap_ahead(&self, input: &Input) -> bool {
+        let Input::Tick(t) = input else {
+            return false;
+        };
+        let Some(watermark) = t.watermark else {
+            return false;
+        };
+        let gap = (self.rules()).map_or(crate::rules::Rules::default().timing.clock_gap_ms, |r| {
+            r.timing.clock_gap_ms
+        });
+        self.watermark > 0 && watermark.max(self.watermark) - self.watermark > gap
+    }
+
     /// The jobs a decision on the schedule under `key` may read: its previous run, and the
     /// ids of its firings at `slots` (and of a trigger at the first of them).
     fn schedule_prerequisites(&self, key: &str, slots: &[Millis]) -> Vec<String> {
@@ -214,6 +255,11 @@ impl State {
         entry: &crate::events::JournalEntry,
         store: &S,
     ) -> Result<(), S::Error> {
+        let rebuilds = (entry.events.iter())
+            .any(|e| matches!(e, Event::ConfigApplied(_) | Event::ClockGap(_)));
+        if rebuilds {
+            self.load_queued(store)?;
+        }
         let (jobs, sagas) = entry.touched();
         self.load_jobs(&jobs, store)?;
         self.load_sagas(&sagas, store)
@@ -254,6 +300,12 @@ impl State {
         if self.jobs.contains_key(&job_id) {
             return;
         }
+        // A queued job's index entries stayed when its record left memory.
+        if self.indexed_while_stored(&job) {
+            self.backlog.spare(&job_id);
+            self.jobs.insert(job_id, Box::new(job));
+            return;
+        }
         if job.state.is_cold() {
             self.cold.insert(job_id.clone());
         }
@@ -286,6 +338,7 @@ impl State {
         for id in std::mem::take(&mut self.cold) {
             self.evict_job(&id);
         }
+        self.evict_spare(None);
         self.idempotency.clear();
         // Sagas mid-rollback stay: a tick may end their running compensation.
         self.sagas.retain(|_, s| s.rolling_back());
@@ -314,6 +367,7 @@ impl State {
             }
         }
         self.cold = kept.into_iter().collect();
+        self.evict_spare(Some(&dirty.jobs));
         self.idempotency
             .retain(|k, _| dirty.idempotency.contains(k));
         self.sagas

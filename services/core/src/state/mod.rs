@@ -17,6 +17,7 @@ use crate::events::JobState;
 use crate::records::Millis;
 use crate::rules::Rules;
 
+mod backlog;
 mod delays;
 mod index;
 mod jobs;
@@ -26,6 +27,7 @@ mod schedules;
 mod shares;
 mod tracking;
 
+pub use backlog::{Backlog, window_of};
 pub use delays::{Coverage, DEFAULT_WINDOW, DelayKey, Delays, REFILL_CHUNK, delay_key_of};
 pub(crate) use index::Line;
 pub use jobs::JobMap;
@@ -64,8 +66,8 @@ pub struct State {
     /// Jobs per state, over every job ever accepted (kept by transitions, so it stays right
     /// while terminal jobs live only in storage).
     pub jobs_by_state: BTreeMap<JobState, u64>,
-    /// Derived: pool -> pending queue.
-    pub queues: BTreeMap<String, BTreeSet<QueueKey>>,
+    /// Derived: pool -> how many jobs wait in its queue (each is in one of its [`Lane`]s).
+    pub queued: BTreeMap<String, u64>,
     /// Derived: job timers by due time, but aging steps.
     pub timers: BTreeSet<Timer>,
     /// Derived: queued jobs' next aging steps by due time ([`TimerKind::Aging`]), apart
@@ -136,6 +138,9 @@ pub struct State {
     pub schedules_due: BTreeSet<(Millis, String)>,
     /// Derived: active schedules with a firing waiting for their previous run (BUFFER_ONE).
     pub schedules_buffered: BTreeSet<String>,
+    /// Queued records that may leave memory, and lanes whose windows may need reading back
+    /// ([`Backlog`]): bookkeeping of what memory holds, not part of the projection.
+    pub backlog: Backlog,
     /// Changed keys, when the owner tracks them (the runtime does; tests and audits need not).
     pub dirty: Option<Dirty>,
     /// Terminal jobs in memory, which [`State::evict_cold`] may drop (bookkeeping, like
@@ -176,7 +181,7 @@ impl PartialEq for State {
             && self.debounces_due == other.debounces_due
             && self.dead_letters_by_reason == other.dead_letters_by_reason
             && self.jobs_by_state == other.jobs_by_state
-            && self.queues == other.queues
+            && self.queued == other.queued
             && self.timers == other.timers
             && self.aging_timers == other.aging_timers
             && self.tenant_active == other.tenant_active

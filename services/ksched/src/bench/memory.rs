@@ -97,13 +97,7 @@ pub(super) fn run(config: &Config, jobs: u64, payload_bytes: usize, dir: &Path) 
         }
         engine.checkpoint(Some(i64::try_from(jobs).unwrap_or(0)))?;
         anyhow::ensure!(
-            engine
-                .state()
-                .queues
-                .values()
-                .map(|q| q.len() as u64)
-                .sum::<u64>()
-                == jobs,
+            engine.state().queued.values().sum::<u64>() == jobs,
             "every bench job is pending"
         );
         let live = rss_bytes();
@@ -153,7 +147,7 @@ pub(super) fn load(dir: &Path) -> Result<()> {
     let store = Store::open(dir, 0)?;
     let state = store.load_state()?;
     let loaded = Loaded {
-        pending: state.queues.values().map(|q| q.len() as u64).sum(),
+        pending: state.queued.values().sum(),
         rss_before,
         rss_after: rss_bytes(),
         seconds: started.elapsed().as_secs_f64(),

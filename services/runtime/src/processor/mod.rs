@@ -278,6 +278,7 @@ impl Processor {
             &self.config.settings,
             &self.topics.journal,
             self.engine.state(),
+            self.engine.store(),
             &self.config.rules,
             self.shard,
         )?;

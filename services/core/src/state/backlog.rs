@@ -1,0 +1,248 @@
+//! Queued jobs whose records wait in storage, so that a backlog costs its index entries in
+//! memory, not its records.
+//!
+//! A scheduling pass reads only the first jobs of each lane ([`super::Lane`]): it places a
+//! lane's head, then the next, and one entry places at most `limits.max_work_per_entry`
+//! jobs. So the records a decision can need of a lane are its first
+//! `max_work_per_entry + 1` jobs, its *window* ([`window_of`]). Every other queued job's
+//! record may leave memory once it is written, like a terminal job's. Its index entries stay
+//! (its place in its lanes, its timers, the counts it is in), so placement order, the
+//! counts placement needs and the timers are exact whatever memory holds.
+//!
+//! The window is kept full before every decision ([`State::refill_windows`]): a lane that
+//! lost jobs at its front since ([`Backlog::slid`]) has its window's records read back. A
+//! Tick reads the records of the timers it may fire, and an input or entry that re-derives
+//! every index (new rules, a clock gap) reads every queued record first
+//! ([`State::load_queued`]). Reading a record back is not a change: the store has the latest
+//! version of every record not in memory (nothing leaves memory unwritten), so what a
+//! decision sees, and decides, does not depend on what memory held.
+
+use std::collections::BTreeSet;
+
+use crate::events::JobState;
+use crate::rules::Rules;
+
+use super::{ColdStore, Job, Lane, QueueKey, State, Timer};
+
+/// The queued jobs a state holds in memory beyond what decisions need ([`State::backlog`]).
+#[derive(Debug, Clone, Default)]
+pub struct Backlog {
+    /// Whether queued records past their lanes' windows may leave memory: a state with a
+    /// store behind it. Off, every record stays (tests, audits, what-if).
+    pub evicting: bool,
+    /// Queued jobs in memory that may be past every window of theirs: looked at when
+    /// records leave memory.
+    spare: BTreeSet<String>,
+    /// (pool, lane) of lanes that lost a job in or before their window: the window may
+    /// reach records no longer in memory.
+    slid: BTreeSet<(String, Lane)>,
+}
+
+impl Backlog {
+    /// A backlog whose records past the windows leave memory (a state loaded from a store).
+    pub fn evicting() -> Backlog {
+        Backlog {
+            evicting: true,
+            ..Backlog::default()
+        }
+    }
+
+    /// Queued jobs in memory that may leave it.
+    pub fn spare_len(&self) -> usize {
+        self.spare.len()
+    }
+
+    /// Notes that job `id` was queued, or pushed back in a lane: its record may leave memory.
+    pub(super) fn spare(&mut self, id: &str) {
+        if self.evicting && !self.spare.contains(id) {
+            self.spare.insert(id.to_owned());
+        }
+    }
+
+    /// Notes that a lane lost a job that may have been in its window.
+    pub(super) fn slide(&mut self, pool: &str, lane: &Lane) {
+        if self.evicting {
+            self.slid.insert((pool.to_owned(), lane.clone()));
+        }
+    }
+
+    /// Forgets every note (indexes are rebuilt: every queued job is noted again as it joins
+    /// its queues).
+    pub(super) fn forget(&mut self) {
+        self.slid.clear();
+        self.spare.clear();
+    }
+}
+
+/// How many of a lane's first jobs decisions may read under `rules`: one entry places at
+/// most `max_work_per_entry` jobs and then looks at the next head.
+pub fn window_of(rules: Option<&Rules>) -> usize {
+    let work = rules.map_or(Rules::default().limits.max_work_per_entry, |r| {
+        r.limits.max_work_per_entry
+    });
+    usize::try_from(work)
+        .unwrap_or(usize::MAX)
+        .saturating_add(1)
+}
+
+/// Whether `key` is among the first `window` keys of `keys`.
+fn in_window(keys: &BTreeSet<QueueKey>, key: &QueueKey, window: usize) -> bool {
+    keys.range(..key).take(window).count() < window
+}
+
+impl State {
+    /// The window of the lanes of `pool`: how many first jobs of each decisions may read.
+    fn window(&self) -> usize {
+        window_of(self.rules())
+    }
+
+    /// Whether queued job `id`'s record may leave memory: it is past the window of every
+    /// lane it waits in.
+    fn past_every_window(&self, id: &str, job: &Job) -> bool {
+        let Some((rank, queued_at)) = super::index::queue_place(job) else {
+            return false;
+        };
+        let key = QueueKey {
+            rank,
+            queued_at,
+            job_id: id.to_owned(),
+        };
+        let lane = crate::decide::lane_of(job);
+        let window = self.window();
+        job.pools.iter().all(|pool| {
+            (self.lanes.get(pool).and_then(|lanes| lanes.get(&lane)))
+                .is_none_or(|keys| !in_window(keys, &key, window))
+        })
+    }
+
+    /// Reads back the records of every lane's window that lost jobs at its front, so that a
+    /// decision finds in memory every record it may read.
+    pub fn refill_windows<S: ColdStore>(&mut self, store: &S) -> Result<(), S::Error> {
+        if self.backlog.slid.is_empty() {
+            return Ok(());
+        }
+        let window = self.window();
+        let mut missing: Vec<String> = Vec::new();
+        for (pool, lane) in std::mem::take(&mut self.backlog.slid) {
+            let Some(keys) = self.lanes.get(&pool).and_then(|l| l.get(&lane)) else {
+                continue;
+            };
+            missing.extend(
+                (keys.iter().take(window))
+                    .filter(|k| !self.jobs.contains_key(&k.job_id))
+                    .map(|k| k.job_id.clone()),
+            );
+        }
+        self.load_queued_records(&missing, store)
+    }
+
+    /// Reads back the record of every queued job not in memory: for what re-derives every
+    /// index from the records (new rules, a clock gap). Costs memory for the whole backlog
+    /// until the next checkpoint lets it go again.
+    pub fn load_queued<S: ColdStore>(&mut self, store: &S) -> Result<(), S::Error> {
+        let mut missing: BTreeSet<&str> = BTreeSet::new();
+        for lanes in self.lanes.values() {
+            for key in lanes.values().flatten() {
+                if !self.jobs.contains_key(&key.job_id) {
+                    missing.insert(&key.job_id);
+                }
+            }
+        }
+        let missing: Vec<String> = missing.into_iter().map(str::to_owned).collect();
+        self.load_queued_records(&missing, store)
+    }
+
+    /// Reads back the records of the first `reach` timers of `timers` due by `through`.
+    pub(super) fn load_timer_records<'a, S: ColdStore>(
+        &mut self,
+        timers: impl Iterator<Item = &'a Timer>,
+        store: &S,
+    ) -> Result<(), S::Error> {
+        let missing: Vec<String> = timers
+            .filter(|t| !self.jobs.contains_key(&t.job_id))
+            .map(|t| t.job_id.clone())
+            .collect();
+        self.load_queued_records(&missing, store)
+    }
+
+    /// Puts back in memory queued records read from `store`; their index entries never left.
+    fn load_queued_records<S: ColdStore>(
+        &mut self,
+        ids: &[String],
+        store: &S,
+    ) -> Result<(), S::Error> {
+        for id in ids {
+            if !self.jobs.contains_key(id)
+                && let Some(job) = store.job(id)?
+            {
+                self.hydrate_job(id.clone(), job);
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether `job`, read from storage, is queued here: its index entries are in memory.
+    pub(super) fn indexed_while_stored(&self, job: &Job) -> bool {
+        self.backlog.evicting && job.state == JobState::Pending && job.queued_at.is_some()
+    }
+
+    /// Lets the records of queued jobs past every window leave memory, but those `keep`
+    /// names (changed since the last written checkpoint).
+    pub(super) fn evict_spare(&mut self, keep: Option<&BTreeSet<String>>) {
+        if !self.backlog.evicting {
+            return;
+        }
+        let spare = std::mem::take(&mut self.backlog.spare);
+        let mut kept = BTreeSet::new();
+        for id in spare {
+            let Some(job) = self.jobs.get(&id) else {
+                continue;
+            };
+            if !self.indexed_while_stored(job) {
+                // No longer queued: terminal, active or parked jobs go their own ways.
+                continue;
+            }
+            if keep.is_some_and(|k| k.contains(&id)) {
+                kept.insert(id);
+            } else if self.past_every_window(&id, job) {
+                self.jobs.remove(&id);
+            }
+        }
+        self.backlog.spare = kept;
+    }
+
+    /// Jobs in a lane's window whose records are not in memory: none once the windows were
+    /// read back ([`State::refill_windows`]), as before every decision.
+    pub fn window_problems(&self) -> Vec<String> {
+        let window = self.window();
+        let mut problems = Vec::new();
+        for (pool, lanes) in &self.lanes {
+            for keys in lanes.values() {
+                for key in keys.iter().take(window) {
+                    if !self.jobs.contains_key(&key.job_id) {
+                        problems.push(format!(
+                            "job {} is in the window of its lane in pool {pool} but not in memory",
+                            key.job_id
+                        ));
+                    }
+                }
+            }
+        }
+        problems
+    }
+
+    /// Queued jobs past every window whose records stayed in memory when records were let go
+    /// (but those not yet written): none.
+    pub fn lingering_queued(&self) -> Vec<String> {
+        let mut ids: Vec<String> = (self.jobs.iter_any_order())
+            .filter(|(id, job)| {
+                self.indexed_while_stored(job)
+                    && !self.backlog.spare.contains(*id)
+                    && self.past_every_window(id, job)
+            })
+            .map(|(id, _)| id.to_owned())
+            .collect();
+        ids.sort_unstable();
+        ids
+    }
+}

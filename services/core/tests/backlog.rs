@@ -1,0 +1,163 @@
+//! A backlog costs its index entries in memory, not its records: queued jobs past the
+//! window of their lanes (`limits.max_work_per_entry + 1` first jobs) leave memory once
+//! written and are read back as the window reaches them, for the timers a Tick fires, and for
+//! whatever re-derives every index. Every scenario runs on the partial states of `Sim`, which
+//! decide the same as the full state and may hold no queued record past every window.
+
+mod support;
+
+use ksched_core::events::*;
+use ksched_core::records::{Heartbeat, Priority, ResultStatus};
+use ksched_core::rules::{ConcurrencyRule, Rules};
+use support::*;
+
+/// Rules whose entries place at most three jobs: lanes' windows of four.
+fn small_entries() -> Rules {
+    let mut r = rules();
+    r.limits.max_work_per_entry = 3;
+    r
+}
+
+/// Queued records the partial state holds.
+fn queued_in_memory(sim: &Sim) -> usize {
+    (sim.partial.jobs.iter_any_order())
+        .filter(|(_, j)| j.queued_at.is_some())
+        .count()
+}
+
+fn submit_backlog(sim: &mut Sim, n: usize) -> Vec<String> {
+    (0..n)
+        .map(|i| {
+            let id = format!("j{i:02}");
+            let mut req = job(&id);
+            if i % 7 == 3 {
+                req.priority = Priority::Critical;
+            }
+            sim.submit(req);
+            sim.now += 1;
+            id
+        })
+        .collect()
+}
+
+/// Runs the worker `w1` (two slots) until nothing is left; returns the dispatch order.
+fn drain(sim: &mut Sim, jobs: usize) -> Vec<String> {
+    sim.heartbeat(Heartbeat {
+        max_parallel_jobs: 2,
+        ..hb("w1", "default")
+    });
+    let mut done = 0;
+    while done < jobs {
+        let running: Vec<(String, i32)> = (sim.dispatches().iter())
+            .map(|d| (d.job.job_id.clone(), d.attempt))
+            .filter(|(id, _)| sim.job_state(id) == JobState::Dispatched)
+            .collect();
+        assert!(!running.is_empty(), "nothing dispatched after {done} jobs");
+        for (id, attempt) in running {
+            sim.result(&id, attempt, "w1", ResultStatus::Succeeded);
+            done += 1;
+        }
+        sim.heartbeat(Heartbeat {
+            max_parallel_jobs: 2,
+            ..hb("w1", "default")
+        });
+    }
+    (sim.dispatches().iter())
+        .map(|d| d.job.job_id.clone())
+        .collect()
+}
+
+#[test]
+fn a_backlog_past_the_windows_leaves_memory_and_still_runs_in_queue_order() {
+    let mut sim = Sim::with_rules(small_entries());
+    let ids = submit_backlog(&mut sim, 40);
+    assert_eq!(sim.state.queued["default"], 40);
+    // One lane: its window of four records, however many wait behind it.
+    assert_eq!(queued_in_memory(&sim), 4, "{:?}", sim.partial.backlog);
+    assert_eq!(sim.partial.lanes, sim.state.lanes);
+
+    let expected: Vec<String> = (sim.state.queue_order("default").into_iter())
+        .map(|k| k.job_id)
+        .collect();
+    assert_eq!(expected.len(), ids.len());
+    assert_eq!(expected[0], "j03", "CRITICAL jobs first");
+    let order = drain(&mut sim, ids.len());
+    assert_eq!(order, expected, "dispatched in queue order");
+    assert!(sim.state.queued.is_empty());
+    assert_eq!(queued_in_memory(&sim), 0);
+}
+
+#[test]
+fn placement_timeouts_of_jobs_past_the_window_fire_from_storage() {
+    let mut r = small_entries();
+    r.timing.placement_timeout_ms = 5_000;
+    let mut sim = Sim::with_rules(r);
+    let ids = submit_backlog(&mut sim, 25);
+    assert_eq!(queued_in_memory(&sim), 4);
+    sim.advance(12_000);
+    for id in &ids {
+        assert!(sim.job_state(id).is_terminal(), "{id}");
+    }
+    assert_eq!(sim.dead_letters().len(), ids.len());
+    assert!(sim.continuations > 0, "three a Tick, the rest continued");
+    assert_eq!(queued_in_memory(&sim), 0);
+}
+
+#[test]
+fn new_rules_and_a_clock_gap_read_the_whole_backlog_back_and_let_it_go_again() {
+    let mut sim = Sim::with_rules(small_entries());
+    let ids = submit_backlog(&mut sim, 30);
+    // Keys by tenant now: every queued job changes lane.
+    let mut r = small_entries();
+    r.topic_concurrency.insert(
+        "job.default".into(),
+        ConcurrencyRule {
+            key: "tenant".into(),
+            limit: Some(1),
+            rate: None,
+            burst: None,
+            fair: false,
+        },
+    );
+    sim.reconfigure(&r, "snap-2");
+    assert_eq!(sim.partial.lanes, sim.state.lanes);
+    assert_eq!(queued_in_memory(&sim), 4, "let go again at the checkpoint");
+    sim.tick_now();
+    sim.gap(60_000);
+    sim.tick_now();
+    assert_eq!(sim.partial.timers, sim.state.timers);
+    assert!(
+        (sim.journal.iter().rev().take(3)).any(|e| names(&e.events).contains(&"ClockGap")),
+        "a clock gap"
+    );
+    assert_eq!(queued_in_memory(&sim), 4);
+    // A limit of 1: one at a time, in queue order.
+    let expected: Vec<String> = (sim.state.queue_order("default").into_iter())
+        .map(|k| k.job_id)
+        .collect();
+    let order = drain(&mut sim, ids.len());
+    assert_eq!(order, expected);
+}
+
+#[test]
+fn a_job_past_the_window_is_read_back_when_an_input_names_it() {
+    let mut sim = Sim::with_rules(small_entries());
+    submit_backlog(&mut sim, 20);
+    assert!(!sim.partial.jobs.contains_key("j15"), "past the window");
+    let events = sim.cancel("j15", None);
+    assert!(
+        names(&events).contains(&"JobCancelled"),
+        "{:?}",
+        names(&events)
+    );
+    assert_eq!(sim.state.queued["default"], 19);
+    // A job submitted ahead of the window pushes the last of it out.
+    let mut req = job("urgent");
+    req.priority = Priority::Critical;
+    sim.submit(req);
+    assert_eq!(queued_in_memory(&sim), 4);
+    let order = drain(&mut sim, 20);
+    assert_eq!(order.len(), 20);
+    assert_eq!(order[0], "j03");
+    assert!(!order.contains(&"j15".to_owned()));
+}
