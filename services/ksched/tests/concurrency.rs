@@ -14,10 +14,8 @@ use std::time::Duration;
 
 use common::*;
 use ksched_core::records::JobRequest;
-use ksched_worker::{Outcome, Worker};
-use rdkafka::ClientConfig;
-use rdkafka::producer::{BaseProducer, Producer};
-use tokio_util::sync::CancellationToken;
+use ksched_worker::Outcome;
+use rdkafka::producer::Producer;
 
 /// What the worker saw of each key: jobs running now, the most at once, and the order jobs
 /// started in.
@@ -27,40 +25,6 @@ struct Seen {
     most: BTreeMap<String, u32>,
     started: BTreeMap<String, Vec<String>>,
     runs: BTreeMap<String, u32>,
-}
-
-/// A producer of job records to `owner`'s broker.
-fn producer_of(owner: &RunningScheduler) -> BaseProducer {
-    ClientConfig::new()
-        .set("bootstrap.servers", &owner.bootstrap)
-        .set("enable.idempotence", "true")
-        .create()
-        .unwrap()
-}
-
-/// An SDK worker `id` of `slots` slots for `owner`'s pool, running `handler` until the
-/// token is cancelled (on the runtime returned with it, which must outlive the run).
-fn run_worker<H, F>(
-    owner: &RunningScheduler,
-    id: &str,
-    slots: usize,
-    handler: H,
-) -> (tokio::runtime::Runtime, CancellationToken)
-where
-    H: Fn(ksched_worker::JobContext) -> F + Send + Sync + 'static,
-    F: std::future::Future<Output = Outcome> + Send + 'static,
-{
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let stop = CancellationToken::new();
-    let mut cfg = owner.worker_config(id);
-    cfg.max_parallel_jobs = slots;
-    let worker = {
-        let _guard = rt.enter();
-        Worker::new(cfg).unwrap()
-    };
-    let s = stop.clone();
-    rt.spawn(async move { worker.run(handler, s).await });
-    (rt, stop)
 }
 
 #[test]

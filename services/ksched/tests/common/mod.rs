@@ -122,7 +122,16 @@ impl RunningScheduler {
     /// Like [`RunningScheduler::start`], with `rules` (pools.yaml for a topic prefix) instead
     /// of the one topic `<prefix>jobs` routed to pool `default`.
     pub(crate) fn start_with_rules(rules: &dyn Fn(&str) -> String) -> RunningScheduler {
-        RunningScheduler::start_custom(rules, "jobs", "", "", "", None)
+        RunningScheduler::start_custom(rules, "jobs", "", "", "", "", None)
+    }
+
+    /// Like [`RunningScheduler::start_with_rules`], with `scheduler` lines added to the
+    /// `scheduler` section of the settings.
+    pub(crate) fn start_with_rules_and_scheduler(
+        rules: &dyn Fn(&str) -> String,
+        scheduler: &str,
+    ) -> RunningScheduler {
+        RunningScheduler::start_custom(rules, "jobs", "", "", scheduler, "", None)
     }
 
     /// Like [`RunningScheduler::start`], with `processor` lines added to the `processor`
@@ -130,7 +139,7 @@ impl RunningScheduler {
     pub(crate) fn start_with_processor(processor: &str) -> RunningScheduler {
         let routes =
             |prefix: &str| format!("topics:\n  {prefix}jobs: default\npools:\n  default: {{}}\n");
-        RunningScheduler::start_custom(&routes, "jobs", "", processor, "", None)
+        RunningScheduler::start_custom(&routes, "jobs", "", processor, "", "", None)
     }
 
     /// Like [`RunningScheduler::start`], with the API over TLS (`extra` configures
@@ -147,7 +156,7 @@ impl RunningScheduler {
                 .collect();
             format!("topics:\n{routes}pools:\n  default: {{}}\n")
         };
-        RunningScheduler::start_custom(&routes, topics[0], "", "", extra, tls)
+        RunningScheduler::start_custom(&routes, topics[0], "", "", "", extra, tls)
     }
 
     /// `shards` shards (journal partitions), with a pool `pool-<s>` on each shard `s` and a
@@ -172,17 +181,19 @@ impl RunningScheduler {
             ),
             &format!("  lease_session_timeout_ms: 2000\n{processor}"),
             "",
+            "",
             None,
         )
     }
 
-    /// The general form: `pools` writes pools.yaml for a topic prefix; `topics_extra` and
-    /// `processor_extra` are lines added to those sections.
+    /// The general form: `pools` writes pools.yaml for a topic prefix; `topics_extra`,
+    /// `processor_extra` and `scheduler_extra` are lines added to those sections.
     fn start_custom(
         pools: &dyn Fn(&str) -> String,
         first_topic: &str,
         topics_extra: &str,
         processor_extra: &str,
+        scheduler_extra: &str,
         extra: &str,
         tls: Option<ApiTls>,
     ) -> RunningScheduler {
@@ -214,7 +225,7 @@ impl RunningScheduler {
                 "kafka:\n  bootstrap_servers: {bootstrap}\n\
                  topics:\n  prefix: {prefix}\n  dispatch_partitions: 2\n  job_partitions: 2\n{results}{topics_extra}\
                  processor:\n  group_id: {prefix}processor\n  tick_interval_ms: 200\n{commit}{processor_extra}\
-                 scheduler:\n  overload:\n    cpu_load: 1000\n  retry:\n    initial_backoff_ms: 100\n    max_backoff_ms: 500\n  timing:\n    worker_ttl_ms: 3000\n    clock_gap_ms: 1000\n\
+                 scheduler:\n  overload:\n    cpu_load: 1000\n  retry:\n    initial_backoff_ms: 100\n    max_backoff_ms: 500\n  timing:\n    worker_ttl_ms: 3000\n    clock_gap_ms: 1000\n{scheduler_extra}\
                  storage:\n  data_dir: {}\n\
                  http:\n  listen: 127.0.0.1:{port}\n{extra}",
                 dir.path().join("data").display()
@@ -604,4 +615,38 @@ pub(crate) fn owner_and_standby_of(a: RunningScheduler) -> (RunningScheduler, Ru
     } else {
         (b, a)
     }
+}
+
+/// A producer of job records to `owner`'s broker.
+pub(crate) fn producer_of(owner: &RunningScheduler) -> rdkafka::producer::BaseProducer {
+    rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", &owner.bootstrap)
+        .set("enable.idempotence", "true")
+        .create()
+        .unwrap()
+}
+
+/// An SDK worker `id` of `slots` slots for `owner`'s pool, running `handler` until the
+/// token is cancelled (on the runtime returned with it, which must outlive the run).
+pub(crate) fn run_worker<H, F>(
+    owner: &RunningScheduler,
+    id: &str,
+    slots: usize,
+    handler: H,
+) -> (tokio::runtime::Runtime, tokio_util::sync::CancellationToken)
+where
+    H: Fn(ksched_worker::JobContext) -> F + Send + Sync + 'static,
+    F: std::future::Future<Output = ksched_worker::Outcome> + Send + 'static,
+{
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let mut cfg = owner.worker_config(id);
+    cfg.max_parallel_jobs = slots;
+    let worker = {
+        let _guard = rt.enter();
+        ksched_worker::Worker::new(cfg).unwrap()
+    };
+    let s = stop.clone();
+    rt.spawn(async move { worker.run(handler, s).await });
+    (rt, stop)
 }
