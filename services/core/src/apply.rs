@@ -644,10 +644,7 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
             let w = window(state);
             breaker_result(state, &e.pool, e.failure, w);
         }
-        Event::ClockGap(e) => {
-            state.liveness_floor = state.liveness_floor.max(e.to);
-            state.rebuild_indexes();
-        }
+        Event::ClockGap(e) => state.raise_liveness_floor(e.to),
         Event::WorkerForgotten(e) => {
             if state.remove_worker(&e.worker_id).is_some() {
                 state.mark_worker(&e.worker_id);

@@ -124,7 +124,14 @@ fn new_rules_and_a_clock_gap_read_the_whole_backlog_back_and_let_it_go_again() {
     assert_eq!(queued_in_memory(&sim), 4, "let go again at the checkpoint");
     sim.tick_now();
     sim.gap(60_000);
+    // A clock gap moves the placement timeouts on from the timers alone: no backlog read.
+    let reads = sim.cold.reads.get();
     sim.tick_now();
+    assert!(
+        sim.cold.reads.get() - reads < 10,
+        "{} records read",
+        sim.cold.reads.get() - reads
+    );
     assert_eq!(sim.partial.timers, sim.state.timers);
     assert!(
         (sim.journal.iter().rev().take(3)).any(|e| names(&e.events).contains(&"ClockGap")),
@@ -160,4 +167,57 @@ fn a_job_past_the_window_is_read_back_when_an_input_names_it() {
     assert_eq!(order.len(), 20);
     assert_eq!(order[0], "j03");
     assert!(!order.contains(&"j15".to_owned()));
+}
+
+/// A record set aside that names a job whose record waits in storage is written into that
+/// job's history, on the partial states as on the full one (Sim::check compares every job).
+#[test]
+fn a_record_set_aside_for_a_job_past_the_window_reads_the_job_back() {
+    let mut sim = Sim::with_rules(small_entries());
+    submit_backlog(&mut sim, 20);
+    assert!(!sim.partial.jobs.contains_key("j15"), "past the window");
+    let before = sim.job("j15").history_lines;
+    sim.input(
+        "job.default",
+        Input::Malformed(MalformedRecord {
+            key: Some("j15".into()),
+            size_bytes: 10,
+            error: "an unsealed secret".into(),
+            reason_code: "malformed_record".into(),
+            job_id: Some("j15".into()),
+            tenant_id: Some("acme".into()),
+        }),
+    );
+    assert!(
+        sim.job("j15").history_lines > before,
+        "the job's history says so"
+    );
+    assert_eq!(sim.job_state("j15"), JobState::Pending);
+}
+
+/// A Tick that journals a clock gap moves the placement timeouts past it first: the timers
+/// it then fires are others (deadlines here) of jobs whose records wait in storage, and it
+/// reads those back, not the records of timeouts it will not fire.
+#[test]
+fn deadlines_past_the_window_fire_after_a_clock_gap() {
+    let mut sim = Sim::with_rules(small_entries());
+    sim.tick_now();
+    submit_backlog(&mut sim, 20);
+    sim.advance(60_000);
+    for i in 0..10 {
+        let mut req = job(&format!("d{i}"));
+        req.budget.deadline_ms = Some(8 * 60_000);
+        sim.submit(req);
+        sim.now += 1;
+    }
+    assert!(!sim.partial.jobs.contains_key("d0"), "past the window");
+    sim.advance(3 * 60_000);
+    // Placement timeouts of the first 20 were due at 5 minutes, the deadlines at 9.
+    sim.gap(6 * 60_000);
+    let events = sim.tick_now();
+    assert!(names(&events).contains(&"ClockGap"));
+    for i in 0..10 {
+        assert_eq!(sim.job_state(&format!("d{i}")), JobState::Timeout, "d{i}");
+    }
+    assert_eq!(sim.state.queued["default"], 20, "the others wait on");
 }

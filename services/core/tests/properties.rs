@@ -178,8 +178,8 @@ fn run_rules(limit: u8, rate: u8) -> ksched_core::rules::Rules {
     r.timing.dispatch_timeout_ms = 20_000;
     r.timing.placement_timeout_ms = 60_000;
     r.limits.max_concurrency_keys = 2;
-    // Lanes' windows of five jobs: placements read queued records back from storage.
-    r.limits.max_work_per_entry = 4;
+    // Lanes' windows of three jobs: placements read queued records back from storage.
+    r.limits.max_work_per_entry = 2;
     r.topic_unique.insert(
         "job.multi".into(),
         ksched_core::rules::UniqueRule {

@@ -218,7 +218,7 @@ impl Metrics {
                 &r,
                 IntGauge::new(
                     JOBS_IN_MEMORY,
-                    "Jobs the processor holds in memory: the active ones, and finished ones until they are evicted.",
+                    "Job records the processor holds in memory: the active ones, the first queued ones of each lane, and others until they are written and evicted.",
                 )
                 .unwrap_or_else(|e| unreachable!("{e}")),
             ),

@@ -9,10 +9,11 @@
 //! (its place in its lanes, its timers, the counts it is in), so placement order, the
 //! counts placement needs and the timers are exact whatever memory holds.
 //!
-//! The window is kept full before every decision ([`State::refill_windows`]): a lane that
-//! lost jobs at its front since ([`Backlog::slid`]) has its window's records read back. A
+//! The window is kept full before every decision ([`State::refill_windows`]): a job that
+//! came into a window when one before it left ([`Backlog::entering`]) has its record read
+//! back. A
 //! Tick reads the records of the timers it may fire, and an input or entry that re-derives
-//! every index (new rules, a clock gap) reads every queued record first
+//! every index (new rules) reads every queued record first
 //! ([`State::load_queued`]). Reading a record back is not a change: the store has the latest
 //! version of every record not in memory (nothing leaves memory unwritten), so what a
 //! decision sees, and decides, does not depend on what memory held.
@@ -22,7 +23,8 @@ use std::collections::BTreeSet;
 use crate::events::JobState;
 use crate::rules::Rules;
 
-use super::{ColdStore, Job, Lane, QueueKey, State, Timer};
+use super::{ColdStore, Job, QueueKey, State};
+use crate::records::Millis;
 
 /// The queued jobs a state holds in memory beyond what decisions need ([`State::backlog`]).
 #[derive(Debug, Clone, Default)]
@@ -33,9 +35,9 @@ pub struct Backlog {
     /// Queued jobs in memory that may be past every window of theirs: looked at when
     /// records leave memory.
     spare: BTreeSet<String>,
-    /// (pool, lane) of lanes that lost a job in or before their window: the window may
-    /// reach records no longer in memory.
-    slid: BTreeSet<(String, Lane)>,
+    /// Jobs that came into a lane's window when a job before them left it: their records
+    /// may be in storage only.
+    entering: Vec<String>,
 }
 
 impl Backlog {
@@ -59,17 +61,27 @@ impl Backlog {
         }
     }
 
-    /// Notes that a lane lost a job that may have been in its window.
-    pub(super) fn slide(&mut self, pool: &str, lane: &Lane) {
+    /// Notes that job `id` was put past a lane's window: its record may leave memory, and
+    /// need not be read back for having come into the window before. (A job's lanes in its
+    /// pools hold the same jobs, so it stands at the same place in each.)
+    pub(super) fn pushed_out(&mut self, id: &str) {
         if self.evicting {
-            self.slid.insert((pool.to_owned(), lane.clone()));
+            self.entering.retain(|e| e != id);
+            self.spare(id);
+        }
+    }
+
+    /// Notes that job `id` came into a lane's window.
+    pub(super) fn entered(&mut self, id: &str) {
+        if self.evicting {
+            self.entering.push(id.to_owned());
         }
     }
 
     /// Forgets every note (indexes are rebuilt: every queued job is noted again as it joins
     /// its queues).
     pub(super) fn forget(&mut self) {
-        self.slid.clear();
+        self.entering.clear();
         self.spare.clear();
     }
 }
@@ -115,29 +127,26 @@ impl State {
         })
     }
 
-    /// Reads back the records of every lane's window that lost jobs at its front, so that a
-    /// decision finds in memory every record it may read.
+    /// Reads back the records of the jobs that came into a lane's window since the last
+    /// decision, so that a decision finds in memory every record it may read. They are in
+    /// their windows: not looked at again when records leave memory (unless pushed out).
     pub fn refill_windows<S: ColdStore>(&mut self, store: &S) -> Result<(), S::Error> {
-        if self.backlog.slid.is_empty() {
-            return Ok(());
+        for id in std::mem::take(&mut self.backlog.entering) {
+            if !self.jobs.contains_key(&id)
+                && let Some(job) = store.job(&id)?
+            {
+                if self.indexed_while_stored(&job) {
+                    self.jobs.insert(id, Box::new(job));
+                } else {
+                    self.hydrate_job(id, job);
+                }
+            }
         }
-        let window = self.window();
-        let mut missing: Vec<String> = Vec::new();
-        for (pool, lane) in std::mem::take(&mut self.backlog.slid) {
-            let Some(keys) = self.lanes.get(&pool).and_then(|l| l.get(&lane)) else {
-                continue;
-            };
-            missing.extend(
-                (keys.iter().take(window))
-                    .filter(|k| !self.jobs.contains_key(&k.job_id))
-                    .map(|k| k.job_id.clone()),
-            );
-        }
-        self.load_queued_records(&missing, store)
+        Ok(())
     }
 
     /// Reads back the record of every queued job not in memory: for what re-derives every
-    /// index from the records (new rules, a clock gap). Costs memory for the whole backlog
+    /// index from the records (new rules). Costs memory for the whole backlog
     /// until the next checkpoint lets it go again.
     pub fn load_queued<S: ColdStore>(&mut self, store: &S) -> Result<(), S::Error> {
         let mut missing: BTreeSet<&str> = BTreeSet::new();
@@ -152,14 +161,38 @@ impl State {
         self.load_queued_records(&missing, store)
     }
 
-    /// Reads back the records of the first `reach` timers of `timers` due by `through`.
-    pub(super) fn load_timer_records<'a, S: ColdStore>(
+    /// Reads back the records of the first `want` timers due by `judged` (of the aging
+    /// steps, or of the other timers) whose records are not in memory. Counted apart from
+    /// those in memory: what a Tick does before it fires timers (requeue the jobs of lost
+    /// workers) removes timers of jobs in memory only, so the timers it fires whose records
+    /// are in storage are the first of these, at most as many as it fires. A clock gap the
+    /// Tick journals first (`gap_to`) moves the evidence-based timeouts on
+    /// ([`State::raise_liveness_floor`]): those it moves past `judged` are not counted.
+    pub(super) fn load_timer_records<S: ColdStore>(
         &mut self,
-        timers: impl Iterator<Item = &'a Timer>,
+        aging: bool,
+        judged: Millis,
+        gap_to: Option<Millis>,
+        want: usize,
         store: &S,
     ) -> Result<(), S::Error> {
-        let missing: Vec<String> = timers
+        let timers = if aging {
+            &self.aging_timers
+        } else {
+            &self.timers
+        };
+        let timing = self.rules().map(|r| &r.timing);
+        // Whether the Tick fires `t` once a clock gap it journals moved it on.
+        let fires = |t: &&super::Timer| match (gap_to, super::index::floor_timeout(t.kind, timing))
+        {
+            (Some(to), Some(timeout)) => t.due.max(to.saturating_add(timeout)) <= judged,
+            _ => true,
+        };
+        let missing: Vec<String> = (timers.iter())
+            .take_while(|t| t.due <= judged)
             .filter(|t| !self.jobs.contains_key(&t.job_id))
+            .filter(fires)
+            .take(want)
             .map(|t| t.job_id.clone())
             .collect();
         self.load_queued_records(&missing, store)
@@ -196,6 +229,11 @@ impl State {
         let mut kept = BTreeSet::new();
         for id in spare {
             let Some(job) = self.jobs.get(&id) else {
+                // Not in memory: looked at again once read back, if it came into a window
+                // (of another pool, say) since.
+                if self.backlog.entering.contains(&id) {
+                    kept.insert(id);
+                }
                 continue;
             };
             if !self.indexed_while_stored(job) {

@@ -261,6 +261,10 @@ impl Indexes<'_> {
                 .or_default()
                 .entry(lane.clone())
                 .or_default();
+            // (A pool a topic names twice holds the job once.)
+            if jobs.contains(&key) {
+                continue;
+            }
             let head_before = jobs.first().cloned();
             let new_head = head_before.as_ref().is_none_or(|h| key < *h);
             if new_head {
@@ -268,12 +272,13 @@ impl Indexes<'_> {
             } else {
                 jobs.insert(key);
             }
-            // The job this one put past the window, if any, may leave memory now.
-            if self.backlog.evicting
-                && jobs.len() > self.window
-                && let Some(pushed) = jobs.iter().nth(self.window)
-            {
-                self.backlog.spare(&pushed.job_id);
+            // In a lane longer than its window, this job may be past it, or have put the
+            // last of the window past it: either may leave memory now.
+            if self.backlog.evicting && jobs.len() > self.window {
+                self.backlog.spare(id);
+                if let Some(pushed) = jobs.iter().nth(self.window) {
+                    self.backlog.pushed_out(&pushed.job_id);
+                }
             }
             if new_head {
                 let key = jobs.first().cloned();
@@ -286,7 +291,6 @@ impl Indexes<'_> {
                 }
             }
         }
-        self.backlog.spare(id);
         match self.tenant_pending.get_mut(&job.request.tenant_id) {
             Some(n) => *n += 1,
             None => {
@@ -303,12 +307,6 @@ impl Indexes<'_> {
                 queued_at,
                 job_id: id.to_owned(),
             };
-            if let Some(n) = self.queued.get_mut(pool) {
-                *n -= 1;
-                if *n == 0 {
-                    self.queued.remove(pool);
-                }
-            }
             let Some(lanes) = self.lanes.get_mut(pool) else {
                 continue;
             };
@@ -316,11 +314,24 @@ impl Indexes<'_> {
                 continue;
             };
             let was_head = jobs.first() == Some(&key);
-            jobs.remove(&key);
+            if !jobs.remove(&key) {
+                continue;
+            }
+            if let Some(n) = self.queued.get_mut(pool) {
+                *n -= 1;
+                if *n == 0 {
+                    self.queued.remove(pool);
+                }
+            }
             let next = jobs.first().cloned();
-            // The window may reach a job whose record is in storage.
-            if jobs.len() >= self.window {
-                self.backlog.slide(pool, &lane);
+            // A job that stood before the window's last left it: the next comes in, whose
+            // record may be in storage.
+            if self.backlog.evicting
+                && jobs.len() >= self.window
+                && let Some(last) = jobs.iter().nth(self.window - 1)
+                && key < *last
+            {
+                self.backlog.entered(&last.job_id);
             }
             if jobs.is_empty() {
                 lanes.remove(&lane);
@@ -930,6 +941,28 @@ impl State {
         Ok(())
     }
 
+    /// After a clock gap: evidence-based timeouts (placement, dispatch, running) count from
+    /// `to` at the earliest. Each such timer stands at its start (or the floor, if later) plus
+    /// its timeout, so it moves to the later of where it stands and `to` plus its timeout:
+    /// the timers alone say so, and queued records in storage need not be read.
+    pub(crate) fn raise_liveness_floor(&mut self, to: Millis) {
+        let floor = self.liveness_floor.max(to);
+        self.liveness_floor = floor;
+        let Some(timing) = self.rules().map(|r| r.timing.clone()) else {
+            return;
+        };
+        let timeout = |kind: TimerKind| floor_timeout(kind, Some(&timing));
+        let early: Vec<Timer> = (self.timers.iter())
+            .filter(|t| timeout(t.kind).is_some_and(|d| t.due < floor.saturating_add(d)))
+            .cloned()
+            .collect();
+        for mut t in early {
+            self.timers.remove(&t);
+            t.due = floor.saturating_add(timeout(t.kind).unwrap_or(0));
+            self.timers.insert(t);
+        }
+    }
+
     /// Gives each queued or active job the concurrency key and limit of the rules now in
     /// force (after a Reconfigure; the indexes are rebuilt next), so a limit added while a
     /// key's jobs run counts them.
@@ -1025,8 +1058,9 @@ impl State {
         self.tenant_active.get(tenant).copied().unwrap_or(0)
     }
 
-    /// Checks the derived indexes against the records; returns what disagrees. Used by tests
-    /// and by `audit rebuild`.
+    /// Checks the derived indexes against the records; returns what disagrees. For a state
+    /// that holds every record (tests): one whose queued records wait in storage
+    /// ([`super::Backlog`]) rebuilds indexes without them.
     pub fn check_invariants(&self) -> Vec<String> {
         let mut problems = self.schedule_problems();
         let mut rebuilt = self.clone();
@@ -1103,6 +1137,21 @@ impl State {
             }
         }
         problems
+    }
+}
+
+/// The timeout a timer of `kind` counts from the liveness floor with ([`each_timer`]), if it
+/// is one of those.
+pub(super) fn floor_timeout(
+    kind: TimerKind,
+    timing: Option<&crate::rules::Timing>,
+) -> Option<Millis> {
+    let timing = timing?;
+    match kind {
+        TimerKind::PlacementTimeout => Some(timing.placement_timeout_ms),
+        TimerKind::DispatchTimeout => Some(timing.dispatch_timeout_ms),
+        TimerKind::RunningTimeout => Some(timing.running_timeout_ms),
+        _ => None,
     }
 }
 

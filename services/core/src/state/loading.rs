@@ -43,6 +43,12 @@ impl State {
         if let Input::Redrive(r) = input {
             p.job_ids.push(r.new_job_id.clone());
         }
+        // A record set aside names the job it concerned, whose history it is written into.
+        if let Input::Malformed(m) = input
+            && let Some(id) = &m.job_id
+        {
+            p.job_ids.push(id.clone());
+        }
         if let Input::Submit(r) = input
             && let Some(key) = &r.meta.idempotency_key
         {
@@ -106,7 +112,7 @@ impl State {
     ) -> Result<(), S::Error> {
         // What re-derives every index from the records needs every queued one; else the
         // lanes' windows, which any decision may place from.
-        if matches!(input, Input::Reconfigure(_)) || self.clock_gap_ahead(input) {
+        if matches!(input, Input::Reconfigure(_)) {
             self.load_queued(store)?;
         }
         self.refill_windows(store)?;
@@ -153,22 +159,9 @@ impl State {
             // steps apart (see `fire_due_timers`).
             // (A Tick of an older format is judged at its log time, not known here.)
             let judged = t.watermark.map_or(Millis::MAX, |w| w.max(self.watermark));
-            let timers = std::mem::take(&mut self.timers);
-            let due_timers = timers
-                .iter()
-                .take_while(|t| t.due <= judged)
-                .take(reach + 1);
-            let loaded = self.load_timer_records(due_timers, store);
-            self.timers = timers;
-            loaded?;
-            let aging = std::mem::take(&mut self.aging_timers);
-            let due_aging = aging
-                .iter()
-                .take_while(|t| t.due <= judged)
-                .take(reach / 2 + 2);
-            let loaded = self.load_timer_records(due_aging, store);
-            self.aging_timers = aging;
-            loaded?;
+            let gap_to = self.clock_gap_ahead(t);
+            self.load_timer_records(false, judged, gap_to, reach + 1, store)?;
+            self.load_timer_records(true, judged, gap_to, reach / 2 + 2, store)?;
             // The schedules due, and those buffered: their previous runs (the overlap
             // policy reads them) and the ids their firings would take (never one a job has).
             // A buffered firing's time is known; a due one's is its next firing or, caught
@@ -215,19 +208,15 @@ impl State {
         Ok(())
     }
 
-    /// Whether deciding on `input` journals a [`crate::events::ClockGap`], which re-derives
-    /// every timer (the condition `tick` judges by).
-    fn clock_gap_ahead(&self, input: &Input) -> bool {
-        let Input::Tick(t) = input else {
-            return false;
-        };
-        let Some(watermark) = t.watermark else {
-            return false;
-        };
+    /// Where the clock gap `tick` journals first ends, if it journals one (the condition
+    /// `Decider::tick` judges by): the liveness floor it raises timeouts to.
+    fn clock_gap_ahead(&self, t: &crate::records::Tick) -> Option<Millis> {
+        let watermark = t.watermark?;
         let gap = (self.rules()).map_or(crate::rules::Rules::default().timing.clock_gap_ms, |r| {
             r.timing.clock_gap_ms
         });
-        self.watermark > 0 && watermark.max(self.watermark) - self.watermark > gap
+        let judged = watermark.max(self.watermark);
+        (self.watermark > 0 && judged - self.watermark > gap).then_some(judged)
     }
 
     /// The jobs a decision on the schedule under `key` may read: its previous run, and the
@@ -255,11 +244,12 @@ impl State {
         entry: &crate::events::JournalEntry,
         store: &S,
     ) -> Result<(), S::Error> {
-        let rebuilds = (entry.events.iter())
-            .any(|e| matches!(e, Event::ConfigApplied(_) | Event::ClockGap(_)));
+        let rebuilds = (entry.events.iter()).any(|e| matches!(e, Event::ConfigApplied(_)));
         if rebuilds {
             self.load_queued(store)?;
         }
+        // A standby keeps its windows as the owner does, ready to decide.
+        self.refill_windows(store)?;
         let (jobs, sagas) = entry.touched();
         self.load_jobs(&jobs, store)?;
         self.load_sagas(&sagas, store)

@@ -55,11 +55,14 @@ pub(crate) struct ColdMap {
     pub payloads: BTreeMap<String, Vec<u8>>,
     /// The delayed jobs by due time, as the store indexes them.
     pub delays: BTreeSet<DelayKey>,
+    /// Job records read so far.
+    pub reads: std::cell::Cell<usize>,
 }
 
 impl ColdStore for ColdMap {
     type Error = std::convert::Infallible;
     fn job(&self, id: &str) -> Result<Option<Job>, Self::Error> {
+        self.reads.set(self.reads.get() + 1);
         Ok(self.jobs.get(id).cloned())
     }
     fn saga(&self, id: &str) -> Result<Option<Saga>, Self::Error> {

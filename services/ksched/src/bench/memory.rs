@@ -72,30 +72,7 @@ pub(super) fn run(config: &Config, jobs: u64, payload_bytes: usize, dir: &Path) 
     .reconfigure();
     {
         let mut engine = Engine::open(Store::open(dir, 0)?)?;
-        let ctx = Ctx { policy: &AllowAll };
-        let cause = |offset: i64| Cause {
-            topic: topic.clone(),
-            partition: 0,
-            offset,
-        };
-        engine.decide(&ctx, cause(-1), 1, Input::Reconfigure(reconfigure))?;
-        let payload = vec![7u8; payload_bytes];
-        for n in 0..jobs {
-            let request = JobRequest {
-                job_id: format!("pending-{n:09}"),
-                topic: topic.clone(),
-                tenant_id: format!("tenant-{}", n % 100),
-                principal_id: Some("bench".into()),
-                payload: payload.clone(),
-                ..Default::default()
-            };
-            let i = i64::try_from(n).unwrap_or(i64::MAX);
-            engine.decide(&ctx, cause(i), 1_000 + i, Input::Submit(request))?;
-            if n % 5_000 == 4_999 {
-                engine.checkpoint(Some(i))?;
-            }
-        }
-        engine.checkpoint(Some(i64::try_from(jobs).unwrap_or(0)))?;
+        build_backlog(&mut engine, &topic, reconfigure, jobs, payload_bytes)?;
         anyhow::ensure!(
             engine.state().queued.values().sum::<u64>() == jobs,
             "every bench job is pending"
@@ -129,6 +106,166 @@ pub(super) fn run(config: &Config, jobs: u64, payload_bytes: usize, dir: &Path) 
             reload_seconds: loaded.seconds,
         })
     }
+}
+
+/// Submits `jobs` pending jobs (100 tenants, `payload_bytes` each) through `engine` under
+/// `reconfigure`'s rules, checkpointing every 5,000 as the processor does.
+fn build_backlog(
+    engine: &mut Engine,
+    topic: &str,
+    reconfigure: ksched_core::events::Reconfigure,
+    jobs: u64,
+    payload_bytes: usize,
+) -> Result<()> {
+    let ctx = Ctx { policy: &AllowAll };
+    let cause = |offset: i64| Cause {
+        topic: topic.to_owned(),
+        partition: 0,
+        offset,
+    };
+    engine.decide(&ctx, cause(-1), 1, Input::Reconfigure(reconfigure))?;
+    let payload = vec![7u8; payload_bytes];
+    for n in 0..jobs {
+        let request = JobRequest {
+            job_id: format!("pending-{n:09}"),
+            topic: topic.to_owned(),
+            tenant_id: format!("tenant-{}", n % 100),
+            principal_id: Some("bench".into()),
+            payload: payload.clone(),
+            ..Default::default()
+        };
+        let i = i64::try_from(n).unwrap_or(i64::MAX);
+        engine.decide(&ctx, cause(i), 1_000 + i, Input::Submit(request))?;
+        if n % 5_000 == 4_999 {
+            engine.checkpoint(Some(i))?;
+        }
+    }
+    engine.checkpoint(Some(i64::try_from(jobs).unwrap_or(0)))?;
+    Ok(())
+}
+
+/// Drains a backlog of `jobs` built in `engine` through one worker of 1,000 slots whose
+/// every job succeeds at once, deciding and checkpointing as the processor does (every
+/// 1,000 inputs); returns placements per second.
+fn drain(engine: &mut Engine, jobs: u64) -> Result<f64> {
+    use ksched_core::events::Event;
+    use ksched_core::records::{Heartbeat, JobResult};
+    let ctx = Ctx { policy: &AllowAll };
+    // One input a millisecond of log time, after the backlog's.
+    let offset = std::cell::Cell::new(i64::try_from(jobs).unwrap_or(0) + 1);
+    let now = || 1_000 + offset.get();
+    let mut placed: Vec<(String, i32)> = Vec::new();
+    let decide =
+        |engine: &mut Engine, input: Input, placed: &mut Vec<(String, i32)>| -> Result<()> {
+            let mut input = input;
+            loop {
+                offset.set(offset.get() + 1);
+                let cause = Cause {
+                    topic: "bench".into(),
+                    partition: 0,
+                    offset: offset.get(),
+                };
+                let p = engine.decide(&ctx, cause, now(), input)?;
+                placed.extend(p.entry.events.iter().filter_map(|e| match e {
+                    Event::JobDispatched(d) => Some((d.job_id.clone(), d.attempt)),
+                    _ => None,
+                }));
+                if offset.get() % 1_000 == 0 {
+                    engine.checkpoint(Some(offset.get()))?;
+                }
+                if !p.more {
+                    return Ok(());
+                }
+                input = engine.continuation();
+            }
+        };
+    let started = Instant::now();
+    let heartbeat = Heartbeat {
+        worker_id: "drain".into(),
+        pool: "default".into(),
+        max_parallel_jobs: 1_000,
+        owned_partitions: vec![0],
+        sent_at: now(),
+        ..Default::default()
+    };
+    decide(engine, Input::Heartbeat(heartbeat), &mut placed)?;
+    let mut done = 0;
+    while done < jobs {
+        anyhow::ensure!(!placed.is_empty(), "nothing placed after {done} jobs");
+        for (id, attempt) in std::mem::take(&mut placed) {
+            let result = JobResult::succeeded(id, attempt, "drain", 1, now());
+            decide(engine, Input::Result(result), &mut placed)?;
+            done += 1;
+        }
+    }
+    engine.checkpoint(Some(offset.get()))?;
+    Ok(jobs as f64 / started.elapsed().as_secs_f64())
+}
+
+/// What `--backlog-drain` measured.
+#[derive(Debug, Serialize)]
+pub(super) struct Drain {
+    pub pending_jobs: u64,
+    /// Placements a second draining the backlog with the records past each lane's window in
+    /// RocksDB, read back as the windows slide.
+    pub from_storage_per_second: f64,
+    /// The same with every record in memory.
+    pub in_memory_per_second: f64,
+    pub ratio: f64,
+}
+
+/// `ksched bench --backlog-drain N`: the cost of reading queued records back. N pending jobs
+/// are built twice, once as the processor keeps them (records past each lane's window leave
+/// memory) and once with every record in memory, and each backlog is drained by a worker of
+/// 1,000 slots through the real core and store (no broker needed).
+pub(super) fn drain_only(args: &BenchArgs, jobs: u64) -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let kafka = KafkaSettings {
+        bootstrap_servers: args.bootstrap_servers.clone(),
+        ..KafkaSettings::default()
+    };
+    let config = bench_config(&kafka, "bench.drain.", dir.path(), None);
+    let (topic, rules) = backlog_rules(&config);
+    let reconfigure = Config {
+        rules,
+        ..config.clone()
+    }
+    .reconfigure();
+    let mut rates = Vec::new();
+    for (name, evicting) in [("from storage", true), ("in memory", false)] {
+        phase(&format!(
+            "backlog drain: {jobs} pending jobs, records {name}"
+        ));
+        let store = Store::open(&dir.path().join(name.replace(' ', "-")), 0)?;
+        let mut state = store.load_state()?;
+        if !evicting {
+            state.backlog = ksched_core::state::Backlog::default();
+        }
+        let mut engine = Engine::with_state(store, state);
+        build_backlog(
+            &mut engine,
+            &topic,
+            reconfigure.clone(),
+            jobs,
+            args.memory_payload,
+        )?;
+        let in_memory = engine.state().jobs.len();
+        let rate = drain(&mut engine, jobs)?;
+        eprintln!("        {rate:.0} placements/s ({in_memory} records in memory before)");
+        rates.push(rate);
+    }
+    let d = Drain {
+        pending_jobs: jobs,
+        from_storage_per_second: rates[0],
+        in_memory_per_second: rates[1],
+        ratio: rates[0] / rates[1].max(f64::MIN_POSITIVE),
+    };
+    eprintln!(
+        "        from storage / in memory: {:.2} ({:.0} / {:.0} placements/s)",
+        d.ratio, d.from_storage_per_second, d.in_memory_per_second
+    );
+    std::fs::write(&args.out, serde_json::to_string_pretty(&d)?)?;
+    Ok(())
 }
 
 /// What a fresh process measured loading a backlog.

@@ -100,6 +100,11 @@ pub(crate) struct BenchArgs {
     /// Payload bytes of each pending job in the memory measurement.
     #[arg(long, default_value_t = 64)]
     pub memory_payload: usize,
+    /// Only measure the cost of reading queued records back from storage: this many pending
+    /// jobs drained by one worker with their records in storage, then in memory (no broker
+    /// needed).
+    #[arg(long, value_name = "JOBS")]
+    pub backlog_drain: Option<u64>,
     /// (Internal) load the store in this directory and print what it cost.
     #[arg(long, hide = true, value_name = "DIR")]
     pub memory_load: Option<PathBuf>,
@@ -413,6 +418,9 @@ fn bench(args: BenchArgs) -> Result<()> {
     }
     if let Some(jobs) = args.memory {
         return memory_only(&args, jobs);
+    }
+    if let Some(jobs) = args.backlog_drain {
+        return memory::drain_only(&args, jobs);
     }
     if let Some(jobs) = args.timers {
         return timers::timers_only(&args, jobs);
