@@ -7,12 +7,10 @@
 
 mod common;
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::*;
 use ksched_core::records::{JobRequest, Priority};
-use ksched_worker::Outcome;
 use rdkafka::producer::{BaseRecord, Producer};
 
 const JOBS: usize = 150;
@@ -28,21 +26,7 @@ fn a_backlog_past_the_windows_runs_once_in_queue_order_across_a_kill_and_a_takeo
             "  limits:\n    max_work_per_entry: 4\n",
         ));
 
-    let started: Arc<Mutex<Vec<String>>> = Arc::default();
-    let (_rt, stop) = {
-        let started = started.clone();
-        run_worker(&owner, "backlog-worker", 1, move |job| {
-            let started = started.clone();
-            async move {
-                started
-                    .lock()
-                    .unwrap()
-                    .push(job.dispatch.job.job_id.clone());
-                tokio::time::sleep(Duration::from_millis(20)).await;
-                Outcome::succeeded()
-            }
-        })
-    };
+    let (_rt, stop, started) = run_recording_worker(&owner, "backlog-worker", 1, 20);
     // One partition (one key): the jobs are accepted in the order they are produced. One in
     // five is CRITICAL, and goes before the BATCH ones that wait.
     let producer = producer_of(&owner);

@@ -278,21 +278,7 @@ fn fair_share_goes_on_across_a_kill_and_a_takeover() {
     };
     let (mut owner, standby) = owner_and_standby_of(RunningScheduler::start_with_rules(&routes));
 
-    let started: Arc<Mutex<Vec<String>>> = Arc::default();
-    let (_rt, stop) = {
-        let started = started.clone();
-        run_worker(&owner, "share-worker", 1, move |job| {
-            let started = started.clone();
-            async move {
-                started
-                    .lock()
-                    .unwrap()
-                    .push(job.dispatch.job.job_id.clone());
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                Outcome::succeeded()
-            }
-        })
-    };
+    let (_rt, stop, started) = run_recording_worker(&owner, "share-worker", 1, 100);
     let producer = producer_of(&owner);
     let topic = owner.job_topic.clone();
     // acme's 60 jobs, then globex's 20: both wait for the one slot.

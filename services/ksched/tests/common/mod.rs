@@ -650,3 +650,32 @@ where
     rt.spawn(async move { worker.run(handler, s).await });
     (rt, stop)
 }
+
+/// A [`run_worker`] whose jobs succeed after `ms`, and the ids of the jobs it started, in the
+/// order it started them.
+#[allow(clippy::type_complexity)]
+pub(crate) fn run_recording_worker(
+    owner: &RunningScheduler,
+    id: &str,
+    slots: usize,
+    ms: u64,
+) -> (
+    tokio::runtime::Runtime,
+    tokio_util::sync::CancellationToken,
+    std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+) {
+    let started: std::sync::Arc<std::sync::Mutex<Vec<String>>> = Default::default();
+    let recorded = started.clone();
+    let (rt, stop) = run_worker(owner, id, slots, move |job| {
+        let started = recorded.clone();
+        async move {
+            started
+                .lock()
+                .unwrap()
+                .push(job.dispatch.job.job_id.clone());
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            ksched_worker::Outcome::succeeded()
+        }
+    });
+    (rt, stop, started)
+}
