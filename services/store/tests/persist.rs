@@ -875,6 +875,26 @@ fn a_backlog_past_the_windows_stays_on_disk_and_is_read_back_as_it_runs() {
     };
     // Two lanes (one a tenant), windows of four.
     assert_eq!(queued_in(&live), 8);
+    // Three delayed ones wait in storage too. A shard counting the topic's unfinished jobs
+    // before moving it counts those in memory and those only in storage.
+    for n in 60..63 {
+        let request = JobRequest {
+            not_before: Some(t + 3_600_000),
+            ..job(n)
+        };
+        step(&mut live, &mut reference, t + 100, Input::Submit(request));
+    }
+    let in_memory = (live.jobs.iter_any_order())
+        .filter(|(_, j)| !j.state.is_terminal() && j.request.topic == "job.default")
+        .count() as u64;
+    let stored = store
+        .unfinished_of_topic("job.default", |id| live.jobs.contains_key(id))
+        .unwrap();
+    assert_eq!((in_memory, in_memory + stored), (8, 63));
+    assert_eq!(
+        store.unfinished_of_topic("job.other", |_| false).unwrap(),
+        0
+    );
 
     drop(live);
     let mut loaded = store.load_state().unwrap();
