@@ -103,7 +103,7 @@ fn in_window(keys: &BTreeSet<QueueKey>, key: &QueueKey, window: usize) -> bool {
 }
 
 impl State {
-    /// The window of the lanes of `pool`: how many first jobs of each decisions may read.
+    /// How many first jobs of each lane decisions may read ([`window_of`]).
     fn window(&self) -> usize {
         window_of(self.rules())
     }
@@ -149,6 +149,9 @@ impl State {
     /// index from the records (new rules). Costs memory for the whole backlog
     /// until the next checkpoint lets it go again.
     pub fn load_queued<S: ColdStore>(&mut self, store: &S) -> Result<(), S::Error> {
+        if !self.backlog.evicting {
+            return Ok(());
+        }
         let mut missing: BTreeSet<&str> = BTreeSet::new();
         for lanes in self.lanes.values() {
             for key in lanes.values().flatten() {
@@ -158,7 +161,7 @@ impl State {
             }
         }
         let missing: Vec<String> = missing.into_iter().map(str::to_owned).collect();
-        self.load_queued_records(&missing, store)
+        self.load_jobs(&missing, store)
     }
 
     /// Reads back the records of the first `want` timers due by `judged` (of the aging
@@ -176,6 +179,10 @@ impl State {
         want: usize,
         store: &S,
     ) -> Result<(), S::Error> {
+        // Without eviction every record is in memory: no walk through the due timers.
+        if !self.backlog.evicting {
+            return Ok(());
+        }
         let timers = if aging {
             &self.aging_timers
         } else {
@@ -195,23 +202,7 @@ impl State {
             .take(want)
             .map(|t| t.job_id.clone())
             .collect();
-        self.load_queued_records(&missing, store)
-    }
-
-    /// Puts back in memory queued records read from `store`; their index entries never left.
-    fn load_queued_records<S: ColdStore>(
-        &mut self,
-        ids: &[String],
-        store: &S,
-    ) -> Result<(), S::Error> {
-        for id in ids {
-            if !self.jobs.contains_key(id)
-                && let Some(job) = store.job(id)?
-            {
-                self.hydrate_job(id.clone(), job);
-            }
-        }
-        Ok(())
+        self.load_jobs(&missing, store)
     }
 
     /// Whether `job`, read from storage, is queued here: its index entries are in memory.
@@ -230,7 +221,7 @@ impl State {
         for id in spare {
             let Some(job) = self.jobs.get(&id) else {
                 // Not in memory: looked at again once read back, if it came into a window
-                // (of another pool, say) since.
+                // again since it was pushed out.
                 if self.backlog.entering.contains(&id) {
                     kept.insert(id);
                 }

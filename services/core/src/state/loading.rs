@@ -255,7 +255,7 @@ impl State {
         self.load_sagas(&sagas, store)
     }
 
-    fn load_jobs<S: ColdStore>(
+    pub(super) fn load_jobs<S: ColdStore>(
         &mut self,
         ids: &[impl AsRef<str>],
         store: &S,
