@@ -48,6 +48,15 @@ impl ColdStore for NoStore {
     fn delays_after(&self, _: Option<&DelayKey>, _: usize) -> Result<Vec<DelayKey>, Self::Error> {
         Ok(Vec::new())
     }
+    fn lane_after(
+        &self,
+        _: &str,
+        _: &ksched_core::state::Lane,
+        _: Option<&ksched_core::state::QueueKey>,
+        _: usize,
+    ) -> Result<Vec<ksched_core::state::QueueKey>, Self::Error> {
+        Ok(Vec::new())
+    }
 }
 
 struct Driver {

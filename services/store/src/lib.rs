@@ -28,7 +28,8 @@ use ksched_core::records::{DeadLetter, Millis};
 use ksched_core::rules::Rules;
 use ksched_core::state::{
     ActiveConfig, Breaker, Bucket, BucketKey, ColdStore, Debounce, DebounceKey, Dirty, HistoryItem,
-    HistoryLines, IdempotencyEntry, Job, PoolShare, Saga, ShareKey, State, Worker,
+    HistoryLines, IdempotencyEntry, Job, Lane, PoolShare, QueueKey, Saga, ShareKey, State, Worker,
+    lane_keys_of,
 };
 use rocksdb::{
     ColumnFamily, ColumnFamilyDescriptor, DB, Direction, IteratorMode, Options, WriteBatch,
@@ -99,7 +100,9 @@ pub struct Scanned {
 /// 10: each pool's fair share between tenants at each priority (`fair_shares`).
 /// 11: open debounce windows (`debounces`).
 /// 12: a job keeps the priorities aging gave it while queued.
-pub const FORMAT_VERSION: u32 = 12;
+/// 13: queued jobs by (pool, lane, queue key) (`lanes`), so that a lane's jobs past the
+/// first ones wait in storage only.
+pub const FORMAT_VERSION: u32 = 13;
 
 /// Most idempotency keys one write deletes when their retention passed; the rest follow in
 /// the next writes, so a prune never becomes one huge batch.
@@ -121,6 +124,7 @@ const CF_SCHEDULES: &str = "schedules";
 const CF_BUCKETS: &str = "rate_buckets";
 const CF_SHARES: &str = "fair_shares";
 const CF_DEBOUNCES: &str = "debounces";
+const CF_LANES: &str = "lanes";
 /// Every column family, in a fixed order.
 pub const CFS: &[&str] = &[
     CF_META,
@@ -139,6 +143,7 @@ pub const CFS: &[&str] = &[
     CF_BUCKETS,
     CF_SHARES,
     CF_DEBOUNCES,
+    CF_LANES,
 ];
 
 const META_FORMAT: &[u8] = b"format";
@@ -278,6 +283,7 @@ const SCANNED_ONLY: &[&str] = &[
     CF_BUCKETS,
     CF_SHARES,
     CF_DEBOUNCES,
+    CF_LANES,
 ];
 
 /// Every column family, sharing one block cache.
@@ -516,6 +522,68 @@ impl Store {
         Ok(out)
     }
 
+    /// The prefix of a lane's keys in `lanes`: the pool and the lane, length-prefixed (no
+    /// lane's prefix begins another's).
+    fn lane_prefix(&self, pool: &str, lane: &Lane) -> Vec<u8> {
+        let mut k = Vec::new();
+        self.key_into(&mut k, &[&encode(&(pool, lane))]);
+        k
+    }
+
+    /// A job's key in `lanes`: its lane's prefix, then its place in the lane's order (rank,
+    /// time order-preserving, id).
+    fn lane_key(prefix: &[u8], key: &QueueKey) -> Vec<u8> {
+        let mut k = Vec::with_capacity(prefix.len() + 9 + key.job_id.len());
+        k.extend_from_slice(prefix);
+        k.push(key.rank);
+        k.extend_from_slice(&order_preserving(key.queued_at));
+        k.extend_from_slice(key.job_id.as_bytes());
+        k
+    }
+
+    /// The keys of lane `lane` of `pool` after `after` (from its first with None), in queue
+    /// order, at most `limit`.
+    pub fn lane_after(
+        &self,
+        pool: &str,
+        lane: &Lane,
+        after: Option<&QueueKey>,
+        limit: usize,
+    ) -> Result<Vec<QueueKey>> {
+        let prefix = self.lane_prefix(pool, lane);
+        let start = match after {
+            Some(a) => Store::lane_key(&prefix, a),
+            None => prefix.clone(),
+        };
+        let iter = self.db.iterator_cf(
+            self.cf(CF_LANES),
+            IteratorMode::From(&start, Direction::Forward),
+        );
+        let mut out = Vec::new();
+        for item in iter {
+            let (k, _) = item?;
+            if !k.starts_with(&prefix) || out.len() >= limit {
+                break;
+            }
+            if after.is_some() && *k == *start {
+                continue;
+            }
+            let rest = &k[prefix.len()..];
+            let (Some(&rank), Some(at)) = (
+                rest.first(),
+                rest.get(1..9).and_then(|b| <[u8; 8]>::try_from(b).ok()),
+            ) else {
+                continue;
+            };
+            out.push(QueueKey {
+                rank,
+                queued_at: from_order_preserving(at),
+                job_id: utf8(rest[9..].to_vec()),
+            });
+        }
+        Ok(out)
+    }
+
     fn get<T: DeserializeOwned>(&self, cf: &str, k: &[u8]) -> Result<Option<T>> {
         match self.db.get_pinned_cf(self.cf(cf), self.key(k))? {
             Some(v) => decode(cf, &v).map(Some),
@@ -680,6 +748,30 @@ impl Store {
                     }
                 }
                 None => b.delete_cf(self.cf(CF_ACTIVE), &key),
+            }
+        }
+        // Queued jobs by lane, written with their records; the entries they left go, but
+        // those a job waits under again and those of jobs no batch wrote before.
+        for id in &dirty.jobs {
+            if let Some(job) = state.jobs.get(id) {
+                for (pool, lane, k) in lane_keys_of(id, job) {
+                    let prefix = self.lane_prefix(&pool, &lane);
+                    b.put_cf(self.cf(CF_LANES), Store::lane_key(&prefix, &k), []);
+                }
+            }
+        }
+        for (pool, lane, k) in &dirty.lanes_removed {
+            let job = state.jobs.get(&k.job_id);
+            let unwritten =
+                job.is_some_and(|j| dirty.since_clock.is_some_and(|c| j.accepted_at > c));
+            let waits_again = job.is_some_and(|j| {
+                lane_keys_of(&k.job_id, j)
+                    .iter()
+                    .any(|(p, l, q)| p == pool && l == lane && q == k)
+            });
+            if !unwritten && !waits_again {
+                let prefix = self.lane_prefix(pool, lane);
+                b.delete_cf(self.cf(CF_LANES), Store::lane_key(&prefix, k));
             }
         }
         for (due, id) in &dirty.delays_removed {
@@ -1180,6 +1272,16 @@ impl ColdStore for Store {
         limit: usize,
     ) -> Result<Vec<(Millis, String)>> {
         Store::delays_after(self, after, limit)
+    }
+
+    fn lane_after(
+        &self,
+        pool: &str,
+        lane: &Lane,
+        after: Option<&QueueKey>,
+        limit: usize,
+    ) -> Result<Vec<QueueKey>> {
+        Store::lane_after(self, pool, lane, after, limit)
     }
 }
 

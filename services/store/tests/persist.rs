@@ -384,8 +384,9 @@ fn a_job_accepted_and_ended_between_two_checkpoints_has_no_marker_to_delete() {
     let dirty = state.take_dirty();
     store.persist(&state, dirty, Some(0)).unwrap();
     assert_eq!(active(), vec!["a".to_owned()]);
-    // Job "b" accepted and failed within the next set: no active marker was ever written
-    // for it, so none is deleted; a set that does not know when it began deletes one.
+    // Job "b" accepted and failed within the next set: no active marker nor lane entry was
+    // ever written for it, so none is deleted; a set that does not know when it began
+    // deletes them.
     decide(&mut state, 3);
     decide(&mut state, 7);
     assert!(state.jobs.get("b").is_some_and(|j| j.state.is_terminal()));
@@ -395,7 +396,8 @@ fn a_job_accepted_and_ended_between_two_checkpoints_has_no_marker_to_delete() {
     unknown.since_clock = None;
     let judged = store.prepare(&state, &mut dirty).unwrap();
     let conservative = store.prepare(&state, &mut unknown).unwrap();
-    assert_eq!(judged.records() + 1, conservative.records());
+    // (Its active marker and its entry in its lane.)
+    assert_eq!(judged.records() + 2, conservative.records());
     store.write(judged, Some(1)).unwrap();
     assert!(active().contains(&"a".to_owned()));
     assert!(!active().contains(&"b".to_owned()));
@@ -873,8 +875,19 @@ fn a_backlog_past_the_windows_stays_on_disk_and_is_read_back_as_it_runs() {
             .filter(|(_, j)| j.queued_at.is_some())
             .count()
     };
-    // Two lanes (one a tenant), windows of four.
+    // Two lanes (one a tenant), windows of four; each lane keeps its first 8 to 16 keys
+    // (cut back to 8 when its head grows past 16).
     assert_eq!(queued_in(&live), 8);
+    let keys_in = |s: &State| -> usize {
+        (s.lanes.values().flat_map(|l| l.values()))
+            .map(|k| k.head().len() + k.beyond().len())
+            .sum()
+    };
+    assert!(
+        (16..=32).contains(&keys_in(&live)),
+        "{} keys",
+        keys_in(&live)
+    );
     // Three delayed ones wait in storage too. A shard counting the topic's unfinished jobs
     // before moving it counts those in memory and those only in storage.
     for n in 60..63 {
@@ -903,6 +916,7 @@ fn a_backlog_past_the_windows_stays_on_disk_and_is_read_back_as_it_runs() {
         8,
         "a restart reads back the windows only"
     );
+    assert_eq!(keys_in(&loaded), 16, "and the lanes' first keys");
     assert_eq!(loaded.queued, reference.queued);
     assert_eq!(loaded.lanes, reference.lanes);
     assert_eq!(loaded.lane_heads, reference.lane_heads);

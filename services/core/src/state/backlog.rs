@@ -23,7 +23,7 @@ use std::collections::BTreeSet;
 use crate::events::JobState;
 use crate::rules::Rules;
 
-use super::{ColdStore, Job, QueueKey, State};
+use super::{ColdStore, Job, Lane, QueueKey, State};
 use crate::records::Millis;
 
 /// The queued jobs a state holds in memory beyond what decisions need ([`State::backlog`]).
@@ -38,6 +38,10 @@ pub struct Backlog {
     /// Jobs that came into a lane's window when a job before them left it: their records
     /// may be in storage only.
     entering: Vec<String>,
+    /// Lanes with fewer keys in memory than the next entry may take ([`super::LaneJobs::short`]).
+    short: BTreeSet<(String, Lane)>,
+    /// Lanes whose heads grew past [`trim_above`]: cut back when records leave memory.
+    long: BTreeSet<(String, Lane)>,
 }
 
 impl Backlog {
@@ -78,12 +82,39 @@ impl Backlog {
         }
     }
 
+    /// Notes that a lane has fewer keys in memory than the next entry may take.
+    pub(super) fn short(&mut self, pool: &str, lane: &Lane) {
+        if self.evicting {
+            self.short.insert((pool.to_owned(), lane.clone()));
+        }
+    }
+
+    /// Notes that a lane's head grew past [`trim_above`].
+    pub(super) fn long(&mut self, pool: &str, lane: &Lane) {
+        if self.evicting {
+            self.long.insert((pool.to_owned(), lane.clone()));
+        }
+    }
+
     /// Forgets every note (indexes are rebuilt: every queued job is noted again as it joins
     /// its queues).
     pub(super) fn forget(&mut self) {
         self.entering.clear();
         self.spare.clear();
+        self.short.clear();
+        self.long.clear();
     }
+}
+
+/// How many keys a lane's head holds after a read or a cut: twice the window, so that a
+/// lane is read back once per `window` jobs that leave it, not at every one.
+pub(super) fn keep_of(window: usize) -> usize {
+    window.saturating_mul(2)
+}
+
+/// The most keys a lane's head holds before it is cut back to [`keep_of`].
+pub(super) fn trim_above(window: usize) -> usize {
+    window.saturating_mul(4)
 }
 
 /// How many of a lane's first jobs decisions may read under `rules`: one entry places at
@@ -123,14 +154,25 @@ impl State {
         let window = self.window();
         job.pools.iter().all(|pool| {
             (self.lanes.get(pool).and_then(|lanes| lanes.get(&lane)))
-                .is_none_or(|keys| !in_window(keys, &key, window))
+                .is_none_or(|keys| !in_window(keys.head(), &key, window))
         })
     }
 
-    /// Reads back the records of the jobs that came into a lane's window since the last
-    /// decision, so that a decision finds in memory every record it may read. They are in
-    /// their windows: not looked at again when records leave memory (unless pushed out).
+    /// Reads back what the next decision may read: the keys of lanes left with fewer in
+    /// memory than an entry may take, and the records of the jobs in their windows and of
+    /// those that came into a lane's window since the last decision. Records read back are
+    /// in their windows: not looked at again when records leave memory (unless pushed out).
     pub fn refill_windows<S: ColdStore>(&mut self, store: &S) -> Result<(), S::Error> {
+        let window = self.window();
+        for (pool, lane) in std::mem::take(&mut self.backlog.short) {
+            self.read_lane(&pool, &lane, Some(keep_of(window)), store)?;
+            if let Some(jobs) = self.lanes.get(&pool).and_then(|l| l.get(&lane)) {
+                let missing = (jobs.head().iter().take(window))
+                    .filter(|k| !self.jobs.contains_key(&k.job_id))
+                    .map(|k| k.job_id.clone());
+                self.backlog.entering.extend(missing);
+            }
+        }
         for id in std::mem::take(&mut self.backlog.entering) {
             if !self.jobs.contains_key(&id)
                 && let Some(job) = store.job(&id)?
@@ -145,18 +187,71 @@ impl State {
         Ok(())
     }
 
-    /// Reads back the record of every queued job not in memory: for what re-derives every
+    /// Reads lane `lane` of `pool`'s keys back from `store` until its head holds `want`
+    /// (None: every key). A key whose job is in memory counts only if the job still waits
+    /// under it: the store is written behind.
+    fn read_lane<S: ColdStore>(
+        &mut self,
+        pool: &str,
+        lane: &Lane,
+        want: Option<usize>,
+        store: &S,
+    ) -> Result<(), S::Error> {
+        let window = self.window();
+        let chunk = keep_of(window);
+        loop {
+            let Some(jobs) = self.lanes.get(pool).and_then(|l| l.get(lane)) else {
+                return Ok(());
+            };
+            let enough = match want {
+                Some(w) => !jobs.short(w),
+                None => jobs.is_whole(),
+            };
+            if enough {
+                return Ok(());
+            }
+            let read = store.lane_after(pool, lane, jobs.read_after(), chunk)?;
+            let more = read.len() >= chunk;
+            let State { jobs, lanes, .. } = self;
+            let current = |k: &QueueKey| match jobs.get(&k.job_id) {
+                Some(job) => (super::lane_keys_of(&k.job_id, job).iter())
+                    .any(|(p, l, q)| p == pool && l == lane && q == k),
+                None => true,
+            };
+            let Some(keys) = lanes.get_mut(pool).and_then(|l| l.get_mut(lane)) else {
+                return Ok(());
+            };
+            keys.extend(read, more, current);
+            if keys.head().len() > trim_above(window) {
+                self.backlog.long(pool, lane);
+            }
+        }
+    }
+
+    /// Reads back every queued job's key and record not in memory: for what re-derives every
     /// index from the records (new rules). Costs memory for the whole backlog
     /// until the next checkpoint lets it go again.
     pub fn load_queued<S: ColdStore>(&mut self, store: &S) -> Result<(), S::Error> {
         if !self.backlog.evicting {
             return Ok(());
         }
+        let partial: Vec<(String, Lane)> = (self.lanes.iter())
+            .flat_map(|(pool, lanes)| {
+                (lanes.iter())
+                    .filter(|(_, jobs)| !jobs.is_whole())
+                    .map(|(lane, _)| (pool.clone(), lane.clone()))
+            })
+            .collect();
+        for (pool, lane) in partial {
+            self.read_lane(&pool, &lane, None, store)?;
+        }
         let mut missing: BTreeSet<&str> = BTreeSet::new();
         for lanes in self.lanes.values() {
-            for key in lanes.values().flatten() {
-                if !self.jobs.contains_key(&key.job_id) {
-                    missing.insert(&key.job_id);
+            for jobs in lanes.values() {
+                for key in jobs.head() {
+                    if !self.jobs.contains_key(&key.job_id) {
+                        missing.insert(&key.job_id);
+                    }
                 }
             }
         }
@@ -211,7 +306,9 @@ impl State {
     }
 
     /// Lets the records of queued jobs past every window leave memory, but those `keep`
-    /// names (changed since the last written checkpoint).
+    /// names (changed since the last written checkpoint), then cuts the lanes whose heads
+    /// grew long back to their first keys (the rest are in storage, or stay past the head
+    /// while their records are in memory).
     pub(super) fn evict_spare(&mut self, keep: Option<&BTreeSet<String>>) {
         if !self.backlog.evicting {
             return;
@@ -234,20 +331,41 @@ impl State {
             if keep.is_some_and(|k| k.contains(&id)) {
                 kept.insert(id);
             } else if self.past_every_window(&id, job) {
+                for (pool, lane, key) in super::lane_keys_of(&id, job) {
+                    if let Some(jobs) = self.lanes.get_mut(&pool).and_then(|l| l.get_mut(&lane)) {
+                        jobs.left_memory(&key);
+                    }
+                }
                 self.jobs.remove(&id);
             }
         }
         self.backlog.spare = kept;
+        let keep_keys = keep_of(self.window());
+        for (pool, lane) in std::mem::take(&mut self.backlog.long) {
+            let State { jobs, lanes, .. } = self;
+            if let Some(keys) = lanes.get_mut(&pool).and_then(|l| l.get_mut(&lane)) {
+                keys.trim(keep_keys, |id| jobs.contains_key(id));
+            }
+        }
     }
 
-    /// Jobs in a lane's window whose records are not in memory: none once the windows were
-    /// read back ([`State::refill_windows`]), as before every decision.
+    /// What a decision would find missing: lanes with fewer keys in memory than an entry
+    /// may take, and jobs in a lane's window whose records are not in memory. None once the
+    /// windows were read back ([`State::refill_windows`]), as before every decision.
     pub fn window_problems(&self) -> Vec<String> {
         let window = self.window();
         let mut problems = Vec::new();
         for (pool, lanes) in &self.lanes {
             for keys in lanes.values() {
-                for key in keys.iter().take(window) {
+                if keys.short(window + 1) {
+                    problems.push(format!(
+                        "a lane in pool {pool} holds {} of its {} keys in memory, fewer than {}",
+                        keys.head().len(),
+                        keys.len(),
+                        window + 1
+                    ));
+                }
+                for key in keys.head().iter().take(window) {
                     if !self.jobs.contains_key(&key.job_id) {
                         problems.push(format!(
                             "job {} is in the window of its lane in pool {pool} but not in memory",
@@ -261,7 +379,8 @@ impl State {
     }
 
     /// Queued jobs past every window whose records stayed in memory when records were let go
-    /// (but those not yet written): none.
+    /// (but those not yet written), and keys past a lane's head kept for records that are
+    /// no longer in memory: none.
     pub fn lingering_queued(&self) -> Vec<String> {
         let mut ids: Vec<String> = (self.jobs.iter_any_order())
             .filter(|(id, job)| {
@@ -271,6 +390,15 @@ impl State {
             })
             .map(|(id, _)| id.to_owned())
             .collect();
+        for lanes in self.lanes.values() {
+            for keys in lanes.values() {
+                ids.extend(
+                    (keys.beyond().iter())
+                        .filter(|k| !self.jobs.contains_key(&k.job_id))
+                        .map(|k| format!("{} (past its lane's head)", k.job_id)),
+                );
+            }
+        }
         ids.sort_unstable();
         ids
     }

@@ -119,7 +119,7 @@ impl Entries {
 /// re-indexed with one lookup.
 struct Indexes<'a> {
     queued: &'a mut BTreeMap<String, u64>,
-    lanes: &'a mut BTreeMap<String, BTreeMap<Lane, std::collections::BTreeSet<QueueKey>>>,
+    lanes: &'a mut BTreeMap<String, BTreeMap<Lane, super::LaneJobs>>,
     lane_heads: &'a mut BTreeMap<String, Heads>,
     shares: &'a mut BTreeMap<super::ShareKey, PoolShare>,
     /// The rules in force, for tenants' fair share weights.
@@ -249,7 +249,11 @@ impl Indexes<'_> {
 
     fn enqueue(&mut self, id: &str, job: &Job, (rank, queued_at): (u8, Millis)) {
         let lane = crate::decide::lane_of(job);
-        for pool in &job.pools {
+        for (i, pool) in job.pools.iter().enumerate() {
+            // (A pool a topic names twice holds the job once.)
+            if job.pools[..i].contains(pool) {
+                continue;
+            }
             let key = QueueKey {
                 rank,
                 queued_at,
@@ -260,29 +264,26 @@ impl Indexes<'_> {
                 .entry(pool.clone())
                 .or_default()
                 .entry(lane.clone())
-                .or_default();
-            // (A pool a topic names twice holds the job once.)
-            if jobs.contains(&key) {
+                .or_insert_with(super::LaneJobs::whole);
+            let head_before = jobs.first().cloned();
+            if !jobs.insert(key) {
                 continue;
             }
-            let head_before = jobs.first().cloned();
-            let new_head = head_before.as_ref().is_none_or(|h| key < *h);
-            if new_head {
-                jobs.insert(key.clone());
-            } else {
-                jobs.insert(key);
-            }
+            let window = self.window;
             // In a lane longer than its window, this job may be past it, or have put the
             // last of the window past it: either may leave memory now.
-            if self.backlog.evicting && jobs.len() > self.window {
+            if self.backlog.evicting && jobs.len() > window as u64 {
                 self.backlog.spare(id);
-                if let Some(pushed) = jobs.iter().nth(self.window) {
+                if let Some(pushed) = jobs.head().iter().nth(window) {
                     self.backlog.pushed_out(&pushed.job_id);
                 }
+                if jobs.head().len() == super::backlog::trim_above(window) + 1 {
+                    self.backlog.long(pool, &lane);
+                }
             }
-            if new_head {
-                let key = jobs.first().cloned();
-                self.move_head(pool, &lane, head_before, key);
+            let head_after = jobs.first().cloned();
+            if head_after != head_before {
+                self.move_head(pool, &lane, head_before, head_after);
             }
             match self.queued.get_mut(pool) {
                 Some(n) => *n += 1,
@@ -301,7 +302,10 @@ impl Indexes<'_> {
 
     fn unqueue(&mut self, id: &str, job: &Job, (rank, queued_at): (u8, Millis)) {
         let lane = crate::decide::lane_of(job);
-        for pool in &job.pools {
+        for (i, pool) in job.pools.iter().enumerate() {
+            if job.pools[..i].contains(pool) {
+                continue;
+            }
             let key = QueueKey {
                 rank,
                 queued_at,
@@ -324,20 +328,34 @@ impl Indexes<'_> {
                 }
             }
             let next = jobs.first().cloned();
-            // A job that stood before the window's last left it: the next comes in, whose
-            // record may be in storage.
-            if self.backlog.evicting
-                && jobs.len() >= self.window
-                && let Some(last) = jobs.iter().nth(self.window - 1)
-                && key < *last
-            {
-                self.backlog.entered(&last.job_id);
+            debug_assert!(
+                next.is_some() || jobs.is_empty(),
+                "lane of job {id} in pool {pool}: its next job was not read back"
+            );
+            let window = self.window;
+            if self.backlog.evicting {
+                // A job that stood before the window's last left it: the next comes in, whose
+                // record may be in storage.
+                if let Some(last) = jobs.head().iter().nth(window - 1)
+                    && key < *last
+                {
+                    self.backlog.entered(&last.job_id);
+                }
+                // Fewer keys in memory than the next entry may take: read more back first.
+                if jobs.short(window + 1) {
+                    self.backlog.short(pool, &lane);
+                }
             }
-            if jobs.is_empty() {
+            let empty = jobs.is_empty();
+            if empty {
                 lanes.remove(&lane);
                 if lanes.is_empty() {
                     self.lanes.remove(pool);
                 }
+            }
+            if let Some(d) = self.dirty.as_deref_mut() {
+                d.lanes_removed
+                    .push((pool.clone(), lane.clone(), key.clone()));
             }
             if was_head {
                 self.move_head(pool, &lane, Some(key), next);
@@ -877,7 +895,7 @@ impl State {
         /// Records indexed between two looks for queued ones past every window.
         const EVICT_EVERY: usize = 16_384;
         self.queued.clear();
-        self.lanes.clear();
+        let before = std::mem::take(&mut self.lanes);
         self.lane_heads.clear();
         self.parked.clear();
         self.key_active.clear();
@@ -938,7 +956,31 @@ impl State {
             self.evict_spare(None);
         }
         self.seed_missing_passes();
+        self.note_lanes_left(before);
         Ok(())
+    }
+
+    /// After a rebuild (new rules): the entries of the lanes `before` that the rebuilt
+    /// lanes no longer hold go from the store's lane index, with the records that changed.
+    /// Every lane is whole here: what rebuilds reads the backlog back first
+    /// ([`State::load_queued`]); a start begins with no lanes.
+    fn note_lanes_left(&mut self, before: BTreeMap<String, BTreeMap<Lane, super::LaneJobs>>) {
+        let Some(dirty) = self.dirty.as_mut() else {
+            return;
+        };
+        for (pool, lanes) in before {
+            for (lane, keys) in lanes {
+                debug_assert!(keys.is_whole(), "a lane of {pool} rebuilt while partial");
+                let now = self.lanes.get(&pool).and_then(|l| l.get(&lane));
+                for key in keys.head().iter().chain(keys.beyond()) {
+                    if !now.is_some_and(|n| n.head().contains(key) || n.beyond().contains(key)) {
+                        dirty
+                            .lanes_removed
+                            .push((pool.clone(), lane.clone(), key.clone()));
+                    }
+                }
+            }
+        }
     }
 
     /// After a clock gap: evidence-based timeouts (placement, dispatch, running) count from
@@ -1039,7 +1081,8 @@ impl State {
     /// id): its lanes merged. A walk of the whole queue, for tests and audits.
     pub fn queue_order(&self, pool: &str) -> Vec<QueueKey> {
         let mut keys: Vec<QueueKey> = (self.lanes.get(pool).into_iter())
-            .flat_map(|lanes| lanes.values().flatten().cloned())
+            .flat_map(|lanes| lanes.values())
+            .flat_map(|l| l.head().iter().chain(l.beyond()).cloned())
             .collect();
         keys.sort_unstable();
         keys

@@ -17,6 +17,15 @@ pub trait ColdStore {
         after: Option<&super::DelayKey>,
         limit: usize,
     ) -> Result<Vec<super::DelayKey>, Self::Error>;
+    /// The keys of lane `lane` of `pool` after `after` (from its first with None), in queue
+    /// order, at most `limit` ([`crate::state::LaneJobs`]).
+    fn lane_after(
+        &self,
+        pool: &str,
+        lane: &super::Lane,
+        after: Option<&super::QueueKey>,
+        limit: usize,
+    ) -> Result<Vec<super::QueueKey>, Self::Error>;
     /// The saga under `key` ([`crate::state::saga_key`]).
     fn saga(&self, key: &str) -> Result<Option<Saga>, Self::Error>;
     fn idempotency(&self, tenant: &str, key: &str)

@@ -21,6 +21,7 @@ mod backlog;
 mod delays;
 mod index;
 mod jobs;
+mod lanes;
 mod loading;
 mod records;
 mod schedules;
@@ -31,6 +32,7 @@ pub use backlog::{Backlog, window_of};
 pub use delays::{Coverage, DEFAULT_WINDOW, DelayKey, Delays, REFILL_CHUNK, delay_key_of};
 pub(crate) use index::Line;
 pub use jobs::JobMap;
+pub use lanes::{LaneJobs, lane_keys_of};
 pub use loading::{ColdStore, Prerequisites};
 pub use records::*;
 pub use shares::{FairKey, HeadAt, Heads, PoolShare, SHARE_UNIT, ShareKey, Turns, Walk};
@@ -93,8 +95,9 @@ pub struct State {
     pub waiting_by_reason: BTreeMap<&'static str, i64>,
     /// Derived: pool -> worker records naming it (for `limits.max_workers_per_pool`).
     pub workers_by_pool: BTreeMap<String, u32>,
-    /// Derived: pool -> lane -> its jobs in the pool's queue ([`Lane`]).
-    pub lanes: BTreeMap<String, BTreeMap<Lane, BTreeSet<QueueKey>>>,
+    /// Derived: pool -> lane -> its jobs in the pool's queue ([`Lane`]), of which memory may
+    /// hold the first ones only ([`LaneJobs`]).
+    pub lanes: BTreeMap<String, BTreeMap<Lane, LaneJobs>>,
     /// Derived: pool -> each lane's first job, by tenant and priority, in fair share order
     /// ([`Heads`]): what a scheduling pass walks. Lanes with a concurrency key stand here
     /// by their group's first job only, and not while the key is at its limit (then in

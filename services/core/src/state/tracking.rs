@@ -30,6 +30,9 @@ pub struct Dirty {
     /// Keys under which jobs no longer wait (released, cancelled, rescheduled): the store's
     /// delay index drops them, unless the job waits under the same key again.
     pub delays_removed: Vec<super::DelayKey>,
+    /// (pool, lane, key) entries jobs left in their queues: the store's lane index drops
+    /// them, unless the job waits under the same entry again ([`super::lane_keys_of`]).
+    pub lanes_removed: Vec<(String, super::Lane, super::QueueKey)>,
     /// Payloads of jobs accepted since the last persist (job_id -> payload).
     pub payloads: BTreeMap<String, Vec<u8>>,
     /// The state's clock when this set began, i.e. when the set before it was taken

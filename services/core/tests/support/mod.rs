@@ -13,7 +13,8 @@ use ksched_core::policy::{OutputDecision, PolicyDecision, PolicyEngine};
 use ksched_core::records::*;
 use ksched_core::rules::{PoolRules, Rules, StrategyKind};
 use ksched_core::state::{
-    ColdStore, DelayKey, Dirty, HistoryItem, HistoryLines, IdempotencyEntry, Job, Saga, State,
+    ColdStore, DelayKey, Dirty, HistoryItem, HistoryLines, IdempotencyEntry, Job, Lane, QueueKey,
+    Saga, State, lane_keys_of,
 };
 use serde_json::Value;
 
@@ -55,6 +56,10 @@ pub(crate) struct ColdMap {
     pub payloads: BTreeMap<String, Vec<u8>>,
     /// The delayed jobs by due time, as the store indexes them.
     pub delays: BTreeSet<DelayKey>,
+    /// The queued jobs by (pool, lane, queue key), as the store indexes them.
+    pub lanes: BTreeSet<(String, Lane, QueueKey)>,
+    /// Lane keys read so far.
+    pub lane_reads: std::cell::Cell<usize>,
     /// Job records read so far.
     pub reads: std::cell::Cell<usize>,
 }
@@ -82,6 +87,21 @@ impl ColdStore for ColdMap {
             None => keys.take(limit).cloned().collect(),
         })
     }
+    fn lane_after(
+        &self,
+        pool: &str,
+        lane: &Lane,
+        after: Option<&QueueKey>,
+        limit: usize,
+    ) -> Result<Vec<QueueKey>, Self::Error> {
+        let read: Vec<QueueKey> = (self.lanes.iter())
+            .filter(|(p, l, k)| p == pool && l == lane && after.is_none_or(|a| k > a))
+            .take(limit)
+            .map(|(_, _, k)| k.clone())
+            .collect();
+        self.lane_reads.set(self.lane_reads.get() + read.len());
+        Ok(read)
+    }
 }
 
 /// A checkpoint as the store's prepare encodes it: the records the dirty keys name, as the
@@ -95,6 +115,8 @@ pub(crate) struct Batch {
     payloads: BTreeMap<String, Vec<u8>>,
     delays_put: Vec<DelayKey>,
     delays_deleted: Vec<DelayKey>,
+    lanes_put: Vec<(String, Lane, QueueKey)>,
+    lanes_deleted: Vec<(String, Lane, QueueKey)>,
 }
 
 impl ColdMap {
@@ -112,9 +134,29 @@ impl ColdMap {
             })
             .cloned()
             .collect();
+        let lanes_put = (dirty.jobs.iter())
+            .filter_map(|id| Some(lane_keys_of(id, state.jobs.get(id)?)))
+            .flatten()
+            .collect();
+        let lanes_deleted = (dirty.lanes_removed.iter())
+            .filter(|(pool, lane, k)| {
+                let job = state.jobs.get(&k.job_id);
+                let unwritten =
+                    job.is_some_and(|j| dirty.since_clock.is_some_and(|c| j.accepted_at > c));
+                let waits_again = job.is_some_and(|j| {
+                    lane_keys_of(&k.job_id, j)
+                        .iter()
+                        .any(|(p, l, q)| p == pool && l == lane && q == k)
+                });
+                !unwritten && !waits_again
+            })
+            .cloned()
+            .collect();
         Batch {
             delays_put,
             delays_deleted,
+            lanes_put,
+            lanes_deleted,
             jobs: (dirty.jobs.into_iter())
                 .filter_map(|id| Some((id.clone(), state.jobs.get(&id)?.clone())))
                 .collect(),
@@ -147,12 +189,61 @@ impl ColdMap {
         for k in &b.delays_deleted {
             self.delays.remove(k);
         }
+        self.lanes.extend(b.lanes_put);
+        for k in &b.lanes_deleted {
+            self.lanes.remove(k);
+        }
+    }
+
+    /// The lanes `state` holds, in memory and here: each lane's head and keys past it, and
+    /// the keys stored for it that still stand (a job in memory may have left its key since
+    /// it was written). Each lane's count is checked against what is found.
+    pub(crate) fn lanes_of(&self, state: &State) -> BTreeMap<(String, Lane), BTreeSet<QueueKey>> {
+        let mut out: BTreeMap<(String, Lane), BTreeSet<QueueKey>> = BTreeMap::new();
+        for (pool, lanes) in &state.lanes {
+            for (lane, keys) in lanes {
+                let all = out.entry((pool.clone(), lane.clone())).or_default();
+                all.extend(keys.head().iter().chain(keys.beyond()).cloned());
+            }
+        }
+        for (pool, lane, k) in &self.lanes {
+            let stands = match state.jobs.get(&k.job_id) {
+                Some(j) => lane_keys_of(&k.job_id, j)
+                    .iter()
+                    .any(|(p, l, q)| p == pool && l == lane && q == k),
+                None => true,
+            };
+            if stands {
+                out.entry((pool.clone(), lane.clone()))
+                    .or_default()
+                    .insert(k.clone());
+            }
+        }
+        for (pool, lanes) in &state.lanes {
+            for (lane, keys) in lanes {
+                let found = out[&(pool.clone(), lane.clone())].len() as u64;
+                assert_eq!(keys.len(), found, "lane count in pool {pool}: {lane:?}");
+            }
+        }
+        out
     }
 
     /// What the store's persist (prepare, then write at once) does with the dirty keys.
     fn persist(&mut self, state: &State, dirty: Dirty) {
         self.write(ColdMap::prepare(state, dirty));
     }
+}
+
+/// Every lane of a state that holds them whole.
+pub(crate) fn whole_lanes(state: &State) -> BTreeMap<(String, Lane), BTreeSet<QueueKey>> {
+    let mut out = BTreeMap::new();
+    for (pool, lanes) in &state.lanes {
+        for (lane, keys) in lanes {
+            assert!(keys.is_whole(), "a lane of a state that keeps every job");
+            out.insert((pool.clone(), lane.clone()), keys.head().clone());
+        }
+    }
+    out
 }
 
 /// Rules with one `default` pool for topic `job.default`, a `gpu` pool requiring gpu for
@@ -502,7 +593,18 @@ impl Sim {
         }
         assert_eq!(self.partial.workers, self.state.workers);
         assert_eq!(self.partial.queued, self.state.queued);
-        assert_eq!(self.partial.lanes, self.state.lanes);
+        let lanes = whole_lanes(&self.state);
+        assert_eq!(self.cold.lanes_of(&self.partial), lanes, "partial lanes");
+        assert_eq!(
+            self.behind_cold.lanes_of(&self.behind),
+            lanes,
+            "lanes written behind"
+        );
+        assert_eq!(
+            self.folded_cold.lanes_of(&self.folded),
+            lanes,
+            "folded lanes"
+        );
         assert_eq!(self.partial.timers, self.state.timers);
         assert_eq!(self.partial.breakers, self.state.breakers);
         assert_eq!(self.partial.buckets, self.state.buckets);
@@ -513,7 +615,6 @@ impl Sim {
         assert_eq!(self.folded.shares, self.state.shares);
         assert_eq!(self.folded.workers, self.state.workers);
         assert_eq!(self.folded.queued, self.state.queued);
-        assert_eq!(self.folded.lanes, self.state.lanes);
         assert_eq!(self.folded.timers, self.state.timers);
         assert_eq!(self.folded.jobs_by_state, self.state.jobs_by_state);
         assert_eq!(self.partial.schedules, self.state.schedules);
