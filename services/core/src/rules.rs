@@ -257,6 +257,11 @@ pub struct Limits {
     /// Most units of work (a placement, a timeout, a lost worker, a retry) one journal entry
     /// does; more continues in the next entry. Default 100.
     pub max_work_per_entry: u32,
+    /// Keys of each queue lane held in memory (at least `max_work_per_entry + 1`, the
+    /// lane's window): a lane whose first keys in memory grow past twice this is cut back
+    /// to this many, and one with fewer than its window left reads this many more back
+    /// from RocksDB. Default 256.
+    pub lane_keys_in_memory: u32,
     /// Most PENDING jobs queued in one pool; a job beyond it is dead-lettered `queue_full`.
     /// Default 1000000.
     pub max_pending_per_pool: i64,
@@ -313,6 +318,7 @@ impl Default for Limits {
             max_env: 64,
             max_entry_bytes: 4096,
             max_work_per_entry: 100,
+            lane_keys_in_memory: 256,
             max_pending_per_pool: 1_000_000,
             max_pending_per_tenant: None,
             policy_max_steps: 1_000_000,
@@ -887,11 +893,12 @@ impl Rules {
             || l.max_env < 0
             || l.max_entry_bytes < 1
             || l.max_work_per_entry < 1
+            || l.lane_keys_in_memory < 1
             || l.max_pending_per_pool < 1
             || l.max_pending_per_tenant.is_some_and(|n| n < 1)
         {
             return err(
-                "limits: sizes and counts must not be negative; max_entry_bytes, max_work_per_entry and the pending limits must be at least 1"
+                "limits: sizes and counts must not be negative; max_entry_bytes, max_work_per_entry, lane_keys_in_memory and the pending limits must be at least 1"
                     .into(),
             );
         }

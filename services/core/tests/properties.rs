@@ -180,6 +180,8 @@ fn run_rules(limit: u8, rate: u8) -> ksched_core::rules::Rules {
     r.limits.max_concurrency_keys = 2;
     // Lanes' windows of three jobs: placements read queued records back from storage.
     r.limits.max_work_per_entry = 2;
+    // Lanes keep 4 keys in memory, 8 at most: longer ones are read back from the store.
+    r.limits.lane_keys_in_memory = 1;
     r.topic_unique.insert(
         "job.multi".into(),
         ksched_core::rules::UniqueRule {

@@ -23,7 +23,7 @@ fn a_backlog_past_the_windows_runs_once_in_queue_order_across_a_kill_and_a_takeo
     let (mut owner, standby) =
         owner_and_standby_of(RunningScheduler::start_with_rules_and_scheduler(
             &routes,
-            "  limits:\n    max_work_per_entry: 4\n",
+            "  limits:\n    max_work_per_entry: 4\n    lane_keys_in_memory: 1\n",
         ));
 
     let (_rt, stop, started) = run_recording_worker(&owner, "backlog-worker", 1, 20);

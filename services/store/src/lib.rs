@@ -286,6 +286,14 @@ const SCANNED_ONLY: &[&str] = &[
     CF_LANES,
 ];
 
+/// Descriptors for the families in `present` this build does not know.
+fn unknown_families(present: &[String]) -> Vec<ColumnFamilyDescriptor> {
+    (present.iter())
+        .filter(|name| *name != "default" && !CFS.contains(&name.as_str()))
+        .map(|name| ColumnFamilyDescriptor::new(name, Options::default()))
+        .collect()
+}
+
 /// Every column family, sharing one block cache.
 fn column_families() -> Vec<ColumnFamilyDescriptor> {
     let cache = rocksdb::Cache::new_lru_cache(BLOCK_CACHE_BYTES);
@@ -337,11 +345,15 @@ impl Store {
         opts.set_compression_type(rocksdb::DBCompressionType::Lz4);
         opts.increase_parallelism(2);
         opts.set_atomic_flush(!logged);
-        let db = DB::open_cf_descriptors(&opts, path, column_families()).map_err(|source| {
-            Error::Open {
-                path: path.display().to_string(),
-                source,
-            }
+        // Families this build does not know (a store of a later format) are opened too, so
+        // that its format is what refuses it.
+        let present = DB::list_cf(&opts, path).unwrap_or_default();
+        let families = column_families()
+            .into_iter()
+            .chain(unknown_families(&present));
+        let db = DB::open_cf_descriptors(&opts, path, families).map_err(|source| Error::Open {
+            path: path.display().to_string(),
+            source,
         })?;
         let store = Store {
             db: Arc::new(db),
@@ -397,12 +409,19 @@ impl Store {
     /// never writes, and works beside a running writer.
     pub fn open_read_only(path: &Path, partition: u16) -> Result<Store> {
         let opts = Options::default();
-        let db = DB::open_cf_descriptors_read_only(&opts, path, column_families(), false).map_err(
-            |source| Error::Open {
-                path: path.display().to_string(),
-                source,
-            },
-        )?;
+        // Only the families the directory has: one of another format may lack some of ours
+        // (its format is then refused below) or have others.
+        let present = DB::list_cf(&opts, path).unwrap_or_default();
+        let families = (column_families().into_iter())
+            .filter(|d| present.is_empty() || present.iter().any(|p| p == d.name()))
+            .chain(unknown_families(&present));
+        let db =
+            DB::open_cf_descriptors_read_only(&opts, path, families, false).map_err(|source| {
+                Error::Open {
+                    path: path.display().to_string(),
+                    source,
+                }
+            })?;
         let store = Store {
             db: Arc::new(db),
             partition,

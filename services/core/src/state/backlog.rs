@@ -106,17 +106,6 @@ impl Backlog {
     }
 }
 
-/// How many keys a lane's head holds after a read or a cut: twice the window, so that a
-/// lane is read back once per `window` jobs that leave it, not at every one.
-pub(super) fn keep_of(window: usize) -> usize {
-    window.saturating_mul(2)
-}
-
-/// The most keys a lane's head holds before it is cut back to [`keep_of`].
-pub(super) fn trim_above(window: usize) -> usize {
-    window.saturating_mul(4)
-}
-
 /// How many of a lane's first jobs decisions may read under `rules`: one entry places at
 /// most `max_work_per_entry` jobs and then looks at the next head.
 pub fn window_of(rules: Option<&Rules>) -> usize {
@@ -128,9 +117,21 @@ pub fn window_of(rules: Option<&Rules>) -> usize {
         .saturating_add(1)
 }
 
-/// Whether `key` is among the first `window` keys of `keys`.
-fn in_window(keys: &BTreeSet<QueueKey>, key: &QueueKey, window: usize) -> bool {
-    keys.range(..key).take(window).count() < window
+/// How many keys a lane's head holds after a read or a cut under `rules`
+/// (`limits.lane_keys_in_memory`, at least the window and one more): a lane is read back
+/// once per so many jobs that leave it, not at every one.
+pub(super) fn keep_of(rules: Option<&Rules>) -> usize {
+    let kept = rules.map_or(Rules::default().limits.lane_keys_in_memory, |r| {
+        r.limits.lane_keys_in_memory
+    });
+    usize::try_from(kept)
+        .unwrap_or(usize::MAX)
+        .max(window_of(rules).saturating_add(1))
+}
+
+/// The most keys a lane's head holds before it is cut back to `keep`.
+pub(super) fn trim_above(keep: usize) -> usize {
+    keep.saturating_mul(2)
 }
 
 impl State {
@@ -140,11 +141,10 @@ impl State {
     }
 
     /// Whether queued job `id`'s record may leave memory: it is past the window of every
-    /// lane it waits in.
-    fn past_every_window(&self, id: &str, job: &Job) -> bool {
-        let Some((rank, queued_at)) = super::index::queue_place(job) else {
-            return false;
-        };
+    /// lane it waits in (None: not known yet, while a lane's head in memory is shorter than
+    /// its window and the job stands past it).
+    fn past_every_window(&self, id: &str, job: &Job) -> Option<bool> {
+        let (rank, queued_at) = super::index::queue_place(job)?;
         let key = QueueKey {
             rank,
             queued_at,
@@ -152,10 +152,18 @@ impl State {
         };
         let lane = crate::decide::lane_of(job);
         let window = self.window();
-        job.pools.iter().all(|pool| {
-            (self.lanes.get(pool).and_then(|lanes| lanes.get(&lane)))
-                .is_none_or(|keys| !in_window(keys.head(), &key, window))
-        })
+        let mut known = true;
+        for pool in &job.pools {
+            let Some(keys) = self.lanes.get(pool).and_then(|lanes| lanes.get(&lane)) else {
+                continue;
+            };
+            match keys.past_window(&key, window) {
+                Some(false) => return Some(false),
+                Some(true) => {}
+                None => known = false,
+            }
+        }
+        known.then_some(true)
     }
 
     /// Reads back what the next decision may read: the keys of lanes left with fewer in
@@ -164,8 +172,9 @@ impl State {
     /// in their windows: not looked at again when records leave memory (unless pushed out).
     pub fn refill_windows<S: ColdStore>(&mut self, store: &S) -> Result<(), S::Error> {
         let window = self.window();
+        let keep = keep_of(self.rules());
         for (pool, lane) in std::mem::take(&mut self.backlog.short) {
-            self.read_lane(&pool, &lane, Some(keep_of(window)), store)?;
+            self.read_lane(&pool, &lane, Some(keep), store)?;
             if let Some(jobs) = self.lanes.get(&pool).and_then(|l| l.get(&lane)) {
                 let missing = (jobs.head().iter().take(window))
                     .filter(|k| !self.jobs.contains_key(&k.job_id))
@@ -197,8 +206,7 @@ impl State {
         want: Option<usize>,
         store: &S,
     ) -> Result<(), S::Error> {
-        let window = self.window();
-        let chunk = keep_of(window);
+        let chunk = keep_of(self.rules());
         loop {
             let Some(jobs) = self.lanes.get(pool).and_then(|l| l.get(lane)) else {
                 return Ok(());
@@ -210,6 +218,7 @@ impl State {
             if enough {
                 return Ok(());
             }
+            let first_before = jobs.first().cloned();
             let read = store.lane_after(pool, lane, jobs.read_after(), chunk)?;
             let more = read.len() >= chunk;
             let State { jobs, lanes, .. } = self;
@@ -222,9 +231,10 @@ impl State {
                 return Ok(());
             };
             keys.extend(read, more, current);
-            if keys.head().len() > trim_above(window) {
+            if keys.head().len() > trim_above(chunk) {
                 self.backlog.long(pool, lane);
             }
+            self.lane_read_back(pool, lane, first_before);
         }
     }
 
@@ -328,9 +338,10 @@ impl State {
                 // No longer queued: terminal, active or parked jobs go their own ways.
                 continue;
             }
-            if keep.is_some_and(|k| k.contains(&id)) {
+            let past = self.past_every_window(&id, job);
+            if keep.is_some_and(|k| k.contains(&id)) || past.is_none() {
                 kept.insert(id);
-            } else if self.past_every_window(&id, job) {
+            } else if past == Some(true) {
                 for (pool, lane, key) in super::lane_keys_of(&id, job) {
                     if let Some(jobs) = self.lanes.get_mut(&pool).and_then(|l| l.get_mut(&lane)) {
                         jobs.left_memory(&key);
@@ -340,7 +351,7 @@ impl State {
             }
         }
         self.backlog.spare = kept;
-        let keep_keys = keep_of(self.window());
+        let keep_keys = keep_of(self.rules());
         for (pool, lane) in std::mem::take(&mut self.backlog.long) {
             let State { jobs, lanes, .. } = self;
             if let Some(keys) = lanes.get_mut(&pool).and_then(|l| l.get_mut(&lane)) {
@@ -386,7 +397,7 @@ impl State {
             .filter(|(id, job)| {
                 self.indexed_while_stored(job)
                     && !self.backlog.spare.contains(*id)
-                    && self.past_every_window(id, job)
+                    && self.past_every_window(id, job) == Some(true)
             })
             .map(|(id, _)| id.to_owned())
             .collect();

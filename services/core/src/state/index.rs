@@ -150,6 +150,8 @@ struct Indexes<'a> {
     backlog: &'a mut super::Backlog,
     /// How many first jobs of a lane decisions may read ([`super::window_of`]).
     window: usize,
+    /// How many keys of a lane memory keeps ([`super::backlog::keep_of`]).
+    keep: usize,
 }
 
 impl Indexes<'_> {
@@ -277,7 +279,7 @@ impl Indexes<'_> {
                 if let Some(pushed) = jobs.head().iter().nth(window) {
                     self.backlog.pushed_out(&pushed.job_id);
                 }
-                if jobs.head().len() == super::backlog::trim_above(window) + 1 {
+                if jobs.head().len() == super::backlog::trim_above(self.keep) + 1 {
                     self.backlog.long(pool, &lane);
                 }
             }
@@ -660,6 +662,7 @@ impl State {
             ..
         } = self;
         let window = super::window_of(config.as_deref().map(|c| &c.rules));
+        let keep = super::backlog::keep_of(config.as_deref().map(|c| &c.rules));
         (
             jobs,
             Indexes {
@@ -687,6 +690,7 @@ impl State {
                 orphans,
                 backlog,
                 window,
+                keep,
             },
             config.as_deref().map(|c| &c.rules),
             *liveness_floor,
@@ -960,6 +964,47 @@ impl State {
         Ok(())
     }
 
+    /// How this state's lanes disagree with those of `whole`, a state that holds every key
+    /// (tests): see [`super::LaneJobs::problems_against`].
+    pub fn lane_problems(&self, whole: &State) -> Vec<String> {
+        let mut problems = Vec::new();
+        let lanes = |s: &State| -> Vec<(String, Lane)> {
+            (s.lanes.iter())
+                .flat_map(|(p, l)| l.keys().map(move |lane| (p.clone(), lane.clone())))
+                .collect()
+        };
+        if lanes(self) != lanes(whole) {
+            problems.push("the lanes differ".to_owned());
+        }
+        for (pool, of_pool) in &whole.lanes {
+            for (lane, all) in of_pool {
+                let Some(mine) = self.lanes.get(pool).and_then(|l| l.get(lane)) else {
+                    continue;
+                };
+                for p in mine.problems_against(all.head()) {
+                    problems.push(format!("a lane of {pool} ({}): {p}", lane.tenant));
+                }
+            }
+        }
+        problems
+    }
+
+    /// Keys read back into a lane: a lane whose head was not known (which an entry never
+    /// leaves, see [`super::backlog::keep_of`]) stands in the passes again.
+    pub(super) fn lane_read_back(
+        &mut self,
+        pool: &str,
+        lane: &Lane,
+        first_before: Option<QueueKey>,
+    ) {
+        let first =
+            (self.lanes.get(pool).and_then(|l| l.get(lane))).and_then(|k| k.first().cloned());
+        if first != first_before {
+            let (_, mut ix, _, _) = self.split();
+            ix.move_head(pool, lane, first_before, first);
+        }
+    }
+
     /// After a rebuild (new rules): the entries of the lanes `before` that the rebuilt
     /// lanes no longer hold go from the store's lane index, with the records that changed.
     /// Every lane is whole here: what rebuilds reads the backlog back first
@@ -1078,8 +1123,15 @@ impl State {
     }
 
     /// Every job waiting in `pool`'s queue, in queue order (priority, then when queued, then
-    /// id): its lanes merged. A walk of the whole queue, for tests and audits.
+    /// id): its lanes merged. A walk of the whole queue, for tests, on states that hold
+    /// every key (an evicting one holds each lane's first keys only).
     pub fn queue_order(&self, pool: &str) -> Vec<QueueKey> {
+        debug_assert!(
+            (self.lanes.get(pool).into_iter())
+                .flat_map(|l| l.values())
+                .all(|l| l.is_whole()),
+            "the queue of {pool} is walked whole only where every key is in memory"
+        );
         let mut keys: Vec<QueueKey> = (self.lanes.get(pool).into_iter())
             .flat_map(|lanes| lanes.values())
             .flat_map(|l| l.head().iter().chain(l.beyond()).cloned())

@@ -14,8 +14,9 @@ use std::collections::BTreeSet;
 use super::{Job, Lane, QueueKey};
 
 /// A lane's jobs: all of them (a state that never lets them go), or its head, with the rest
-/// in storage.
-#[derive(Debug, Clone, Default)]
+/// in storage. Two are equal when they hold the same keys alike (states that hold every key
+/// compare so); [`super::State::lane_problems`] compares a partial one with the whole.
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct LaneJobs {
     /// Every key of the lane up to `through` (all of them while `whole`).
     head: BTreeSet<QueueKey>,
@@ -27,13 +28,6 @@ pub struct LaneJobs {
     beyond: BTreeSet<QueueKey>,
     /// Keys in the lane, in memory or not.
     len: u64,
-}
-
-impl PartialEq for LaneJobs {
-    /// The same jobs, as far as both hold them: the count, and the keys of the shorter head.
-    fn eq(&self, other: &Self) -> bool {
-        self.len == other.len && self.head.iter().zip(&other.head).all(|(a, b)| a == b)
-    }
 }
 
 impl LaneJobs {
@@ -106,6 +100,16 @@ impl LaneJobs {
         true
     }
 
+    /// Whether `key` stands past the lane's first `window` keys (None: not known, when it is
+    /// past a head of fewer keys).
+    pub(super) fn past_window(&self, key: &QueueKey, window: usize) -> Option<bool> {
+        if self.covers(key) {
+            Some(self.head.range(..key).take(window).count() >= window)
+        } else {
+            (self.head.len() >= window).then_some(true)
+        }
+    }
+
     /// Whether fewer than `want` keys are in the head while the lane has more.
     pub fn short(&self, want: usize) -> bool {
         !self.whole && self.head.len() < want && self.len > self.head.len() as u64
@@ -176,6 +180,36 @@ impl LaneJobs {
     /// Job `id`'s record left memory: its key past the head is in storage now.
     pub(super) fn left_memory(&mut self, key: &QueueKey) {
         self.beyond.remove(key);
+    }
+
+    /// How this lane disagrees with `all`, every key of the lane in order: its count, its
+    /// head (the first keys, every one up to where it is known to reach), and the keys it
+    /// holds past the head.
+    pub fn problems_against(&self, all: &BTreeSet<QueueKey>) -> Vec<String> {
+        let mut problems = Vec::new();
+        if self.len != all.len() as u64 {
+            problems.push(format!("counts {} keys of {}", self.len, all.len()));
+        }
+        let prefix: Vec<&QueueKey> = match (&self.through, self.whole) {
+            (_, true) => all.iter().collect(),
+            (Some(t), false) => all.iter().take_while(|k| *k <= t).collect(),
+            (None, false) => Vec::new(),
+        };
+        if !self.head.iter().eq(prefix.iter().copied()) {
+            problems.push(format!(
+                "holds {} first keys, not the {} up to where it reaches",
+                self.head.len(),
+                prefix.len()
+            ));
+        }
+        if let Some(k) = self
+            .beyond
+            .iter()
+            .find(|k| self.covers(k) || !all.contains(*k))
+        {
+            problems.push(format!("holds {} past its head wrongly", k.job_id));
+        }
+        problems
     }
 }
 

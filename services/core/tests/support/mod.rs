@@ -593,6 +593,14 @@ impl Sim {
         }
         assert_eq!(self.partial.workers, self.state.workers);
         assert_eq!(self.partial.queued, self.state.queued);
+        for (what, state) in [
+            ("partial", &self.partial),
+            ("behind", &self.behind),
+            ("folded", &self.folded),
+        ] {
+            let problems = state.lane_problems(&self.state);
+            assert!(problems.is_empty(), "{what} lanes: {problems:?}");
+        }
         let lanes = whole_lanes(&self.state);
         assert_eq!(self.cold.lanes_of(&self.partial), lanes, "partial lanes");
         assert_eq!(
