@@ -751,6 +751,11 @@ impl Store {
                 Some(job) => {
                     encode_into(&mut value, job);
                     b.put_cf(self.cf(CF_JOBS), &key, &value);
+                    // A queued job's entries in its lanes, written with its record.
+                    for (pool, lane, k) in lane_keys_of(id, job) {
+                        let prefix = self.lane_prefix(&pool, &lane);
+                        b.put_cf(self.cf(CF_LANES), Store::lane_key(&prefix, &k), []);
+                    }
                     if let Some(due) = job.delayed_until.filter(|_| job.state.is_parked()) {
                         b.put_cf(self.cf(CF_DELAYS), self.delay_key(due, id), encode(&()));
                     }
@@ -769,28 +774,33 @@ impl Store {
                 None => b.delete_cf(self.cf(CF_ACTIVE), &key),
             }
         }
-        // Queued jobs by lane, written with their records; the entries they left go, but
-        // those a job waits under again and those of jobs no batch wrote before.
-        for id in &dirty.jobs {
-            if let Some(job) = state.jobs.get(id) {
-                for (pool, lane, k) in lane_keys_of(id, job) {
-                    let prefix = self.lane_prefix(&pool, &lane);
-                    b.put_cf(self.cf(CF_LANES), Store::lane_key(&prefix, &k), []);
-                }
-            }
-        }
+        // The entries queued jobs left in their lanes go, but those a job waits under again
+        // and those of jobs no batch wrote before. (One lane's entries mostly come in a
+        // row: its prefix is encoded once for them.)
+        let mut prefix: Option<(&str, &Lane, Vec<u8>)> = None;
         for (pool, lane, k) in &dirty.lanes_removed {
             let job = state.jobs.get(&k.job_id);
             let unwritten =
                 job.is_some_and(|j| dirty.since_clock.is_some_and(|c| j.accepted_at > c));
-            let waits_again = job.is_some_and(|j| {
+            if unwritten {
+                continue;
+            }
+            let waits_again = job.filter(|j| j.queued_at.is_some()).is_some_and(|j| {
                 lane_keys_of(&k.job_id, j)
                     .iter()
                     .any(|(p, l, q)| p == pool && l == lane && q == k)
             });
-            if !unwritten && !waits_again {
-                let prefix = self.lane_prefix(pool, lane);
-                b.delete_cf(self.cf(CF_LANES), Store::lane_key(&prefix, k));
+            if waits_again {
+                continue;
+            }
+            if !prefix
+                .as_ref()
+                .is_some_and(|(p, l, _)| p == pool && *l == lane)
+            {
+                prefix = Some((pool, lane, self.lane_prefix(pool, lane)));
+            }
+            if let Some((_, _, bytes)) = &prefix {
+                b.delete_cf(self.cf(CF_LANES), Store::lane_key(bytes, k));
             }
         }
         for (due, id) in &dirty.delays_removed {

@@ -355,7 +355,11 @@ impl Indexes<'_> {
                     self.lanes.remove(pool);
                 }
             }
-            if let Some(d) = self.dirty.as_deref_mut() {
+            // (A job accepted since the last set was taken was in no written batch: the store
+            // has no entry of it to drop.)
+            if let Some(d) = self.dirty.as_deref_mut()
+                && d.since_clock.is_none_or(|c| job.accepted_at <= c)
+            {
                 d.lanes_removed
                     .push((pool.clone(), lane.clone(), key.clone()));
             }

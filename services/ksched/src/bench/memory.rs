@@ -29,6 +29,32 @@ pub(super) struct Memory {
     pub reloaded_bytes_per_job: f64,
     pub build_seconds: f64,
     pub reload_seconds: f64,
+    /// What memory held live and after the restart: queued records, and lanes' keys.
+    pub held_live: Held,
+    pub held_reloaded: Held,
+}
+
+/// What a state holds in memory of its backlog.
+#[derive(Debug, Default, Serialize, serde::Deserialize)]
+pub(super) struct Held {
+    pub queued_records: u64,
+    pub lane_keys: u64,
+    pub lanes: u64,
+}
+
+impl Held {
+    fn of(state: &ksched_core::state::State) -> Held {
+        let lanes = || state.lanes.values().flat_map(|l| l.values());
+        Held {
+            queued_records: (state.jobs.iter_any_order())
+                .filter(|(_, j)| j.queued_at.is_some())
+                .count() as u64,
+            lane_keys: lanes()
+                .map(|l| (l.head().len() + l.beyond().len()) as u64)
+                .sum(),
+            lanes: lanes().count() as u64,
+        }
+    }
 }
 
 /// Resident memory of this process, in bytes (Linux).
@@ -79,6 +105,7 @@ pub(super) fn run(config: &Config, jobs: u64, payload_bytes: usize, dir: &Path) 
         );
         let live = rss_bytes();
         let build_seconds = started.elapsed().as_secs_f64();
+        let held_live = Held::of(engine.state());
         drop(engine);
         // A restart loads the backlog in a fresh process (this one's allocator still holds
         // what the live state freed).
@@ -104,6 +131,8 @@ pub(super) fn run(config: &Config, jobs: u64, payload_bytes: usize, dir: &Path) 
             reloaded_bytes_per_job: per(loaded.rss_after, loaded.rss_before),
             build_seconds,
             reload_seconds: loaded.seconds,
+            held_live,
+            held_reloaded: loaded.held,
         })
     }
 }
@@ -295,6 +324,7 @@ pub(super) struct Loaded {
     pub rss_before: u64,
     pub rss_after: u64,
     pub seconds: f64,
+    pub held: Held,
 }
 
 /// Loads the store at `dir` as a restarting processor does and prints what it cost (JSON).
@@ -308,6 +338,7 @@ pub(super) fn load(dir: &Path) -> Result<()> {
         rss_before,
         rss_after: rss_bytes(),
         seconds: started.elapsed().as_secs_f64(),
+        held: Held::of(&state),
     };
     println!("{}", serde_json::to_string(&loaded)?);
     Ok(())
@@ -339,6 +370,15 @@ pub(super) fn memory_only(args: &BenchArgs, jobs: u64) -> Result<()> {
         "        after a restart: RSS {:.0} MiB, {:.0} bytes per pending job (loaded in {:.1} s)",
         m.rss_reloaded_mib, m.reloaded_bytes_per_job, m.reload_seconds
     );
+    for (when, h) in [
+        ("live", &m.held_live),
+        ("after a restart", &m.held_reloaded),
+    ] {
+        eprintln!(
+            "        in memory {when}: {} queued records, {} keys of {} lanes",
+            h.queued_records, h.lane_keys, h.lanes
+        );
+    }
     std::fs::write(&args.out, serde_json::to_string_pretty(&m)?)?;
     Ok(())
 }
