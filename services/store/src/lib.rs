@@ -286,6 +286,18 @@ const SCANNED_ONLY: &[&str] = &[
     CF_LANES,
 ];
 
+/// The first key after every key that starts with `prefix` (None: there is none).
+fn successor(prefix: &[u8]) -> Option<Vec<u8>> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < u8::MAX {
+            end.push(last + 1);
+            return Some(end);
+        }
+    }
+    None
+}
+
 /// Descriptors for the families in `present` this build does not know.
 fn unknown_families(present: &[String]) -> Vec<ColumnFamilyDescriptor> {
     (present.iter())
@@ -422,6 +434,13 @@ impl Store {
                     source,
                 }
             })?;
+        // (A RocksDB directory that is no store has no `meta` to read a format from.)
+        if !present.is_empty() && !present.iter().any(|p| p == CF_META) {
+            return Err(Error::Format {
+                path: path.display().to_string(),
+                found: 0,
+            });
+        }
         let store = Store {
             db: Arc::new(db),
             partition,
@@ -574,8 +593,15 @@ impl Store {
             Some(a) => Store::lane_key(&prefix, a),
             None => prefix.clone(),
         };
-        let iter = self.db.iterator_cf(
+        // Bounded at the lane's end: the entries its jobs left (a delete a placement) and
+        // other lanes' are never walked.
+        let mut read = rocksdb::ReadOptions::default();
+        if let Some(end) = successor(&prefix) {
+            read.set_iterate_upper_bound(end);
+        }
+        let iter = self.db.iterator_cf_opt(
             self.cf(CF_LANES),
+            read,
             IteratorMode::From(&start, Direction::Forward),
         );
         let mut out = Vec::new();
@@ -1348,4 +1374,18 @@ fn split_idem_key(k: &[u8]) -> Option<(String, String)> {
 
 fn utf8(k: Vec<u8>) -> String {
     String::from_utf8(k).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::successor;
+
+    #[test]
+    fn a_prefix_successor_is_the_first_key_past_every_key_it_begins() {
+        assert_eq!(successor(b"ab"), Some(b"ac".to_vec()));
+        assert_eq!(successor(&[1, 0xFF, 0xFF]), Some(vec![2]));
+        assert_eq!(successor(&[0xFF, 0xFF]), None);
+        let end = successor(&[7, 0xFE]).unwrap();
+        assert!([7u8, 0xFE, 0xFF, 0xFF].as_slice() < end.as_slice());
+    }
 }

@@ -1,17 +1,19 @@
-//! Queued jobs whose records wait in storage, so that a backlog costs its index entries in
-//! memory, not its records.
+//! Queued jobs whose records and lane keys wait in storage, so that a backlog costs its
+//! timers and counts in memory, not its records.
 //!
 //! A scheduling pass reads only the first jobs of each lane ([`super::Lane`]): it places a
 //! lane's head, then the next, and one entry places at most `limits.max_work_per_entry`
 //! jobs. So the records a decision can need of a lane are its first
 //! `max_work_per_entry + 1` jobs, its *window* ([`window_of`]). Every other queued job's
-//! record may leave memory once it is written, like a terminal job's. Its index entries stay
-//! (its place in its lanes, its timers, the counts it is in), so placement order, the
-//! counts placement needs and the timers are exact whatever memory holds.
+//! record may leave memory once it is written, like a terminal job's, and so may its key in
+//! the lane past the lane's first [`keep_of`] ([`super::LaneJobs`]). Its timers and the
+//! counts it is in stay, so the counts placement needs and the timers are exact whatever
+//! memory holds.
 //!
-//! The window is kept full before every decision ([`State::refill_windows`]): a job that
-//! came into a window when one before it left ([`Backlog::entering`]) has its record read
-//! back. A
+//! The window is kept full before every decision ([`State::refill_windows`]): a lane left
+//! with fewer keys than its window and one reads more from the store's lane index, and a
+//! job that came into a window when one before it left ([`Backlog::entering`]) has its
+//! record read back. A
 //! Tick reads the records of the timers it may fire, and an input or entry that re-derives
 //! every index (new rules) reads every queued record first
 //! ([`State::load_queued`]). Reading a record back is not a change: the store has the latest

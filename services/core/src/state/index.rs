@@ -272,9 +272,10 @@ impl Indexes<'_> {
                 continue;
             }
             let window = self.window;
-            // In a lane longer than its window, this job may be past it, or have put the
-            // last of the window past it: either may leave memory now.
-            if self.backlog.evicting && jobs.len() > window as u64 {
+            // In a lane longer than its window, or one partly in storage, this job may be
+            // past it, or have put the last of the window past it: either may leave memory
+            // now.
+            if self.backlog.evicting && (jobs.len() > window as u64 || !jobs.is_whole()) {
                 self.backlog.spare(id);
                 if let Some(pushed) = jobs.head().iter().nth(window) {
                     self.backlog.pushed_out(&pushed.job_id);
