@@ -535,28 +535,15 @@ impl Store {
         limit: usize,
     ) -> Result<Vec<(Millis, String)>> {
         let prefix = self.partition.to_be_bytes();
-        let start = match after {
-            Some((due, id)) => self.delay_key(*due, id),
-            None => prefix.to_vec(),
-        };
-        let iter = self.db.iterator_cf(
-            self.cf(CF_DELAYS),
-            IteratorMode::From(&start, Direction::Forward),
-        );
+        let start = after.map(|(due, id)| self.delay_key(*due, id));
         let mut out = Vec::new();
-        for item in iter {
-            let (k, _) = item?;
-            if !k.starts_with(&prefix) || out.len() >= limit {
-                break;
-            }
-            if after.is_some() && *k == *start {
-                continue;
-            }
-            let Some(due) = k.get(2..10).and_then(|b| <[u8; 8]>::try_from(b).ok()) else {
-                continue;
+        self.each_key_after(CF_DELAYS, &prefix, start.as_deref(), limit, |rest| {
+            let Some(due) = rest.get(..8).and_then(|b| <[u8; 8]>::try_from(b).ok()) else {
+                return false;
             };
-            out.push((from_order_preserving(due), utf8(k[10..].to_vec())));
-        }
+            out.push((from_order_preserving(due), utf8(rest[8..].to_vec())));
+            true
+        })?;
         Ok(out)
     }
 
@@ -589,44 +576,61 @@ impl Store {
         limit: usize,
     ) -> Result<Vec<QueueKey>> {
         let prefix = self.lane_prefix(pool, lane);
-        let start = match after {
-            Some(a) => Store::lane_key(&prefix, a),
-            None => prefix.clone(),
-        };
-        // Bounded at the lane's end: the entries its jobs left (a delete a placement) and
-        // other lanes' are never walked.
-        let mut read = rocksdb::ReadOptions::default();
-        if let Some(end) = successor(&prefix) {
-            read.set_iterate_upper_bound(end);
-        }
-        let iter = self.db.iterator_cf_opt(
-            self.cf(CF_LANES),
-            read,
-            IteratorMode::From(&start, Direction::Forward),
-        );
+        let start = after.map(|a| Store::lane_key(&prefix, a));
         let mut out = Vec::new();
-        for item in iter {
-            let (k, _) = item?;
-            if !k.starts_with(&prefix) || out.len() >= limit {
-                break;
-            }
-            if after.is_some() && *k == *start {
-                continue;
-            }
-            let rest = &k[prefix.len()..];
+        self.each_key_after(CF_LANES, &prefix, start.as_deref(), limit, |rest| {
             let (Some(&rank), Some(at)) = (
                 rest.first(),
                 rest.get(1..9).and_then(|b| <[u8; 8]>::try_from(b).ok()),
             ) else {
-                continue;
+                return false;
             };
             out.push(QueueKey {
                 rank,
                 queued_at: from_order_preserving(at),
                 job_id: utf8(rest[9..].to_vec()),
             });
-        }
+            true
+        })?;
         Ok(out)
+    }
+
+    /// Calls `each` with what follows `prefix` in the keys of `cf` that begin with it, in
+    /// order, after `after` (a whole key; from the first with None), until `limit` of them
+    /// were taken (`each` returns whether it took one: a key it cannot read is passed over).
+    /// The walk is bounded at the prefix's end: deleted entries past it are never read.
+    fn each_key_after(
+        &self,
+        cf: &str,
+        prefix: &[u8],
+        after: Option<&[u8]>,
+        limit: usize,
+        mut each: impl FnMut(&[u8]) -> bool,
+    ) -> Result<()> {
+        let mut read = rocksdb::ReadOptions::default();
+        if let Some(end) = successor(prefix) {
+            read.set_iterate_upper_bound(end);
+        }
+        let start = after.unwrap_or(prefix);
+        let iter = self.db.iterator_cf_opt(
+            self.cf(cf),
+            read,
+            IteratorMode::From(start, Direction::Forward),
+        );
+        let mut taken = 0;
+        for item in iter {
+            let (k, _) = item?;
+            if !k.starts_with(prefix) || taken >= limit {
+                break;
+            }
+            if after.is_some_and(|a| *k == *a) {
+                continue;
+            }
+            if each(&k[prefix.len()..]) {
+                taken += 1;
+            }
+        }
+        Ok(())
     }
 
     fn get<T: DeserializeOwned>(&self, cf: &str, k: &[u8]) -> Result<Option<T>> {
