@@ -57,6 +57,14 @@ impl ColdStore for NoStore {
     ) -> Result<Vec<ksched_core::state::QueueKey>, Self::Error> {
         Ok(Vec::new())
     }
+    fn waits_after(
+        &self,
+        _: ksched_core::state::TimerKind,
+        _: Option<&ksched_core::state::TimerAt>,
+        _: usize,
+    ) -> Result<Vec<ksched_core::state::TimerAt>, Self::Error> {
+        Ok(Vec::new())
+    }
 }
 
 struct Driver {

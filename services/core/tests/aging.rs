@@ -227,8 +227,9 @@ fn a_cancelled_or_placed_job_does_not_age() {
     sim.cancel("gone", None);
     let ev = sim.tick_after(3 * AFTER_MS);
     assert!(aged(&ev).is_empty(), "{:?}", names(&ev));
-    let timers = sim.state.timers.iter().chain(&sim.state.aging_timers);
-    assert!(timers.into_iter().all(|t| t.job_id != "gone"));
+    assert!(sim.state.timers.iter().all(|t| t.job_id != "gone"));
+    let waits = sim.state.waits.each().flat_map(|(_, s)| s.head().iter());
+    assert!(waits.into_iter().all(|t| t.job_id != "gone"));
     sim.check();
 }
 

@@ -28,8 +28,8 @@ use ksched_core::records::{DeadLetter, Millis};
 use ksched_core::rules::Rules;
 use ksched_core::state::{
     ActiveConfig, Breaker, Bucket, BucketKey, ColdStore, Debounce, DebounceKey, Dirty, HistoryItem,
-    HistoryLines, IdempotencyEntry, Job, Lane, PoolShare, QueueKey, Saga, ShareKey, State, Worker,
-    lane_keys_of,
+    HistoryLines, IdempotencyEntry, Job, Lane, PoolShare, QueueKey, Saga, ShareKey, State, TimerAt,
+    TimerKind, Worker, lane_keys_of, wait_keys_of,
 };
 use rocksdb::{
     ColumnFamily, ColumnFamilyDescriptor, DB, Direction, IteratorMode, Options, WriteBatch,
@@ -102,7 +102,9 @@ pub struct Scanned {
 /// 12: a job keeps the priorities aging gave it while queued.
 /// 13: queued jobs by (pool, lane, queue key) (`lanes`), so that a lane's jobs past the
 /// first ones wait in storage only.
-pub const FORMAT_VERSION: u32 = 13;
+/// 14: queued jobs' timers by kind and the time each counts from (`waits`), so that their
+/// timers past the first ones wait in storage only.
+pub const FORMAT_VERSION: u32 = 14;
 
 /// Most idempotency keys one write deletes when their retention passed; the rest follow in
 /// the next writes, so a prune never becomes one huge batch.
@@ -125,6 +127,7 @@ const CF_BUCKETS: &str = "rate_buckets";
 const CF_SHARES: &str = "fair_shares";
 const CF_DEBOUNCES: &str = "debounces";
 const CF_LANES: &str = "lanes";
+const CF_WAITS: &str = "waits";
 /// Every column family, in a fixed order.
 pub const CFS: &[&str] = &[
     CF_META,
@@ -144,6 +147,7 @@ pub const CFS: &[&str] = &[
     CF_SHARES,
     CF_DEBOUNCES,
     CF_LANES,
+    CF_WAITS,
 ];
 
 const META_FORMAT: &[u8] = b"format";
@@ -284,6 +288,7 @@ const SCANNED_ONLY: &[&str] = &[
     CF_SHARES,
     CF_DEBOUNCES,
     CF_LANES,
+    CF_WAITS,
 ];
 
 /// The first key after every key that starts with `prefix` (None: there is none).
@@ -595,6 +600,54 @@ impl Store {
         Ok(out)
     }
 
+    /// The prefix of the `waits` keys of queued timers of `kind`.
+    fn waits_prefix(&self, kind: TimerKind) -> Vec<u8> {
+        let code: u8 = match kind {
+            TimerKind::Deadline => 0,
+            TimerKind::PlacementTimeout => 1,
+            TimerKind::Aging => 2,
+            // Only these kinds are queued jobs' ([`ksched_core::state::WAIT_KINDS`]).
+            _ => u8::MAX,
+        };
+        let mut k = Vec::with_capacity(3);
+        self.key_into(&mut k, &[&[code]]);
+        k
+    }
+
+    /// A queued timer's key in `waits`: its kind's prefix, the time it counts from
+    /// (order-preserving), then the job id.
+    fn wait_key(prefix: &[u8], key: &TimerAt) -> Vec<u8> {
+        let mut k = Vec::with_capacity(prefix.len() + 8 + key.job_id.len());
+        k.extend_from_slice(prefix);
+        k.extend_from_slice(&order_preserving(key.at));
+        k.extend_from_slice(key.job_id.as_bytes());
+        k
+    }
+
+    /// The keys of queued timers of `kind` after `after` (from the first with None), in
+    /// order, at most `limit`.
+    pub fn waits_after(
+        &self,
+        kind: TimerKind,
+        after: Option<&TimerAt>,
+        limit: usize,
+    ) -> Result<Vec<TimerAt>> {
+        let prefix = self.waits_prefix(kind);
+        let start = after.map(|a| Store::wait_key(&prefix, a));
+        let mut out = Vec::new();
+        self.each_key_after(CF_WAITS, &prefix, start.as_deref(), limit, |rest| {
+            let Some(at) = rest.get(..8).and_then(|b| <[u8; 8]>::try_from(b).ok()) else {
+                return false;
+            };
+            out.push(TimerAt {
+                at: from_order_preserving(at),
+                job_id: utf8(rest[8..].to_vec()),
+            });
+            true
+        })?;
+        Ok(out)
+    }
+
     /// Calls `each` with what follows `prefix` in the keys of `cf` that begin with it, in
     /// order, after `after` (a whole key; from the first with None), until `limit` of them
     /// were taken (`each` returns whether it took one: a key it cannot read is passed over).
@@ -673,6 +726,7 @@ impl Store {
         let mut state = State::tracking_changes();
         state.delays = ksched_core::state::Delays::unknown(ksched_core::state::DEFAULT_WINDOW);
         state.backlog = ksched_core::state::Backlog::evicting();
+        state.waits = ksched_core::state::Waits::unknown();
         state.clock = self.get_meta(META_CLOCK)?.unwrap_or(0);
         state.entries = self.get_meta(META_ENTRIES)?.unwrap_or(0);
         state.last_idempotency_prune = self.get_meta(META_LAST_PRUNE)?.unwrap_or(0);
@@ -775,6 +829,15 @@ impl Store {
         // record of the two busiest kinds (a replay's checkpoint holds tens of thousands).
         let mut key = Vec::new();
         let mut value = Vec::new();
+        let rules = state.rules();
+        let wait_prefixes: Vec<(TimerKind, Vec<u8>)> = (ksched_core::state::WAIT_KINDS.iter())
+            .map(|k| (*k, self.waits_prefix(*k)))
+            .collect();
+        let wait_prefix = |kind: TimerKind| {
+            (wait_prefixes.iter())
+                .find(|(k, _)| *k == kind)
+                .map_or(&[][..], |(_, p)| p.as_slice())
+        };
         for id in &dirty.jobs {
             self.key_into(&mut key, &[id.as_bytes()]);
             match state.jobs.get(id) {
@@ -785,6 +848,14 @@ impl Store {
                     for (pool, lane, k) in lane_keys_of(id, job) {
                         let prefix = self.lane_prefix(&pool, &lane);
                         b.put_cf(self.cf(CF_LANES), Store::lane_key(&prefix, &k), []);
+                    }
+                    // Its timers while queued, likewise.
+                    for (kind, k) in wait_keys_of(id, job, rules) {
+                        b.put_cf(
+                            self.cf(CF_WAITS),
+                            Store::wait_key(wait_prefix(kind), &k),
+                            [],
+                        );
                     }
                     if let Some(due) = job.delayed_until.filter(|_| job.state.is_parked()) {
                         b.put_cf(self.cf(CF_DELAYS), self.delay_key(due, id), encode(&()));
@@ -831,6 +902,19 @@ impl Store {
             }
             if let Some((_, _, bytes)) = &prefix {
                 b.delete_cf(self.cf(CF_LANES), Store::lane_key(bytes, k));
+            }
+        }
+        // Queued timers taken out go, but those a job has again and those of jobs no batch
+        // wrote before.
+        for (kind, k) in &dirty.waits_removed {
+            let job = state.jobs.get(&k.job_id);
+            let unwritten =
+                job.is_some_and(|j| dirty.since_clock.is_some_and(|c| j.accepted_at > c));
+            let again = job.is_some_and(|j| {
+                (wait_keys_of(&k.job_id, j, rules).iter()).any(|(kd, w)| kd == kind && w == k)
+            });
+            if !unwritten && !again {
+                b.delete_cf(self.cf(CF_WAITS), Store::wait_key(wait_prefix(*kind), k));
             }
         }
         for (due, id) in &dirty.delays_removed {
@@ -1341,6 +1425,15 @@ impl ColdStore for Store {
         limit: usize,
     ) -> Result<Vec<QueueKey>> {
         Store::lane_after(self, pool, lane, after, limit)
+    }
+
+    fn waits_after(
+        &self,
+        kind: TimerKind,
+        after: Option<&TimerAt>,
+        limit: usize,
+    ) -> Result<Vec<TimerAt>> {
+        Store::waits_after(self, kind, after, limit)
     }
 }
 

@@ -953,6 +953,7 @@ fn a_backlog_past_the_windows_stays_on_disk_and_is_read_back_as_it_runs() {
         0
     );
 
+    let live_timers = live.waits.keys_in_memory();
     drop(live);
     let mut loaded = store.load_state().unwrap();
     assert_eq!(
@@ -965,6 +966,11 @@ fn a_backlog_past_the_windows_stays_on_disk_and_is_read_back_as_it_runs() {
     assert_eq!(loaded.lane_problems(&reference), Vec::<String>::new());
     assert_eq!(loaded.lane_heads, reference.lane_heads);
     assert_eq!(loaded.timers, reference.timers);
+    assert_eq!(loaded.wait_problems(&reference), Vec::<String>::new());
+    // Their placement timeouts likewise: the first 5 to 10, and those of records in memory.
+    for held in [live_timers, loaded.waits.keys_in_memory()] {
+        assert!((5..=18).contains(&held), "{held} queued timers of 60");
+    }
     assert_eq!(loaded.tenant_pending, reference.tenant_pending);
     assert_eq!(loaded.shares, reference.shares);
     assert!(loaded.window_problems().is_empty());

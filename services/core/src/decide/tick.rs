@@ -12,7 +12,7 @@ use crate::decide::Decider;
 use crate::events::*;
 use crate::reason::{AttemptError, DlqReason};
 use crate::records::{Millis, Priority, Tick};
-use crate::state::{Timer, TimerKind};
+use crate::state::TimerKind;
 
 /// Most debounce windows one Tick closes (the rest at the next).
 const DEBOUNCES_CLOSED_PER_TICK: usize = 10_000;
@@ -171,15 +171,9 @@ impl Decider<'_, '_> {
         // nor keeps the scheduling pass from running.
         let aging_cap = (self.budget_left() / 2).max(1);
         let cap = self.budget_left() + 1;
-        let due_of = |set: &std::collections::BTreeSet<Timer>, cap: usize| -> Vec<Timer> {
-            (set.iter())
-                .take_while(|t| t.due <= judged)
-                .take(cap)
-                .cloned()
-                .collect()
-        };
-        let mut due = due_of(&self.state().timers, cap);
-        let aging = due_of(&self.state().aging_timers, aging_cap + 1);
+        let floor = self.state().liveness_floor;
+        let mut due = self.state().due_timers(judged, floor, cap);
+        let aging = self.state().due_aging(judged, aging_cap + 1);
         if due.len() == cap || aging.len() > aging_cap {
             self.continue_later();
         }
@@ -188,15 +182,12 @@ impl Decider<'_, '_> {
         let timing = &config.rules.timing;
         let mut requeued = Vec::new();
         let mut aging_left = aging_cap;
-        for t in due {
+        for due in due {
             // An earlier timer in this tick may have settled the job already.
-            let set = match t.kind {
-                TimerKind::Aging => &self.state().aging_timers,
-                _ => &self.state().timers,
-            };
-            if !set.contains(&t) {
+            if !self.state().timer_stands(&due) {
                 continue;
             }
+            let t = due.timer;
             if t.kind == TimerKind::Aging {
                 if aging_left == 0 {
                     continue;

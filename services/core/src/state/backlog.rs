@@ -184,6 +184,11 @@ impl State {
                 self.backlog.entering.extend(missing);
             }
         }
+        if self.backlog.evicting {
+            for kind in super::WAIT_KINDS {
+                self.read_waits(kind, Some(window + 1), store)?;
+            }
+        }
         for id in std::mem::take(&mut self.backlog.entering) {
             if !self.jobs.contains_key(&id)
                 && let Some(job) = store.job(&id)?
@@ -240,12 +245,51 @@ impl State {
         }
     }
 
-    /// Reads back every queued job's key and record not in memory: for what re-derives every
-    /// index from the records (new rules). Costs memory for the whole backlog
-    /// until the next checkpoint lets it go again.
+    /// Reads queued timers of `kind` back from `store` until its index's head holds `want`
+    /// of them, or all of them (None). A key whose job is in memory counts only if the job
+    /// still has that timer: the store is written behind.
+    fn read_waits<S: ColdStore>(
+        &mut self,
+        kind: super::TimerKind,
+        want: Option<usize>,
+        store: &S,
+    ) -> Result<(), S::Error> {
+        let chunk = keep_of(self.rules());
+        loop {
+            let Some(keys) = self.waits.of(kind) else {
+                return Ok(());
+            };
+            let enough = match want {
+                Some(w) => !keys.short(w),
+                None => keys.is_whole(),
+            };
+            if enough {
+                return Ok(());
+            }
+            let read = store.waits_after(kind, keys.read_after(), chunk)?;
+            let more = read.len() >= chunk;
+            let rules = self.config.as_deref().map(|c| &c.rules);
+            let State { jobs, waits, .. } = self;
+            let current = |k: &super::TimerAt| match jobs.get(&k.job_id) {
+                Some(job) => (super::wait_keys_of(&k.job_id, job, rules).iter())
+                    .any(|(kd, at)| *kd == kind && at == k),
+                None => true,
+            };
+            if let Some(keys) = waits.of_mut(kind) {
+                keys.extend(read, more, current);
+            }
+        }
+    }
+
+    /// Reads back every queued job's key, timer and record not in memory: for what
+    /// re-derives every index from the records (new rules). Costs memory for the whole
+    /// backlog until the next checkpoint lets it go again.
     pub fn load_queued<S: ColdStore>(&mut self, store: &S) -> Result<(), S::Error> {
         if !self.backlog.evicting {
             return Ok(());
+        }
+        for kind in super::WAIT_KINDS {
+            self.read_waits(kind, None, store)?;
         }
         let partial: Vec<(String, Lane)> = (self.lanes.iter())
             .flat_map(|(pool, lanes)| {
@@ -271,13 +315,14 @@ impl State {
         self.load_jobs(&missing, store)
     }
 
-    /// Reads back the records of the first `want` timers due by `judged` (of the aging
-    /// steps, or of the other timers) whose records are not in memory. Counted apart from
+    /// Reads back the records of the first `want` queued timers due by `judged` of each
+    /// kind (of the aging steps, or of the others) whose records are not in memory (the
+    /// other timers are of jobs that are not queued, always in memory). Counted apart from
     /// those in memory: what a Tick does before it fires timers (requeue the jobs of lost
-    /// workers) removes timers of jobs in memory only, so the timers it fires whose records
+    /// workers) changes timers of jobs in memory only, so the timers it fires whose records
     /// are in storage are the first of these, at most as many as it fires. A clock gap the
-    /// Tick journals first (`gap_to`) moves the evidence-based timeouts on
-    /// ([`State::raise_liveness_floor`]): those it moves past `judged` are not counted.
+    /// Tick journals first (`gap_to`) raises the liveness floor placement timeouts count
+    /// from ([`super::due_of`]): they are judged as the Tick will judge them.
     pub(super) fn load_timer_records<S: ColdStore>(
         &mut self,
         aging: bool,
@@ -290,25 +335,29 @@ impl State {
         if !self.backlog.evicting {
             return Ok(());
         }
-        let timers = if aging {
-            &self.aging_timers
-        } else {
-            &self.timers
-        };
+        let floor = gap_to.map_or(self.liveness_floor, |to| self.liveness_floor.max(to));
         let timing = self.rules().map(|r| &r.timing);
-        // Whether the Tick fires `t` once a clock gap it journals moved it on.
-        let fires = |t: &&super::Timer| match (gap_to, super::index::floor_timeout(t.kind, timing))
-        {
-            (Some(to), Some(timeout)) => t.due.max(to.saturating_add(timeout)) <= judged,
-            _ => true,
+        let kinds: &[super::TimerKind] = if aging {
+            &[super::TimerKind::Aging]
+        } else {
+            &[
+                super::TimerKind::Deadline,
+                super::TimerKind::PlacementTimeout,
+            ]
         };
-        let missing: Vec<String> = (timers.iter())
-            .take_while(|t| t.due <= judged)
-            .filter(|t| !self.jobs.contains_key(&t.job_id))
-            .filter(fires)
-            .take(want)
-            .map(|t| t.job_id.clone())
-            .collect();
+        let mut missing: Vec<String> = Vec::new();
+        for &kind in kinds {
+            let Some(keys) = self.waits.of(kind) else {
+                continue;
+            };
+            missing.extend(
+                (keys.head().iter())
+                    .take_while(|k| super::due_of(kind, k.at, floor, timing) <= judged)
+                    .filter(|k| !self.jobs.contains_key(&k.job_id))
+                    .take(want)
+                    .map(|k| k.job_id.clone()),
+            );
+        }
         self.load_jobs(&missing, store)
     }
 
@@ -349,6 +398,11 @@ impl State {
                         jobs.left_memory(&key);
                     }
                 }
+                for (kind, key) in super::wait_keys_of(&id, job, self.rules()) {
+                    if let Some(keys) = self.waits.of_mut(kind) {
+                        keys.left_memory(&key);
+                    }
+                }
                 self.jobs.remove(&id);
             }
         }
@@ -357,6 +411,14 @@ impl State {
         for (pool, lane) in std::mem::take(&mut self.backlog.long) {
             let State { jobs, lanes, .. } = self;
             if let Some(keys) = lanes.get_mut(&pool).and_then(|l| l.get_mut(&lane)) {
+                keys.trim(keep_keys, |id| jobs.contains_key(id));
+            }
+        }
+        for kind in super::WAIT_KINDS {
+            let State { jobs, waits, .. } = self;
+            if let Some(keys) = waits.of_mut(kind)
+                && keys.head().len() > trim_above(keep_keys)
+            {
                 keys.trim(keep_keys, |id| jobs.contains_key(id));
             }
         }
@@ -388,6 +450,16 @@ impl State {
                 }
             }
         }
+        for (kind, keys) in self.waits.each() {
+            if keys.short(window + 1) {
+                problems.push(format!(
+                    "the queued timers of kind {kind:?} hold {} of their {} keys in memory, fewer than {}",
+                    keys.head().len(),
+                    keys.len(),
+                    window + 1
+                ));
+            }
+        }
         problems
     }
 
@@ -411,6 +483,13 @@ impl State {
                         .map(|k| format!("{} (past its lane's head)", k.job_id)),
                 );
             }
+        }
+        for (kind, keys) in self.waits.each() {
+            ids.extend(
+                (keys.beyond().iter())
+                    .filter(|k| !self.jobs.contains_key(&k.job_id))
+                    .map(|k| format!("{} (past the head of its {kind:?} timers)", k.job_id)),
+            );
         }
         ids.sort_unstable();
         ids

@@ -40,7 +40,11 @@ struct Entries {
     live_key: Option<(String, String)>,
     /// The worker whose in-flight set holds it (`Some(None)`: active on no worker).
     active_on: Option<Option<String>>,
+    /// Its timers in [`State::timers`]: a job's that is not queued.
     timers: [Option<(Millis, TimerKind)>; MAX_TIMERS],
+    /// Its timers in [`State::waits`], by kind and the time each counts from: a queued
+    /// job's ([`super::wait_keys_of`]).
+    waits: [Option<(TimerKind, Millis)>; MAX_TIMERS],
 }
 
 /// The rank and time a queued job stands in its pools' queues at (None: not queued).
@@ -61,6 +65,8 @@ impl Entries {
         workers: &BTreeMap<String, Worker>,
     ) -> Entries {
         let mut timers = [None; MAX_TIMERS];
+        let mut waits = [None; MAX_TIMERS];
+        let queued = queue_place(job);
         if let Some(rules) = rules {
             // Only a running job's timeout counts from its worker's evidence; the search
             // through the worker's listed jobs is skipped for the others.
@@ -68,9 +74,13 @@ impl Entries {
                 .then(|| evidence(workers, id, job))
                 .flatten();
             let mut n = 0;
-            each_timer(job, rules, floor, evidence, |due, kind| {
+            each_timer(job, rules, floor, evidence, |due, kind, at| {
                 debug_assert!(n < MAX_TIMERS, "job {id}: more than {MAX_TIMERS} timers");
-                if let Some(slot) = timers.get_mut(n) {
+                if queued.is_some() && super::waits::is_wait_kind(kind) {
+                    if let Some(slot) = waits.get_mut(n) {
+                        *slot = Some((kind, at));
+                    }
+                } else if let Some(slot) = timers.get_mut(n) {
                     *slot = Some((due, kind));
                 }
                 n += 1;
@@ -89,12 +99,13 @@ impl Entries {
         let waiting = (job.queued_at.and(job.wait_reason.as_deref()))
             .map(|r| crate::reason::WaitReason::parse(r).map_or("other", |w| w.as_str()));
         Entries {
-            queued: queue_place(job),
+            queued,
             waiting,
             active_key: key(active || retrying),
             live_key: key(active || retrying || job.queued_at.is_some()),
             active_on: active.then(|| job.worker_id.clone()),
             timers,
+            waits,
         }
     }
 
@@ -107,11 +118,16 @@ impl Entries {
             live_key: None,
             active_on: None,
             timers: [None; MAX_TIMERS],
+            waits: [None; MAX_TIMERS],
         }
     }
 
     fn timers(&self) -> impl Iterator<Item = (Millis, TimerKind)> + '_ {
         self.timers.iter().flatten().copied()
+    }
+
+    fn waits(&self) -> impl Iterator<Item = (TimerKind, Millis)> + '_ {
+        self.waits.iter().flatten().copied()
     }
 }
 
@@ -141,7 +157,7 @@ struct Indexes<'a> {
     clock: Millis,
     woken: &'a mut std::collections::BTreeSet<String>,
     timers: &'a mut std::collections::BTreeSet<Timer>,
-    aging_timers: &'a mut std::collections::BTreeSet<Timer>,
+    waits: &'a mut super::Waits,
     tenant_active: &'a mut BTreeMap<String, i64>,
     tenant_pending: &'a mut BTreeMap<String, i64>,
     waiting_by_reason: &'a mut BTreeMap<&'static str, i64>,
@@ -226,7 +242,7 @@ impl Indexes<'_> {
                     kind,
                     job_id: id.to_owned(),
                 };
-                self.timer_set(kind).remove(&timer);
+                self.timers.remove(&timer);
             }
         }
         for (due, kind) in after.timers() {
@@ -236,16 +252,44 @@ impl Indexes<'_> {
                     kind,
                     job_id: id.to_owned(),
                 };
-                self.timer_set(kind).insert(timer);
+                self.timers.insert(timer);
+            }
+        }
+        for (kind, at) in before.waits() {
+            if !after.waits().any(|w| w == (kind, at)) {
+                self.unwait(id, job, kind, at);
+            }
+        }
+        for (kind, at) in after.waits() {
+            if !before.waits().any(|w| w == (kind, at)) {
+                let key = super::TimerAt {
+                    at,
+                    job_id: id.to_owned(),
+                };
+                if let Some(keys) = self.waits.of_mut(kind) {
+                    keys.insert(key);
+                }
             }
         }
     }
 
-    /// Where a timer of `kind` is kept: aging steps apart from the others.
-    fn timer_set(&mut self, kind: TimerKind) -> &mut std::collections::BTreeSet<Timer> {
-        match kind {
-            TimerKind::Aging => self.aging_timers,
-            _ => self.timers,
+    /// Takes a queued job's timer out of its index ([`super::Waits`]); the store's entry
+    /// goes with the next batch, unless no batch wrote it.
+    fn unwait(&mut self, id: &str, job: &Job, kind: TimerKind, at: Millis) {
+        let key = super::TimerAt {
+            at,
+            job_id: id.to_owned(),
+        };
+        let Some(keys) = self.waits.of_mut(kind) else {
+            return;
+        };
+        if !keys.remove(&key) {
+            return;
+        }
+        if let Some(d) = self.dirty.as_deref_mut()
+            && d.since_clock.is_none_or(|c| job.accepted_at <= c)
+        {
+            d.waits_removed.push((kind, key));
         }
     }
 
@@ -654,7 +698,7 @@ impl State {
             clock,
             woken,
             timers,
-            aging_timers,
+            waits,
             tenant_active,
             tenant_pending,
             waiting_by_reason,
@@ -687,7 +731,7 @@ impl State {
                 clock: *clock,
                 woken,
                 timers,
-                aging_timers,
+                waits,
                 tenant_active,
                 tenant_pending,
                 waiting_by_reason,
@@ -915,7 +959,7 @@ impl State {
             .map(|(k, b)| (b.next_change(self.clock), k.clone()))
             .collect();
         self.timers.clear();
-        self.aging_timers.clear();
+        let waits_before = std::mem::take(&mut self.waits);
         self.tenant_active.clear();
         self.tenant_pending.clear();
         self.waiting_by_reason.clear();
@@ -966,6 +1010,7 @@ impl State {
         }
         self.seed_missing_passes();
         self.note_lanes_left(before);
+        self.note_waits_changed(&waits_before);
         Ok(())
     }
 
@@ -989,6 +1034,18 @@ impl State {
                 for p in mine.problems_against(all.head()) {
                     problems.push(format!("a lane of {pool} ({}): {p}", lane.tenant));
                 }
+            }
+        }
+        problems
+    }
+
+    /// How this state's queued timers disagree with those of `whole`, a state that holds
+    /// every one (tests): see [`super::Stored::problems_against`].
+    pub fn wait_problems(&self, whole: &State) -> Vec<String> {
+        let mut problems = Vec::new();
+        for ((kind, mine), (_, all)) in self.waits.each().zip(whole.waits.each()) {
+            for p in mine.problems_against(all.head()) {
+                problems.push(format!("{kind:?} timers: {p}"));
             }
         }
         problems
@@ -1030,6 +1087,40 @@ impl State {
                     }
                 }
             }
+        }
+    }
+
+    /// After a rebuild (new rules, which may move aging steps): the queued timers `before`
+    /// that the rebuilt indexes no longer hold go from the store's index, and the jobs of
+    /// those they hold anew are written again (with their timers). Every index is whole
+    /// here, as every lane is ([`State::note_lanes_left`]), but at a start, which knows
+    /// none before (every one it indexes is in the store).
+    fn note_waits_changed(&mut self, before: &super::Waits) {
+        if self.dirty.is_none() || before.each().any(|(_, s)| !s.is_whole()) {
+            return;
+        }
+        let mut rewrite = Vec::new();
+        for (kind, old) in before.each() {
+            let Some(now) = self.waits.of(kind) else {
+                continue;
+            };
+            let held = |s: &super::Stored<super::TimerAt>, k: &super::TimerAt| {
+                s.head().contains(k) || s.beyond().contains(k)
+            };
+            let gone = (old.head().iter().chain(old.beyond()))
+                .filter(|k| !held(now, k))
+                .map(|k| (kind, k.clone()));
+            if let Some(d) = self.dirty.as_mut() {
+                d.waits_removed.extend(gone);
+            }
+            rewrite.extend(
+                (now.head().iter().chain(now.beyond()))
+                    .filter(|k| !held(old, k))
+                    .map(|k| k.job_id.clone()),
+            );
+        }
+        for id in rewrite {
+            self.mark_job(&id);
         }
     }
 
@@ -1183,7 +1274,7 @@ impl State {
         {
             problems.push("queue lanes disagree with job records".to_owned());
         }
-        if rebuilt.timers != self.timers || rebuilt.aging_timers != self.aging_timers {
+        if rebuilt.timers != self.timers || rebuilt.waits != self.waits {
             problems.push("timers disagree with job records".to_owned());
         }
         if rebuilt.tenant_active != self.tenant_active {
@@ -1291,17 +1382,18 @@ fn evidence(workers: &BTreeMap<String, Worker>, id: &str, job: &Job) -> Option<M
         .then_some(w.last_seen)
 }
 
-/// The timers a job has in its current state, as (due, kind) pairs: at most
+/// The timers a job has in its current state, as (due, kind, the time it counts from:
+/// its start for a placement timeout, else its due time) triples: at most
 /// [`MAX_TIMERS`]. Timeouts that wait for a sign of life count from `floor` at the earliest
 /// (after a [`crate::events::ClockGap`]); `evidence` is when the job's worker last listed it
 /// as running (heartbeats are evidence without rewriting the job). Deadlines, retry
 /// backoffs and max runtimes are not evidence-based.
-fn each_timer(
+pub(super) fn each_timer(
     job: &Job,
     rules: &Rules,
     floor: Millis,
     evidence: Option<Millis>,
-    mut push: impl FnMut(Millis, TimerKind),
+    mut each: impl FnMut(Millis, TimerKind, Millis),
 ) {
     // A delayed job's deadline counts from its release (SPEC §9): it has no timer while it
     // waits; its due time is in the delay window, not here.
@@ -1310,50 +1402,47 @@ fn each_timer(
     }
     let timing = &rules.timing;
     if let Some(d) = job.deadline_at {
-        push(d, TimerKind::Deadline);
+        each(d, TimerKind::Deadline, d);
     }
     match job.state {
         JobState::Pending => {
             if let Some(r) = job.retry_at {
-                push(r, TimerKind::RetryAt);
+                each(r, TimerKind::RetryAt, r);
             }
             if let Some(q) = job.queued_at {
-                // Started again while its concurrency key held it (SPEC §10).
+                // Started again while its concurrency key held it (SPEC §10). Kept by its
+                // start (see `super::waits`).
                 let from = q.max(job.placement_from.unwrap_or(q));
-                push(
+                each(
                     from.max(floor).saturating_add(timing.placement_timeout_ms),
                     TimerKind::PlacementTimeout,
+                    from,
                 );
                 // Aging (SPEC §10): one priority per `after` waited since it was queued.
                 if let Some(aging) = rules.aging_of(&job.pools)
                     && job.queue_rank() > aging.up_to.rank()
                 {
                     let steps = i64::from(job.aged) + 1;
-                    push(
-                        q.saturating_add(aging.after_ms().saturating_mul(steps)),
-                        TimerKind::Aging,
-                    );
+                    let due = q.saturating_add(aging.after_ms().saturating_mul(steps));
+                    each(due, TimerKind::Aging, due);
                 }
             }
         }
         JobState::Dispatched => {
             if let Some(d) = job.dispatched_at {
-                push(
-                    d.max(floor).saturating_add(timing.dispatch_timeout_ms),
-                    TimerKind::DispatchTimeout,
-                );
+                let due = d.max(floor).saturating_add(timing.dispatch_timeout_ms);
+                each(due, TimerKind::DispatchTimeout, due);
             }
         }
         JobState::Running => {
             if let Some(e) = job.last_evidence_at {
                 let e = e.max(evidence.unwrap_or(e)).max(floor);
-                push(
-                    e.saturating_add(timing.running_timeout_ms),
-                    TimerKind::RunningTimeout,
-                );
+                let due = e.saturating_add(timing.running_timeout_ms);
+                each(due, TimerKind::RunningTimeout, due);
             }
             if let (Some(s), Some(max)) = (job.started_at, job.max_runtime_ms()) {
-                push(s.saturating_add(max), TimerKind::MaxRuntime);
+                let due = s.saturating_add(max);
+                each(due, TimerKind::MaxRuntime, due);
             }
         }
         _ => {}

@@ -13,29 +13,58 @@ use std::collections::BTreeSet;
 
 use super::{Job, Lane, QueueKey};
 
-/// A lane's jobs: all of them (a state that never lets them go), or its head, with the rest
-/// in storage. Two are equal when they hold the same keys alike (states that hold every key
-/// compare so); [`super::State::lane_problems`] compares a partial one with the whole.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct LaneJobs {
-    /// Every key of the lane up to `through` (all of them while `whole`).
-    head: BTreeSet<QueueKey>,
-    /// Whether `head` holds every key of the lane.
+/// A key of an ordered index of jobs: it names its job.
+pub trait JobKey: Ord + Clone {
+    fn job_id(&self) -> &str;
+}
+
+impl JobKey for QueueKey {
+    fn job_id(&self) -> &str {
+        &self.job_id
+    }
+}
+
+/// A lane's jobs ([`Stored`] of queue keys).
+pub type LaneJobs = Stored<QueueKey>;
+
+/// An ordered index of jobs of which memory holds the first keys and the store every one:
+/// a lane's jobs, or the queued jobs' timers of one kind ([`super::Waits`]). All of them (a
+/// state that never lets them go), or its head, with the rest in storage. Two are equal when
+/// they hold the same keys alike (states that hold every key compare so);
+/// [`Stored::problems_against`] compares a partial one with the whole.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Stored<K> {
+    /// Every key up to `through` (all of them while `whole`).
+    head: BTreeSet<K>,
+    /// Whether `head` holds every key.
     whole: bool,
     /// While not whole: every key up to this one is in `head` (None: no key is known).
-    through: Option<QueueKey>,
+    through: Option<K>,
     /// Keys past `through` whose records are in memory.
-    beyond: BTreeSet<QueueKey>,
-    /// Keys in the lane, in memory or not.
+    beyond: BTreeSet<K>,
+    /// Keys in the index, in memory or not.
     len: u64,
 }
 
-impl LaneJobs {
-    /// A lane that holds every key it is given.
-    pub fn whole() -> LaneJobs {
-        LaneJobs {
+impl<K> Default for Stored<K> {
+    /// Nothing known: keys are read from the store before any is trusted.
+    fn default() -> Self {
+        Stored {
+            head: BTreeSet::new(),
+            whole: false,
+            through: None,
+            beyond: BTreeSet::new(),
+            len: 0,
+        }
+    }
+}
+
+impl<K: JobKey> Stored<K> {
+    /// An index that holds every key it is given.
+    pub fn whole() -> Stored<K> {
+        Stored {
             whole: true,
-            ..LaneJobs::default()
+            ..Stored::default()
         }
     }
 
@@ -48,18 +77,18 @@ impl LaneJobs {
         self.len == 0
     }
 
-    /// The lane's first job (in memory whenever the lane has jobs, at a decision).
-    pub fn first(&self) -> Option<&QueueKey> {
+    /// The first key (in memory whenever there are keys, at a decision).
+    pub fn first(&self) -> Option<&K> {
         self.head.first()
     }
 
     /// The first keys, in order: every key up to where memory holds them all.
-    pub fn head(&self) -> &BTreeSet<QueueKey> {
+    pub fn head(&self) -> &BTreeSet<K> {
         &self.head
     }
 
     /// Keys past the head held in memory.
-    pub fn beyond(&self) -> &BTreeSet<QueueKey> {
+    pub fn beyond(&self) -> &BTreeSet<K> {
         &self.beyond
     }
 
@@ -69,12 +98,12 @@ impl LaneJobs {
     }
 
     /// Whether `key` belongs in the head.
-    fn covers(&self, key: &QueueKey) -> bool {
+    fn covers(&self, key: &K) -> bool {
         self.whole || self.through.as_ref().is_some_and(|t| key <= t)
     }
 
     /// Adds a key; false if the lane holds it already (in memory).
-    pub(super) fn insert(&mut self, key: QueueKey) -> bool {
+    pub(super) fn insert(&mut self, key: K) -> bool {
         let added = if self.covers(&key) {
             self.head.insert(key)
         } else {
@@ -88,7 +117,7 @@ impl LaneJobs {
 
     /// Removes a key; false if a whole lane lacks it. A key past the head is in `beyond`
     /// or in storage.
-    pub(super) fn remove(&mut self, key: &QueueKey) -> bool {
+    pub(super) fn remove(&mut self, key: &K) -> bool {
         if self.covers(key) {
             if !self.head.remove(key) {
                 return false;
@@ -102,7 +131,7 @@ impl LaneJobs {
 
     /// Whether `key` stands past the lane's first `window` keys (None: not known, when it is
     /// past a head of fewer keys).
-    pub(super) fn past_window(&self, key: &QueueKey, window: usize) -> Option<bool> {
+    pub(super) fn past_window(&self, key: &K, window: usize) -> Option<bool> {
         if self.covers(key) {
             Some(self.head.range(..key).take(window).count() >= window)
         } else {
@@ -116,19 +145,14 @@ impl LaneJobs {
     }
 
     /// Where to read the store after (None: from the lane's first key).
-    pub(super) fn read_after(&self) -> Option<&QueueKey> {
+    pub(super) fn read_after(&self) -> Option<&K> {
         self.through.as_ref()
     }
 
     /// Takes keys read from storage after [`LaneJobs::read_after`]: `more` says whether the
     /// store may hold keys past the last of them. `current` says whether a key still
     /// stands (its job in memory may have left it since the store was written).
-    pub(super) fn extend(
-        &mut self,
-        read: Vec<QueueKey>,
-        more: bool,
-        current: impl Fn(&QueueKey) -> bool,
-    ) {
+    pub(super) fn extend(&mut self, read: Vec<K>, more: bool, current: impl Fn(&K) -> bool) {
         let through = if more { read.last().cloned() } else { None };
         for key in read {
             if current(&key) {
@@ -162,7 +186,7 @@ impl LaneJobs {
             let Some(last) = self.head.pop_last() else {
                 break;
             };
-            if in_memory(&last.job_id) {
+            if in_memory(last.job_id()) {
                 self.beyond.insert(last);
             } else {
                 dropped += 1;
@@ -178,19 +202,19 @@ impl LaneJobs {
     }
 
     /// Job `id`'s record left memory: its key past the head is in storage now.
-    pub(super) fn left_memory(&mut self, key: &QueueKey) {
+    pub(super) fn left_memory(&mut self, key: &K) {
         self.beyond.remove(key);
     }
 
     /// How this lane disagrees with `all`, every key of the lane in order: its count, its
     /// head (the first keys, every one up to where it is known to reach), and the keys it
     /// holds past the head.
-    pub fn problems_against(&self, all: &BTreeSet<QueueKey>) -> Vec<String> {
+    pub fn problems_against(&self, all: &BTreeSet<K>) -> Vec<String> {
         let mut problems = Vec::new();
         if self.len != all.len() as u64 {
             problems.push(format!("counts {} keys of {}", self.len, all.len()));
         }
-        let prefix: Vec<&QueueKey> = match (&self.through, self.whole) {
+        let prefix: Vec<&K> = match (&self.through, self.whole) {
             (_, true) => all.iter().collect(),
             (Some(t), false) => all.iter().take_while(|k| *k <= t).collect(),
             (None, false) => Vec::new(),
@@ -207,7 +231,7 @@ impl LaneJobs {
             .iter()
             .find(|k| self.covers(k) || !all.contains(*k))
         {
-            problems.push(format!("holds {} past its head wrongly", k.job_id));
+            problems.push(format!("holds {} past its head wrongly", k.job_id()));
         }
         problems
     }

@@ -26,6 +26,14 @@ pub trait ColdStore {
         after: Option<&super::QueueKey>,
         limit: usize,
     ) -> Result<Vec<super::QueueKey>, Self::Error>;
+    /// The keys of queued jobs' timers of `kind` after `after` (from the first with None),
+    /// in order, at most `limit` ([`crate::state::Waits`]).
+    fn waits_after(
+        &self,
+        kind: super::TimerKind,
+        after: Option<&super::TimerAt>,
+        limit: usize,
+    ) -> Result<Vec<super::TimerAt>, Self::Error>;
     /// The saga under `key` ([`crate::state::saga_key`]).
     fn saga(&self, key: &str) -> Result<Option<Saga>, Self::Error>;
     fn idempotency(&self, tenant: &str, key: &str)

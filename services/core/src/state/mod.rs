@@ -27,16 +27,18 @@ mod records;
 mod schedules;
 mod shares;
 mod tracking;
+mod waits;
 
 pub use backlog::{Backlog, window_of};
 pub use delays::{Coverage, DEFAULT_WINDOW, DelayKey, Delays, REFILL_CHUNK, delay_key_of};
 pub(crate) use index::Line;
 pub use jobs::JobMap;
-pub use lanes::{LaneJobs, lane_keys_of};
+pub use lanes::{JobKey, LaneJobs, Stored, lane_keys_of};
 pub use loading::{ColdStore, Prerequisites};
 pub use records::*;
 pub use shares::{FairKey, HeadAt, Heads, PoolShare, SHARE_UNIT, ShareKey, Turns, Walk};
 pub use tracking::Dirty;
+pub use waits::{DueTimer, TimerAt, WAIT_KINDS, Waits, due_of, wait_keys_of};
 
 /// A rate limit bucket's identity: (tenant, key, rate). Jobs of one key under different
 /// rates (topics sharing keys, or a rate changed) take tokens from buckets of their own.
@@ -70,11 +72,12 @@ pub struct State {
     pub jobs_by_state: BTreeMap<JobState, u64>,
     /// Derived: pool -> how many jobs wait in its queue (each is in one of its [`Lane`]s).
     pub queued: BTreeMap<String, u64>,
-    /// Derived: job timers by due time, but aging steps.
+    /// Derived: the timers of jobs that are not queued, by due time.
     pub timers: BTreeSet<Timer>,
-    /// Derived: queued jobs' next aging steps by due time ([`TimerKind::Aging`]), apart
-    /// from `timers` so that a backlog of them never stands before a deadline.
-    pub aging_timers: BTreeSet<Timer>,
+    /// Derived: queued jobs' timers (placement timeouts, deadlines, aging steps), of which
+    /// memory may hold the first ones only ([`Waits`]). Aging steps are apart from the
+    /// others, so that a backlog of them never stands before a deadline.
+    pub waits: Waits,
     /// Derived: tenant -> SCHEDULED + DISPATCHED + RUNNING jobs.
     pub tenant_active: BTreeMap<String, i64>,
     /// The scheduler time timers and worker liveness were last judged at: the watermark of
@@ -186,7 +189,7 @@ impl PartialEq for State {
             && self.jobs_by_state == other.jobs_by_state
             && self.queued == other.queued
             && self.timers == other.timers
-            && self.aging_timers == other.aging_timers
+            && self.waits == other.waits
             && self.tenant_active == other.tenant_active
     }
 }

@@ -33,6 +33,9 @@ pub struct Dirty {
     /// (pool, lane, key) entries jobs left in their queues: the store's lane index drops
     /// them, unless the job waits under the same entry again ([`super::lane_keys_of`]).
     pub lanes_removed: Vec<(String, super::Lane, super::QueueKey)>,
+    /// Queued jobs' timers taken out of their indexes: the store's index drops them, unless
+    /// the job has the same timer again ([`super::wait_keys_of`]).
+    pub waits_removed: Vec<(super::TimerKind, super::TimerAt)>,
     /// Payloads of jobs accepted since the last persist (job_id -> payload).
     pub payloads: BTreeMap<String, Vec<u8>>,
     /// The state's clock when this set began, i.e. when the set before it was taken

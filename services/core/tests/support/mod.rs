@@ -14,7 +14,7 @@ use ksched_core::records::*;
 use ksched_core::rules::{PoolRules, Rules, StrategyKind};
 use ksched_core::state::{
     ColdStore, DelayKey, Dirty, HistoryItem, HistoryLines, IdempotencyEntry, Job, Lane, QueueKey,
-    Saga, State, lane_keys_of,
+    Saga, State, TimerAt, TimerKind, lane_keys_of, wait_keys_of,
 };
 use serde_json::Value;
 
@@ -60,6 +60,10 @@ pub(crate) struct ColdMap {
     pub lanes: BTreeSet<(String, Lane, QueueKey)>,
     /// Lane keys read so far.
     pub lane_reads: std::cell::Cell<usize>,
+    /// The queued jobs' timers by kind, as the store indexes them.
+    pub waits: BTreeSet<(TimerKind, TimerAt)>,
+    /// Queued timers read so far.
+    pub wait_reads: std::cell::Cell<usize>,
     /// Job records read so far.
     pub reads: std::cell::Cell<usize>,
 }
@@ -102,6 +106,20 @@ impl ColdStore for ColdMap {
         self.lane_reads.set(self.lane_reads.get() + read.len());
         Ok(read)
     }
+    fn waits_after(
+        &self,
+        kind: TimerKind,
+        after: Option<&TimerAt>,
+        limit: usize,
+    ) -> Result<Vec<TimerAt>, Self::Error> {
+        let read: Vec<TimerAt> = (self.waits.iter())
+            .filter(|(kd, k)| *kd == kind && after.is_none_or(|a| k > a))
+            .take(limit)
+            .map(|(_, k)| k.clone())
+            .collect();
+        self.wait_reads.set(self.wait_reads.get() + read.len());
+        Ok(read)
+    }
 }
 
 /// A checkpoint as the store's prepare encodes it: the records the dirty keys name, as the
@@ -117,6 +135,8 @@ pub(crate) struct Batch {
     delays_deleted: Vec<DelayKey>,
     lanes_put: Vec<(String, Lane, QueueKey)>,
     lanes_deleted: Vec<(String, Lane, QueueKey)>,
+    waits_put: Vec<(TimerKind, TimerAt)>,
+    waits_deleted: Vec<(TimerKind, TimerAt)>,
 }
 
 impl ColdMap {
@@ -152,11 +172,32 @@ impl ColdMap {
             })
             .cloned()
             .collect();
+        let rules = state.rules();
+        let waits_put = (dirty.jobs.iter())
+            .filter_map(|id| Some(wait_keys_of(id, state.jobs.get(id)?, rules)))
+            .flatten()
+            .collect();
+        let waits_deleted = (dirty.waits_removed.iter())
+            .filter(|(kind, k)| {
+                let job = state.jobs.get(&k.job_id);
+                let unwritten =
+                    job.is_some_and(|j| dirty.since_clock.is_some_and(|c| j.accepted_at > c));
+                let again = job.is_some_and(|j| {
+                    wait_keys_of(&k.job_id, j, rules)
+                        .iter()
+                        .any(|(kd, w)| kd == kind && w == k)
+                });
+                !unwritten && !again
+            })
+            .cloned()
+            .collect();
         Batch {
             delays_put,
             delays_deleted,
             lanes_put,
             lanes_deleted,
+            waits_put,
+            waits_deleted,
             jobs: (dirty.jobs.into_iter())
                 .filter_map(|id| Some((id.clone(), state.jobs.get(&id)?.clone())))
                 .collect(),
@@ -193,6 +234,37 @@ impl ColdMap {
         for k in &b.lanes_deleted {
             self.lanes.remove(k);
         }
+        self.waits.extend(b.waits_put);
+        for k in &b.waits_deleted {
+            self.waits.remove(k);
+        }
+    }
+
+    /// The queued timers `state` holds, in memory and here, by kind, as
+    /// [`ColdMap::lanes_of`] finds lanes. Each kind's count is checked against what is found.
+    pub(crate) fn waits_of(&self, state: &State) -> BTreeMap<TimerKind, BTreeSet<TimerAt>> {
+        let mut out: BTreeMap<TimerKind, BTreeSet<TimerAt>> = BTreeMap::new();
+        for (kind, keys) in state.waits.each() {
+            let all = out.entry(kind).or_default();
+            all.extend(keys.head().iter().chain(keys.beyond()).cloned());
+        }
+        let rules = state.rules();
+        for (kind, k) in &self.waits {
+            let stands = match state.jobs.get(&k.job_id) {
+                Some(j) => wait_keys_of(&k.job_id, j, rules)
+                    .iter()
+                    .any(|(kd, w)| kd == kind && w == k),
+                None => true,
+            };
+            if stands {
+                out.entry(*kind).or_default().insert(k.clone());
+            }
+        }
+        for (kind, keys) in state.waits.each() {
+            let found = out[&kind].len() as u64;
+            assert_eq!(keys.len(), found, "count of queued {kind:?} timers");
+        }
+        out
     }
 
     /// The lanes `state` holds, in memory and here: each lane's head and keys past it, and
@@ -232,6 +304,19 @@ impl ColdMap {
     fn persist(&mut self, state: &State, dirty: Dirty) {
         self.write(ColdMap::prepare(state, dirty));
     }
+}
+
+/// Every queued timer of a state that holds them whole, by kind.
+pub(crate) fn whole_waits(state: &State) -> BTreeMap<TimerKind, BTreeSet<TimerAt>> {
+    (state.waits.each())
+        .map(|(kind, keys)| {
+            assert!(
+                keys.is_whole(),
+                "queued timers of a state that keeps every job"
+            );
+            (kind, keys.head().clone())
+        })
+        .collect()
 }
 
 /// Every lane of a state that holds them whole.
@@ -614,6 +699,26 @@ impl Sim {
             "folded lanes"
         );
         assert_eq!(self.partial.timers, self.state.timers);
+        let waits = whole_waits(&self.state);
+        assert_eq!(self.cold.waits_of(&self.partial), waits, "partial timers");
+        assert_eq!(
+            self.behind_cold.waits_of(&self.behind),
+            waits,
+            "queued timers written behind"
+        );
+        assert_eq!(
+            self.folded_cold.waits_of(&self.folded),
+            waits,
+            "folded queued timers"
+        );
+        for (what, state) in [
+            ("partial", &self.partial),
+            ("behind", &self.behind),
+            ("folded", &self.folded),
+        ] {
+            let problems = state.wait_problems(&self.state);
+            assert!(problems.is_empty(), "{what} queued timers: {problems:?}");
+        }
         assert_eq!(self.partial.breakers, self.state.breakers);
         assert_eq!(self.partial.buckets, self.state.buckets);
         assert_eq!(self.behind.buckets, self.state.buckets);

@@ -29,7 +29,8 @@ pub(super) struct Memory {
     pub reloaded_bytes_per_job: f64,
     pub build_seconds: f64,
     pub reload_seconds: f64,
-    /// What memory held live and after the restart: queued records, and lanes' keys.
+    /// What memory held live and after the restart: queued records, lanes' keys and queued
+    /// timers.
     pub held_live: Held,
     pub held_reloaded: Held,
 }
@@ -40,6 +41,8 @@ pub(super) struct Held {
     pub queued_records: u64,
     pub lane_keys: u64,
     pub lanes: u64,
+    #[serde(default)]
+    pub timer_keys: u64,
 }
 
 impl Held {
@@ -53,6 +56,7 @@ impl Held {
                 .map(|l| (l.head().len() + l.beyond().len()) as u64)
                 .sum(),
             lanes: lanes().count() as u64,
+            timer_keys: state.waits.keys_in_memory() as u64,
         }
     }
 }
@@ -375,8 +379,8 @@ pub(super) fn memory_only(args: &BenchArgs, jobs: u64) -> Result<()> {
         ("after a restart", &m.held_reloaded),
     ] {
         eprintln!(
-            "        in memory {when}: {} queued records, {} keys of {} lanes",
-            h.queued_records, h.lane_keys, h.lanes
+            "        in memory {when}: {} queued records, {} keys of {} lanes, {} queued timers",
+            h.queued_records, h.lane_keys, h.lanes, h.timer_keys
         );
     }
     std::fs::write(&args.out, serde_json::to_string_pretty(&m)?)?;
