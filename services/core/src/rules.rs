@@ -257,10 +257,10 @@ pub struct Limits {
     /// Most units of work (a placement, a timeout, a lost worker, a retry) one journal entry
     /// does; more continues in the next entry. Default 100.
     pub max_work_per_entry: u32,
-    /// Keys of each queue lane held in memory (at least `max_work_per_entry + 2`: the
-    /// lane's window and one more): a lane whose first keys in memory grow past twice this
-    /// is cut back to this many, and one with fewer than its window and one left reads this
-    /// many more back from RocksDB. Default 256.
+    /// Keys of each queue lane, and of each kind of queued timer, held in memory (at least
+    /// `max_work_per_entry + 2`: the lane's window and one more): an index whose first keys
+    /// in memory grow past twice this is cut back to this many, and one with fewer than the
+    /// window and one left reads this many more back from RocksDB. Default 256.
     pub lane_keys_in_memory: u32,
     /// Most PENDING jobs queued in one pool; a job beyond it is dead-lettered `queue_full`.
     /// Default 1000000.

@@ -9,6 +9,7 @@ mod support;
 use ksched_core::events::*;
 use ksched_core::records::{Heartbeat, Priority, ResultStatus};
 use ksched_core::rules::{ConcurrencyRule, Rules};
+use ksched_core::state::TimerKind;
 use support::*;
 
 /// Rules whose entries place at most three jobs: lanes' windows of four.
@@ -253,4 +254,35 @@ fn a_job_queued_while_its_lanes_head_runs_short_still_leaves_memory() {
         "late stays in memory"
     );
     assert!(sim.partial.lingering_queued().is_empty());
+}
+
+#[test]
+fn new_rules_that_end_aging_drop_the_stored_aging_steps_of_jobs_past_the_window() {
+    // A pool that ages every 10 s up to critical, with a backlog of batch jobs: each has an
+    // aging step, most of them in storage only.
+    let mut r = small_entries();
+    r.timing.placement_timeout_ms = 24 * 3_600_000;
+    r.pools.get_mut("default").unwrap().aging = Some(ksched_core::rules::AgingRule {
+        after: "10s".into(),
+        up_to: Priority::Critical,
+    });
+    let mut sim = Sim::with_rules(r.clone());
+    for i in 0..30 {
+        let mut req = job(&format!("j{i:02}"));
+        req.priority = Priority::Batch;
+        sim.submit(req);
+        sim.now += 1;
+    }
+    assert_eq!(queued_in_memory(&sim), 4);
+    // New rules without aging: no job has an aging step any more, and none may age from
+    // an entry the store held until its delete was written.
+    r.pools.get_mut("default").unwrap().aging = None;
+    sim.reconfigure(&r, "snap-2");
+    let events = sim.tick_after(60_000);
+    let aged: Vec<&Event> = (events.iter())
+        .filter(|e| matches!(e, Event::JobAged(_)))
+        .collect();
+    assert!(aged.is_empty(), "{aged:?}");
+    assert!(sim.partial.waits.aging.is_empty());
+    assert!(sim.cold.waits.iter().all(|(k, _)| *k != TimerKind::Aging));
 }

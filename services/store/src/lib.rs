@@ -17,7 +17,9 @@
 //! DeadLetter), `delays` (due time | job id of every DELAYED job: the jobs themselves are
 //! not in `active`, and the processor reads these keys as it needs them, not at start),
 //! `rate_buckets` ((tenant, key, rate) -> the token bucket of a rate-limited key, while not
-//! full), `fair_shares` ((pool, priority) -> its fair share between tenants).
+//! full), `fair_shares` ((pool, priority) -> its fair share between tenants), `debounces`,
+//! `lanes` ((pool, lane) | rank | time queued | job id of every queued job: its queue
+//! order), `waits` (kind | time it counts from | job id of every queued job's timers).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -726,6 +728,9 @@ impl Store {
         let mut state = State::tracking_changes();
         state.delays = ksched_core::state::Delays::unknown(ksched_core::state::DEFAULT_WINDOW);
         state.backlog = ksched_core::state::Backlog::evicting();
+        // Nothing known of the timer indexes before the rebuild below streams every queued
+        // job in: what tells the rebuild there is nothing to compare with (a start writes no
+        // timer again; the store holds them all).
         state.waits = ksched_core::state::Waits::unknown();
         state.clock = self.get_meta(META_CLOCK)?.unwrap_or(0);
         state.entries = self.get_meta(META_ENTRIES)?.unwrap_or(0);

@@ -1,14 +1,14 @@
-//! Queued jobs whose records and lane keys wait in storage, so that a backlog costs its
-//! timers and counts in memory, not its records.
+//! Queued jobs whose records, lane keys and timers wait in storage, so that a backlog costs
+//! its counts in memory, not its records.
 //!
 //! A scheduling pass reads only the first jobs of each lane ([`super::Lane`]): it places a
 //! lane's head, then the next, and one entry places at most `limits.max_work_per_entry`
 //! jobs. So the records a decision can need of a lane are its first
 //! `max_work_per_entry + 1` jobs, its *window* ([`window_of`]). Every other queued job's
 //! record may leave memory once it is written, like a terminal job's, and so may its key in
-//! the lane past the lane's first [`keep_of`] ([`super::LaneJobs`]). Its timers and the
-//! counts it is in stay, so the counts placement needs and the timers are exact whatever
-//! memory holds.
+//! the lane past the lane's first [`keep_of`] ([`super::LaneJobs`]), and its timers past
+//! the first ones of their kind ([`super::Waits`]). The counts it is in stay, so the
+//! counts placement needs are exact whatever memory holds.
 //!
 //! The window is kept full before every decision ([`State::refill_windows`]): a lane left
 //! with fewer keys than its window and one reads more from the store's lane index, and a

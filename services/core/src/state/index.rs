@@ -1090,9 +1090,9 @@ impl State {
         }
     }
 
-    /// After a rebuild (new rules, which may move aging steps): the queued timers `before`
-    /// that the rebuilt indexes no longer hold go from the store's index, and the jobs of
-    /// those they hold anew are written again (with their timers). Every index is whole
+    /// After a rebuild (new rules, which may move or end aging steps): the queued timers
+    /// `before` that the rebuilt indexes no longer hold go from the store's index, and the
+    /// jobs of those and of those they hold anew are written again (with their timers). Every index is whole
     /// here, as every lane is ([`State::note_lanes_left`]), but at a start, which knows
     /// none before (every one it indexes is in the store).
     fn note_waits_changed(&mut self, before: &super::Waits) {
@@ -1107,9 +1107,14 @@ impl State {
             let held = |s: &super::Stored<super::TimerAt>, k: &super::TimerAt| {
                 s.head().contains(k) || s.beyond().contains(k)
             };
-            let gone = (old.head().iter().chain(old.beyond()))
+            let gone: Vec<(TimerKind, super::TimerAt)> = (old.head().iter().chain(old.beyond()))
                 .filter(|k| !held(now, k))
-                .map(|k| (kind, k.clone()));
+                .map(|k| (kind, k.clone()))
+                .collect();
+            // The job of a timer gone stays in memory until the store's entry is deleted
+            // (a changed record is not let go before it is written): a read back meanwhile
+            // finds the job in memory and passes the stale entry over.
+            rewrite.extend(gone.iter().map(|(_, k)| k.job_id.clone()));
             if let Some(d) = self.dirty.as_mut() {
                 d.waits_removed.extend(gone);
             }
@@ -1125,9 +1130,10 @@ impl State {
     }
 
     /// After a clock gap: evidence-based timeouts (placement, dispatch, running) count from
-    /// `to` at the earliest. Each such timer stands at its start (or the floor, if later) plus
-    /// its timeout, so it moves to the later of where it stands and `to` plus its timeout:
-    /// the timers alone say so, and queued records in storage need not be read.
+    /// `to` at the earliest. Each such timer in memory (dispatch, running) stands at its
+    /// start (or the floor, if later) plus its timeout, so it moves to the later of where it
+    /// stands and `to` plus its timeout: the timers alone say so. Queued jobs' placement
+    /// timeouts are judged against the floor when they fire ([`super::due_of`]): none moves.
     pub(crate) fn raise_liveness_floor(&mut self, to: Millis) {
         let floor = self.liveness_floor.max(to);
         self.liveness_floor = floor;

@@ -16,7 +16,6 @@
 //! timers fall due in. Timers due at one time fire in (due time, kind, start, job id) order,
 //! in memory or not ([`State::due_timers`]).
 
-use crate::events::JobState;
 use crate::records::Millis;
 use crate::rules::{Rules, Timing};
 
@@ -133,7 +132,8 @@ pub fn wait_keys_of(id: &str, job: &Job, rules: Option<&Rules>) -> Vec<(TimerKin
     let Some(rules) = rules else {
         return out;
     };
-    if super::index::queue_place(job).is_none() || job.state != JobState::Pending {
+    // Queued as the indexes judge it (`Entries::of`).
+    if super::index::queue_place(job).is_none() {
         return out;
     }
     super::index::each_timer(job, rules, Millis::MIN, None, |_, kind, at| {
