@@ -102,7 +102,8 @@ pub(super) fn run(config: &Config, jobs: u64, payload_bytes: usize, dir: &Path) 
     .reconfigure();
     {
         let mut engine = Engine::open(Store::open(dir, 0)?)?;
-        build_backlog(&mut engine, &topic, reconfigure, jobs, payload_bytes)?;
+        configure(&mut engine, &topic, reconfigure)?;
+        build_backlog(&mut engine, &topic, "pending", 0, jobs, payload_bytes)?;
         anyhow::ensure!(
             engine.state().queued.values().sum::<u64>() == jobs,
             "every bench job is pending"
@@ -141,12 +142,30 @@ pub(super) fn run(config: &Config, jobs: u64, payload_bytes: usize, dir: &Path) 
     }
 }
 
-/// Submits `jobs` pending jobs (100 tenants, `payload_bytes` each) through `engine` under
-/// `reconfigure`'s rules, checkpointing every 5,000 as the processor does.
-fn build_backlog(
+/// Decides the bench's rules (`reconfigure`) first, as the processor does at its start.
+fn configure(
     engine: &mut Engine,
     topic: &str,
     reconfigure: ksched_core::events::Reconfigure,
+) -> Result<()> {
+    let ctx = Ctx { policy: &AllowAll };
+    let cause = Cause {
+        topic: topic.to_owned(),
+        partition: 0,
+        offset: -1,
+    };
+    engine.decide(&ctx, cause, 1, Input::Reconfigure(reconfigure))?;
+    Ok(())
+}
+
+/// Submits `jobs` pending jobs (100 tenants, `payload_bytes` each, ids `<name>-<n>`) to
+/// `topic` through `engine`, one input a millisecond of log time from input `first` on,
+/// checkpointing every 5,000 as the processor does.
+fn build_backlog(
+    engine: &mut Engine,
+    topic: &str,
+    name: &str,
+    first: u64,
     jobs: u64,
     payload_bytes: usize,
 ) -> Result<()> {
@@ -156,36 +175,38 @@ fn build_backlog(
         partition: 0,
         offset,
     };
-    engine.decide(&ctx, cause(-1), 1, Input::Reconfigure(reconfigure))?;
     let payload = vec![7u8; payload_bytes];
+    let first = i64::try_from(first).unwrap_or(0);
+    let mut last = first;
     for n in 0..jobs {
         let request = JobRequest {
-            job_id: format!("pending-{n:09}"),
+            job_id: format!("{name}-{n:09}"),
             topic: topic.to_owned(),
             tenant_id: format!("tenant-{}", n % 100),
             principal_id: Some("bench".into()),
             payload: payload.clone(),
             ..Default::default()
         };
-        let i = i64::try_from(n).unwrap_or(i64::MAX);
-        engine.decide(&ctx, cause(i), 1_000 + i, Input::Submit(request))?;
+        last = first + i64::try_from(n).unwrap_or(i64::MAX);
+        engine.decide(&ctx, cause(last), 1_000 + last, Input::Submit(request))?;
         if n % 5_000 == 4_999 {
-            engine.checkpoint(Some(i))?;
+            engine.checkpoint(Some(last))?;
         }
     }
-    engine.checkpoint(Some(i64::try_from(jobs).unwrap_or(0)))?;
+    engine.checkpoint(Some(last))?;
     Ok(())
 }
 
-/// Drains a backlog of `jobs` built in `engine` through one worker of 1,000 slots whose
-/// every job succeeds at once, deciding and checkpointing as the processor does (every
-/// 1,000 inputs); returns placements per second.
-fn drain(engine: &mut Engine, jobs: u64) -> Result<f64> {
+/// Drains `jobs` pending jobs of the pool `default` built in `engine` through one worker of
+/// 1,000 slots whose every job succeeds at once, deciding and checkpointing as the
+/// processor does (every 1,000 inputs, with the worker's heartbeat and a Tick every 1,000
+/// results: a second of log time), from input `first` on; returns placements per second.
+fn drain(engine: &mut Engine, first: u64, jobs: u64) -> Result<f64> {
     use ksched_core::events::Event;
     use ksched_core::records::{Heartbeat, JobResult};
     let ctx = Ctx { policy: &AllowAll };
     // One input a millisecond of log time, after the backlog's.
-    let offset = std::cell::Cell::new(i64::try_from(jobs).unwrap_or(0) + 1);
+    let offset = std::cell::Cell::new(i64::try_from(first).unwrap_or(0) + 1);
     let now = || 1_000 + offset.get();
     let mut placed: Vec<(String, i32)> = Vec::new();
     let decide =
@@ -213,15 +234,15 @@ fn drain(engine: &mut Engine, jobs: u64) -> Result<f64> {
             }
         };
     let started = Instant::now();
-    let heartbeat = Heartbeat {
+    let heartbeat = |at| Heartbeat {
         worker_id: "drain".into(),
         pool: "default".into(),
         max_parallel_jobs: 1_000,
         owned_partitions: vec![0],
-        sent_at: now(),
+        sent_at: at,
         ..Default::default()
     };
-    decide(engine, Input::Heartbeat(heartbeat), &mut placed)?;
+    decide(engine, Input::Heartbeat(heartbeat(now())), &mut placed)?;
     let mut done = 0;
     while done < jobs {
         anyhow::ensure!(!placed.is_empty(), "nothing placed after {done} jobs");
@@ -229,6 +250,16 @@ fn drain(engine: &mut Engine, jobs: u64) -> Result<f64> {
             let result = JobResult::succeeded(id, attempt, "drain", 1, now());
             decide(engine, Input::Result(result), &mut placed)?;
             done += 1;
+            // A second of log time: the worker's heartbeat and the ticker's Tick.
+            if done % 1_000 == 0 {
+                decide(engine, Input::Heartbeat(heartbeat(now())), &mut placed)?;
+                let tick = ksched_core::records::Tick {
+                    source: "bench".into(),
+                    issued_at: now(),
+                    watermark: Some(now()),
+                };
+                decide(engine, Input::Tick(tick), &mut placed)?;
+            }
         }
     }
     engine.checkpoint(Some(offset.get()))?;
@@ -286,19 +317,14 @@ pub(super) fn drain_only(args: &BenchArgs, jobs: u64) -> Result<()> {
             state.backlog = ksched_core::state::Backlog::default();
         }
         let mut engine = Engine::with_state(store, state);
-        build_backlog(
-            &mut engine,
-            &topic,
-            reconfigure.clone(),
-            jobs,
-            args.memory_payload,
-        )?;
+        configure(&mut engine, &topic, reconfigure.clone())?;
+        build_backlog(&mut engine, &topic, "pending", 0, jobs, args.memory_payload)?;
         let in_memory = engine.state().jobs.len();
         anyhow::ensure!(
             !evicting || (in_memory as u64) < jobs,
             "{jobs} jobs fit in the windows (100 tenants, each a lane): nothing waits in storage; drain more"
         );
-        let rate = drain(&mut engine, jobs)?;
+        let rate = drain(&mut engine, jobs, jobs)?;
         eprintln!("        {rate:.0} placements/s ({in_memory} records in memory before)");
         rates[usize::from(!evicting)].push(rate);
     }
@@ -318,6 +344,103 @@ pub(super) fn drain_only(args: &BenchArgs, jobs: u64) -> Result<()> {
         d.ratio, d.from_storage_per_second, d.in_memory_per_second
     );
     std::fs::write(&args.out, serde_json::to_string_pretty(&d)?)?;
+    Ok(())
+}
+
+/// What `--backlog-beside` measured.
+#[derive(Debug, Serialize)]
+pub(super) struct Beside {
+    pub backlog_jobs: u64,
+    pub drained_jobs: u64,
+    /// Placements a second of the drained jobs beside the backlog (the median of three).
+    pub beside_backlog_per_second: f64,
+    /// The same with no backlog (the median of three).
+    pub no_backlog_per_second: f64,
+    pub ratio: f64,
+}
+
+/// `ksched bench --backlog-beside N`: what a backlog waiting in storage costs the jobs
+/// beside it. Each of six rounds (three with N pending jobs in a pool without workers,
+/// three without, interleaved) builds its store through the real core and store, then
+/// 100,000 jobs of another pool, and drains those with one worker of 1,000 slots (no broker
+/// needed). The backlog's placement timeouts are a day: they stay pending throughout.
+pub(super) fn beside_only(args: &BenchArgs, backlog: u64) -> Result<()> {
+    const DRAINED: u64 = 100_000;
+    let dir = tempfile::tempdir()?;
+    let kafka = KafkaSettings {
+        bootstrap_servers: args.bootstrap_servers.clone(),
+        ..KafkaSettings::default()
+    };
+    let config = bench_config(&kafka, "bench.beside.", dir.path(), None);
+    let (topic, mut rules) = backlog_rules(&config);
+    let idle_topic = format!("{topic}.idle");
+    rules.topics.insert(idle_topic.clone(), vec!["idle".into()]);
+    rules
+        .pools
+        .insert("idle".into(), ksched_core::rules::PoolRules::default());
+    rules.timing.placement_timeout_ms = 24 * 3_600_000;
+    let reconfigure = Config {
+        rules,
+        ..config.clone()
+    }
+    .reconfigure();
+    let mut rates: [Vec<f64>; 2] = Default::default();
+    for (round, with) in [true, false, false, true, true, false]
+        .into_iter()
+        .enumerate()
+    {
+        let pending = if with { backlog } else { 0 };
+        phase(&format!(
+            "beside a backlog: {DRAINED} jobs drained beside {pending} pending (round {})",
+            round + 1
+        ));
+        let mut engine = Engine::open(Store::open(&dir.path().join(format!("round-{round}")), 0)?)?;
+        configure(&mut engine, &topic, reconfigure.clone())?;
+        build_backlog(
+            &mut engine,
+            &idle_topic,
+            "idle",
+            0,
+            pending,
+            args.memory_payload,
+        )?;
+        build_backlog(
+            &mut engine,
+            &topic,
+            "work",
+            pending,
+            DRAINED,
+            args.memory_payload,
+        )?;
+        let rate = drain(&mut engine, pending + DRAINED, DRAINED)?;
+        let left = engine.state().queued.get("idle").copied().unwrap_or(0);
+        anyhow::ensure!(
+            left == pending,
+            "the backlog stayed pending ({left} of {pending})"
+        );
+        eprintln!(
+            "        {rate:.0} placements/s ({} records in memory after)",
+            engine.state().jobs.len()
+        );
+        rates[usize::from(!with)].push(rate);
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(0.0)
+    };
+    let (beside, alone) = (median(&mut rates[0]), median(&mut rates[1]));
+    let b = Beside {
+        backlog_jobs: backlog,
+        drained_jobs: DRAINED,
+        beside_backlog_per_second: beside,
+        no_backlog_per_second: alone,
+        ratio: beside / alone.max(f64::MIN_POSITIVE),
+    };
+    eprintln!(
+        "        beside {backlog} pending / beside none, medians of 3: {:.2} ({:.0} / {:.0} placements/s)",
+        b.ratio, b.beside_backlog_per_second, b.no_backlog_per_second
+    );
+    std::fs::write(&args.out, serde_json::to_string_pretty(&b)?)?;
     Ok(())
 }
 

@@ -105,6 +105,11 @@ pub(crate) struct BenchArgs {
     /// needed).
     #[arg(long, value_name = "JOBS")]
     pub backlog_drain: Option<u64>,
+    /// Only measure what a backlog waiting in storage costs the jobs beside it: 100,000 jobs
+    /// drained by one worker of their pool, beside no backlog and beside this many pending
+    /// jobs of another pool without workers (no broker needed).
+    #[arg(long, value_name = "JOBS", conflicts_with = "backlog_drain")]
+    pub backlog_beside: Option<u64>,
     /// (Internal) load the store in this directory and print what it cost.
     #[arg(long, hide = true, value_name = "DIR")]
     pub memory_load: Option<PathBuf>,
@@ -421,6 +426,9 @@ fn bench(args: BenchArgs) -> Result<()> {
     }
     if let Some(jobs) = args.backlog_drain {
         return memory::drain_only(&args, jobs);
+    }
+    if let Some(jobs) = args.backlog_beside {
+        return memory::beside_only(&args, jobs);
     }
     if let Some(jobs) = args.timers {
         return timers::timers_only(&args, jobs);
