@@ -286,3 +286,42 @@ fn new_rules_that_end_aging_drop_the_stored_aging_steps_of_jobs_past_the_window(
     assert!(sim.partial.waits.aging.is_empty());
     assert!(sim.cold.waits.iter().all(|(k, _)| *k != TimerKind::Aging));
 }
+
+#[test]
+fn new_rules_that_lower_the_aging_ceiling_age_none_past_it_from_stored_steps() {
+    // Interactive and batch jobs aging up to critical, most of their steps in storage.
+    let mut r = small_entries();
+    r.timing.placement_timeout_ms = 24 * 3_600_000;
+    let aging = |up_to| {
+        Some(ksched_core::rules::AgingRule {
+            after: "10s".into(),
+            up_to,
+        })
+    };
+    r.pools.get_mut("default").unwrap().aging = aging(Priority::Critical);
+    let mut sim = Sim::with_rules(r.clone());
+    for i in 0..30 {
+        let mut req = job(&format!("j{i:02}"));
+        req.priority = if i % 2 == 0 {
+            Priority::Interactive
+        } else {
+            Priority::Batch
+        };
+        sim.submit(req);
+        sim.now += 1;
+    }
+    // Up to interactive now: the interactive jobs' steps go, the batch jobs' stay, and the
+    // index of those left is read back as they fire while the deletes are being written.
+    r.pools.get_mut("default").unwrap().aging = aging(Priority::Interactive);
+    sim.reconfigure(&r, "snap-2");
+    let events = sim.tick_after(60_000);
+    let aged: Vec<&JobAged> = (events.iter())
+        .filter_map(|e| match e {
+            Event::JobAged(a) => Some(a),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(aged.len(), 15, "each batch job one step: {aged:?}");
+    assert!(aged.iter().all(|a| a.priority == Priority::Interactive));
+    assert!(sim.partial.waits.aging.is_empty());
+}

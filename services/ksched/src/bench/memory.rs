@@ -159,7 +159,7 @@ fn configure(
 }
 
 /// Submits `jobs` pending jobs (100 tenants, `payload_bytes` each, ids `<name>-<n>`) to
-/// `topic` through `engine`, one input a millisecond of log time from input `first` on,
+/// `topic` through `engine`, one input a millisecond of log time, input `first` the first,
 /// checkpointing every 5,000 as the processor does.
 fn build_backlog(
     engine: &mut Engine,
@@ -200,7 +200,7 @@ fn build_backlog(
 /// Drains `jobs` pending jobs of the pool `default` built in `engine` through one worker of
 /// 1,000 slots whose every job succeeds at once, deciding and checkpointing as the
 /// processor does (every 1,000 inputs, with the worker's heartbeat and a Tick every 1,000
-/// results: a second of log time), from input `first` on; returns placements per second.
+/// results: a second of log time), after input `first`; returns placements per second.
 fn drain(engine: &mut Engine, first: u64, jobs: u64) -> Result<f64> {
     use ksched_core::events::Event;
     use ksched_core::records::{Heartbeat, JobResult};
@@ -266,6 +266,24 @@ fn drain(engine: &mut Engine, first: u64, jobs: u64) -> Result<f64> {
     Ok(jobs as f64 / started.elapsed().as_secs_f64())
 }
 
+/// Runs `round` six times, three with `true` and three with `false`, interleaved so that a
+/// machine that changes speed weighs on both alike; returns the median rate of each, in
+/// that order.
+fn interleaved(mut round: impl FnMut(usize, bool) -> Result<f64>) -> Result<(f64, f64)> {
+    let mut rates: [Vec<f64>; 2] = Default::default();
+    for (n, with) in [true, false, false, true, true, false]
+        .into_iter()
+        .enumerate()
+    {
+        rates[usize::from(!with)].push(round(n, with)?);
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(0.0)
+    };
+    Ok((median(&mut rates[0]), median(&mut rates[1])))
+}
+
 /// What `--backlog-drain` measured.
 #[derive(Debug, Serialize)]
 pub(super) struct Drain {
@@ -295,13 +313,8 @@ pub(super) fn drain_only(args: &BenchArgs, jobs: u64) -> Result<()> {
         ..config.clone()
     }
     .reconfigure();
-    // Three rounds of each, interleaved so that a machine that changes speed weighs on both
-    // alike; each round builds its backlog in a store of its own.
-    let mut rates: [Vec<f64>; 2] = Default::default();
-    for (round, evicting) in [true, false, false, true, true, false]
-        .into_iter()
-        .enumerate()
-    {
+    // Each round builds its backlog in a store of its own.
+    let (storage, memory) = interleaved(|round, evicting| {
         let name = if evicting {
             "from storage"
         } else {
@@ -326,13 +339,8 @@ pub(super) fn drain_only(args: &BenchArgs, jobs: u64) -> Result<()> {
         );
         let rate = drain(&mut engine, jobs, jobs)?;
         eprintln!("        {rate:.0} placements/s ({in_memory} records in memory before)");
-        rates[usize::from(!evicting)].push(rate);
-    }
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v.get(v.len() / 2).copied().unwrap_or(0.0)
-    };
-    let (storage, memory) = (median(&mut rates[0]), median(&mut rates[1]));
+        Ok(rate)
+    })?;
     let d = Drain {
         pending_jobs: jobs,
         from_storage_per_second: storage,
@@ -384,17 +392,16 @@ pub(super) fn beside_only(args: &BenchArgs, backlog: u64) -> Result<()> {
         ..config.clone()
     }
     .reconfigure();
-    let mut rates: [Vec<f64>; 2] = Default::default();
-    for (round, with) in [true, false, false, true, true, false]
-        .into_iter()
-        .enumerate()
-    {
+    let (beside, alone) = interleaved(|round, with| {
         let pending = if with { backlog } else { 0 };
         phase(&format!(
             "beside a backlog: {DRAINED} jobs drained beside {pending} pending (round {})",
             round + 1
         ));
-        let mut engine = Engine::open(Store::open(&dir.path().join(format!("round-{round}")), 0)?)?;
+        // Each round's store goes with the round (three of ten million jobs would fill a
+        // small disk).
+        let round_dir = tempfile::tempdir_in(dir.path())?;
+        let mut engine = Engine::open(Store::open(round_dir.path(), 0)?)?;
         configure(&mut engine, &topic, reconfigure.clone())?;
         build_backlog(
             &mut engine,
@@ -422,13 +429,10 @@ pub(super) fn beside_only(args: &BenchArgs, backlog: u64) -> Result<()> {
             "        {rate:.0} placements/s ({} records in memory after)",
             engine.state().jobs.len()
         );
-        rates[usize::from(!with)].push(rate);
-    }
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v.get(v.len() / 2).copied().unwrap_or(0.0)
-    };
-    let (beside, alone) = (median(&mut rates[0]), median(&mut rates[1]));
+        drop(engine);
+        drop(round_dir);
+        Ok(rate)
+    })?;
     let b = Beside {
         backlog_jobs: backlog,
         drained_jobs: DRAINED,
