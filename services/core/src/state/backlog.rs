@@ -218,11 +218,7 @@ impl State {
             let Some(jobs) = self.lanes.get(pool).and_then(|l| l.get(lane)) else {
                 return Ok(());
             };
-            let enough = match want {
-                Some(w) => !jobs.short(w),
-                None => jobs.is_whole(),
-            };
-            if enough {
+            if jobs.holds(want) {
                 return Ok(());
             }
             let first_before = jobs.first().cloned();
@@ -259,11 +255,7 @@ impl State {
             let Some(keys) = self.waits.of(kind) else {
                 return Ok(());
             };
-            let enough = match want {
-                Some(w) => !keys.short(w),
-                None => keys.is_whole(),
-            };
-            if enough {
+            if keys.holds(want) {
                 return Ok(());
             }
             let read = store.waits_after(kind, keys.read_after(), chunk)?;
@@ -347,15 +339,11 @@ impl State {
         };
         let mut missing: Vec<String> = Vec::new();
         for &kind in kinds {
-            let Some(keys) = self.waits.of(kind) else {
-                continue;
-            };
             missing.extend(
-                (keys.head().iter())
-                    .take_while(|k| super::due_of(kind, k.at, floor, timing) <= judged)
-                    .filter(|k| !self.jobs.contains_key(&k.job_id))
+                (self.due_waits(kind, judged, floor, timing, usize::MAX))
+                    .filter(|t| !self.jobs.contains_key(&t.timer.job_id))
                     .take(want)
-                    .map(|k| k.job_id.clone()),
+                    .map(|t| t.timer.job_id),
             );
         }
         self.load_jobs(&missing, store)

@@ -1092,9 +1092,9 @@ impl State {
 
     /// After a rebuild (new rules, which may move or end aging steps): the queued timers
     /// `before` that the rebuilt indexes no longer hold go from the store's index, and the
-    /// jobs of those and of those they hold anew are written again (with their timers). Every index is whole
-    /// here, as every lane is ([`State::note_lanes_left`]), but at a start, which knows
-    /// none before (every one it indexes is in the store).
+    /// jobs of those and of those they hold anew are written again (with their timers).
+    /// Every index is whole here, as every lane is ([`State::note_lanes_left`]), but at a
+    /// start, which knows none before (every one it indexes is in the store).
     fn note_waits_changed(&mut self, before: &super::Waits) {
         if self.dirty.is_none() || before.each().any(|(_, s)| !s.is_whole()) {
             return;

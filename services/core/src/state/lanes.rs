@@ -144,6 +144,15 @@ impl<K: JobKey> Stored<K> {
         !self.whole && self.head.len() < want && self.len > self.head.len() as u64
     }
 
+    /// Whether the head holds `want` keys or every one there is (None: every key of the
+    /// index): no read from the store is needed for that many.
+    pub(super) fn holds(&self, want: Option<usize>) -> bool {
+        match want {
+            Some(w) => !self.short(w),
+            None => self.whole,
+        }
+    }
+
     /// Where to read the store after (None: from the lane's first key).
     pub(super) fn read_after(&self) -> Option<&K> {
         self.through.as_ref()

@@ -198,7 +198,7 @@ impl State {
     }
 
     /// The first `cap` queued timers of `kind` due by `judged`, from its index's head.
-    fn due_waits<'a>(
+    pub(super) fn due_waits<'a>(
         &'a self,
         kind: TimerKind,
         judged: Millis,
