@@ -45,29 +45,7 @@ fn submit_backlog(sim: &mut Sim, n: usize) -> Vec<String> {
 
 /// Runs the worker `w1` (two slots) until nothing is left; returns the dispatch order.
 fn drain(sim: &mut Sim, jobs: usize) -> Vec<String> {
-    sim.heartbeat(Heartbeat {
-        max_parallel_jobs: 2,
-        ..hb("w1", "default")
-    });
-    let mut done = 0;
-    while done < jobs {
-        let running: Vec<(String, i32)> = (sim.dispatches().iter())
-            .map(|d| (d.job.job_id.clone(), d.attempt))
-            .filter(|(id, _)| sim.job_state(id) == JobState::Dispatched)
-            .collect();
-        assert!(!running.is_empty(), "nothing dispatched after {done} jobs");
-        for (id, attempt) in running {
-            sim.result(&id, attempt, "w1", ResultStatus::Succeeded);
-            done += 1;
-        }
-        sim.heartbeat(Heartbeat {
-            max_parallel_jobs: 2,
-            ..hb("w1", "default")
-        });
-    }
-    (sim.dispatches().iter())
-        .map(|d| d.job.job_id.clone())
-        .collect()
+    drain_restarting(sim, "default", jobs, usize::MAX)
 }
 
 #[test]
@@ -324,4 +302,147 @@ fn new_rules_that_lower_the_aging_ceiling_age_none_past_it_from_stored_steps() {
     assert_eq!(aged.len(), 15, "each batch job one step: {aged:?}");
     assert!(aged.iter().all(|a| a.priority == Priority::Interactive));
     assert!(sim.partial.waits.aging.is_empty());
+}
+
+/// Runs worker `w1` of `pool` (two slots) until `jobs` jobs have ended, starting the partial
+/// state again from its storage after every `restart_every` rounds; returns the dispatch
+/// order.
+fn drain_restarting(sim: &mut Sim, pool: &str, jobs: usize, restart_every: usize) -> Vec<String> {
+    let beat = |sim: &mut Sim| {
+        sim.heartbeat(Heartbeat {
+            max_parallel_jobs: 2,
+            ..hb("w1", pool)
+        })
+    };
+    beat(sim);
+    let (mut done, mut round) = (0, 0);
+    while done < jobs {
+        let running: Vec<(String, i32)> = (sim.dispatches().iter())
+            .map(|d| (d.job.job_id.clone(), d.attempt))
+            .filter(|(id, _)| sim.job_state(id) == JobState::Dispatched)
+            .collect();
+        assert!(!running.is_empty(), "nothing dispatched after {done} jobs");
+        round += 1;
+        if round % restart_every == 0 {
+            // Jobs dispatched and not ended: read at the start, with the queued ones' counts.
+            sim.restart();
+        }
+        for (id, attempt) in running {
+            sim.result(&id, attempt, "w1", ResultStatus::Succeeded);
+            done += 1;
+        }
+        beat(sim);
+    }
+    (sim.dispatches().iter())
+        .map(|d| d.job.job_id.clone())
+        .collect()
+}
+
+#[test]
+fn a_start_reads_no_queued_job_and_still_runs_the_backlog_in_queue_order() {
+    let mut sim = Sim::with_rules(small_entries());
+    let ids = submit_backlog(&mut sim, 40);
+    // What a start reads: no queued job; each lane is its count.
+    let reads = sim.cold.reads.get();
+    let started = sim.cold.start(&sim.partial);
+    assert_eq!(
+        sim.cold.reads.get(),
+        reads,
+        "a start reads no queued record"
+    );
+    assert!(started.jobs.is_empty());
+    assert_eq!(started.queued, sim.state.queued);
+    assert_eq!(started.tenant_pending, sim.state.tenant_pending);
+    assert_eq!(started.waiting_by_reason, sim.state.waiting_by_reason);
+    let lane = started.lanes["default"].values().next().unwrap();
+    assert!(lane.head().is_empty() && lane.len() == 40, "counted");
+    // Then, before the first decision, the lane's first keys and its window's records.
+    sim.restart();
+    assert_eq!(sim.cold.reads.get() - reads, 4, "the window's records");
+    assert_eq!(queued_in_memory(&sim), 4);
+
+    let expected: Vec<String> = (sim.state.queue_order("default").into_iter())
+        .map(|k| k.job_id)
+        .collect();
+    let order = drain_restarting(&mut sim, "default", ids.len(), 3);
+    assert_eq!(order, expected, "dispatched in queue order across starts");
+    assert!(sim.partial.queued.is_empty() && sim.partial.tenant_pending.is_empty());
+}
+
+#[test]
+fn a_start_counts_the_tenants_keys_and_pools_of_lanes_it_has_not_read() {
+    // Keyed jobs of two tenants in two pools at once (`job.multi`: a and b), one at a time
+    // per key, with deadlines and aging steps most of which wait in storage.
+    let mut r = small_entries();
+    r.timing.placement_timeout_ms = 24 * 3_600_000;
+    r.topic_concurrency.insert(
+        "job.multi".into(),
+        ConcurrencyRule {
+            key: "label:ck".into(),
+            limit: Some(1),
+            rate: None,
+            burst: None,
+            fair: false,
+        },
+    );
+    for pool in ["a", "b"] {
+        r.pools.get_mut(pool).unwrap().aging = Some(ksched_core::rules::AgingRule {
+            after: "10s".into(),
+            up_to: Priority::Critical,
+        });
+    }
+    assert!(r.validate().is_ok());
+    let mut sim = Sim::with_rules(r);
+    let n = 36;
+    for i in 0..n {
+        let mut req = job(&format!("m{i:02}"));
+        req.topic = "job.multi".into();
+        req.tenant_id = if i % 3 == 0 { "zeta" } else { "acme" }.into();
+        req.priority = Priority::Batch;
+        req.labels.insert("ck".into(), format!("k{}", i % 2));
+        if i % 4 == 0 {
+            req.budget.deadline_ms = Some(3_600_000);
+        }
+        sim.submit(req);
+        sim.now += 1;
+    }
+    // One job of each tenant's key runs: the keys' groups are parked.
+    sim.heartbeat(Heartbeat {
+        max_parallel_jobs: 8,
+        ..hb("w1", "a")
+    });
+    assert_eq!(sim.dispatches().len(), 4);
+    let started = sim.cold.start(&sim.partial);
+    assert!(
+        started
+            .jobs
+            .iter_any_order()
+            .all(|(_, j)| j.queued_at.is_none())
+    );
+    assert_eq!(started.jobs.len(), 4, "the running ones");
+    sim.restart();
+    assert_eq!(sim.partial.queued, sim.state.queued);
+    assert_eq!(sim.partial.tenant_pending, sim.state.tenant_pending);
+    assert_eq!(sim.partial.key_live, sim.state.key_live);
+    assert_eq!(sim.partial.key_active, sim.state.key_active);
+    assert_eq!(sim.partial.waiting_by_reason, sim.state.waiting_by_reason);
+    assert_eq!(
+        sim.partial.waits.deadline.len(),
+        sim.state.waits.deadline.len()
+    );
+    // Steps fire from storage after a start, and the keys' groups stay parked.
+    sim.keep_alive(&[("w1", "a")]);
+    sim.tick_after(25_000);
+    sim.keep_alive(&[]);
+    assert_eq!(sim.partial.parked, sim.state.parked);
+    assert_eq!(sim.partial.lane_heads, sim.state.lane_heads);
+    sim.restart();
+    let order = drain_restarting(&mut sim, "a", n, 2);
+    let ran: std::collections::BTreeSet<&String> = order.iter().collect();
+    assert_eq!(ran.len(), n);
+    assert!(
+        ran.iter()
+            .all(|id| sim.job_state(id) == JobState::Succeeded)
+    );
+    assert!(sim.partial.key_live.is_empty() && sim.partial.queued.is_empty());
 }

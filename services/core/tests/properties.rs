@@ -98,6 +98,9 @@ enum Op {
         limit: u8,
         rate: u8,
     },
+    /// The processor stops and starts again from its storage: it reads the jobs that are
+    /// not queued, and the queued ones' counts only.
+    Restart,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -118,6 +121,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0..3u8, 0..6u8, 1..30u8, 0..12u8).prop_map(|(schedule, action, interval, policy)| Op::Schedule { schedule, action, interval, policy }),
         1 => Just(Op::Malformed),
         1 => (0..4u8, 0..3u8).prop_map(|(limit, rate)| Op::Limit { limit, rate }),
+        1 => Just(Op::Restart),
     ]
 }
 
@@ -474,6 +478,7 @@ fn run(ops: &[Op]) -> Sim {
             Op::Limit { limit, rate } => {
                 sim.reconfigure(&run_rules(limit, rate), "snap-1");
             }
+            Op::Restart => sim.restart(),
             Op::Malformed => {
                 sim.input(
                     "job.default",

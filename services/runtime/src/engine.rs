@@ -100,9 +100,12 @@ impl Writer {
 }
 
 impl Engine {
-    /// Continues the projection in `store` from its last checkpoint.
+    /// Continues the projection in `store` from its last checkpoint: the jobs that are not
+    /// queued, the queued ones' counts, and each lane's first keys and records (what the
+    /// first decision reads, read before it so that queries see the queues' heads too).
     pub fn open(store: Store) -> Result<Engine> {
-        let state = store.load_state()?;
+        let mut state = store.load_state()?;
+        state.refill_windows(&store)?;
         Ok(Engine::with_state(store, state))
     }
 
@@ -328,6 +331,7 @@ impl Engine {
     pub fn reload(&mut self) -> Result<()> {
         self.finish_writing()?;
         self.state = self.store.load_state()?;
+        self.state.refill_windows(&self.store)?;
         self.since_checkpoint = 0;
         Ok(())
     }

@@ -30,8 +30,8 @@ use ksched_core::records::{DeadLetter, Millis};
 use ksched_core::rules::Rules;
 use ksched_core::state::{
     ActiveConfig, Breaker, Bucket, BucketKey, ColdStore, Debounce, DebounceKey, Dirty, HistoryItem,
-    HistoryLines, IdempotencyEntry, Job, Lane, PoolShare, QueueKey, Saga, ShareKey, State, TimerAt,
-    TimerKind, Worker, lane_keys_of, wait_keys_of,
+    HistoryLines, IdempotencyEntry, Job, Lane, PoolShare, QueueKey, QueuedCounts, Saga, ShareKey,
+    State, TimerAt, TimerKind, Worker, is_resident, lane_keys_of, wait_keys_of,
 };
 use rocksdb::{
     ColumnFamily, ColumnFamilyDescriptor, DB, Direction, IteratorMode, Options, WriteBatch,
@@ -106,7 +106,10 @@ pub struct Scanned {
 /// first ones wait in storage only.
 /// 14: queued jobs' timers by kind and the time each counts from (`waits`), so that their
 /// timers past the first ones wait in storage only.
-pub const FORMAT_VERSION: u32 = 14;
+/// 15: the unfinished jobs that are not queued (`resident`), each lane's count of jobs
+/// (`lane_counts`) and the queued jobs' other counts (meta `queued_counts`), so that a start
+/// reads no queued job.
+pub const FORMAT_VERSION: u32 = 15;
 
 /// Most idempotency keys one write deletes when their retention passed; the rest follow in
 /// the next writes, so a prune never becomes one huge batch.
@@ -130,6 +133,10 @@ const CF_SHARES: &str = "fair_shares";
 const CF_DEBOUNCES: &str = "debounces";
 const CF_LANES: &str = "lanes";
 const CF_WAITS: &str = "waits";
+/// The unfinished jobs a start reads: those not queued ([`ksched_core::state::is_resident`]).
+const CF_RESIDENT: &str = "resident";
+/// Each lane's count of jobs, keyed as the lane's keys in `lanes` begin.
+const CF_LANE_COUNTS: &str = "lane_counts";
 /// Every column family, in a fixed order.
 pub const CFS: &[&str] = &[
     CF_META,
@@ -150,6 +157,8 @@ pub const CFS: &[&str] = &[
     CF_DEBOUNCES,
     CF_LANES,
     CF_WAITS,
+    CF_RESIDENT,
+    CF_LANE_COUNTS,
 ];
 
 const META_FORMAT: &[u8] = b"format";
@@ -163,6 +172,7 @@ const META_CONFIG: &[u8] = b"config";
 const META_JOB_COUNTS: &[u8] = b"jobs_by_state";
 const META_TICK_WATERMARK: &[u8] = b"tick_watermark";
 const META_LIVENESS_FLOOR: &[u8] = b"liveness_floor";
+const META_QUEUED_COUNTS: &[u8] = b"queued_counts";
 /// Idempotency keys first seen before this are still to be deleted (a prune in progress).
 const META_PRUNE_BEFORE: &[u8] = b"prune_before";
 
@@ -248,6 +258,10 @@ impl std::fmt::Debug for Store {
     }
 }
 
+/// The most write-ahead log the store keeps before it flushes the memtables holding its
+/// oldest part: what a start after a crash replays at most.
+const MAX_TOTAL_WAL_BYTES: u64 = 128 * 1024 * 1024;
+
 /// Block cache shared by the column families.
 const BLOCK_CACHE_BYTES: usize = 128 * 1024 * 1024;
 
@@ -291,6 +305,8 @@ const SCANNED_ONLY: &[&str] = &[
     CF_DEBOUNCES,
     CF_LANES,
     CF_WAITS,
+    CF_RESIDENT,
+    CF_LANE_COUNTS,
 ];
 
 /// The first key after every key that starts with `prefix` (None: there is none).
@@ -364,6 +380,11 @@ impl Store {
         opts.set_compression_type(rocksdb::DBCompressionType::Lz4);
         opts.increase_parallelism(2);
         opts.set_atomic_flush(!logged);
+        // The log a start replays after a crash is bounded: past this size the families whose
+        // memtables hold its oldest part are flushed (a family written rarely, such as
+        // `meta`, would otherwise keep every log since its last flush: gigabytes, and
+        // seconds to replay, under a backlog being built).
+        opts.set_max_total_wal_size(MAX_TOTAL_WAL_BYTES);
         // Families this build does not know (a store of a later format) are opened too, so
         // that its format is what refuses it.
         let present = DB::list_cf(&opts, path).unwrap_or_default();
@@ -728,9 +749,9 @@ impl Store {
         let mut state = State::tracking_changes();
         state.delays = ksched_core::state::Delays::unknown(ksched_core::state::DEFAULT_WINDOW);
         state.backlog = ksched_core::state::Backlog::evicting();
-        // Nothing known of the timer indexes before the rebuild below streams every queued
-        // job in: what tells the rebuild there is nothing to compare with (a start writes no
-        // timer again; the store holds them all).
+        // Nothing known of the timer indexes before their counts are restored below: what
+        // tells the rebuild there is nothing to compare with (a start writes no timer again;
+        // the store holds them all).
         state.waits = ksched_core::state::Waits::unknown();
         state.clock = self.get_meta(META_CLOCK)?.unwrap_or(0);
         state.entries = self.get_meta(META_ENTRIES)?.unwrap_or(0);
@@ -769,14 +790,23 @@ impl Store {
                 state.sagas.insert(utf8(k), s);
             }
         }
-        // Unfinished jobs stream into the indexes; queued ones past their lanes' windows
-        // leave memory as they come.
-        let active = self.scan::<()>(CF_ACTIVE)?;
-        let records = active.into_iter().filter_map(|(k, ())| {
+        // The unfinished jobs that are not queued stream into the indexes; the queued ones
+        // are their lanes' counts until the first decision reads each lane's first keys and
+        // records back: a start reads no backlog.
+        let resident = self.scan::<()>(CF_RESIDENT)?;
+        let records = resident.into_iter().filter_map(|(k, ())| {
             let id = utf8(k);
-            self.job(&id).map(|job| job.map(|j| (id, j))).transpose()
+            match self.job(&id) {
+                Ok(Some(job)) if is_resident(&job) => Some(Ok((id, job))),
+                // (A marker a fault left behind names a job its lanes count: not read twice.)
+                Ok(_) => None,
+                Err(e) => Some(Err(e)),
+            }
         });
         state.rebuild_indexes_with(records)?;
+        let lanes = self.scan::<(String, Lane, u64)>(CF_LANE_COUNTS)?;
+        let counts: QueuedCounts = self.get_meta(META_QUEUED_COUNTS)?.unwrap_or_default();
+        state.restore_queued(lanes.into_iter().map(|(_, lane)| lane), &counts);
         Ok(state)
     }
 
@@ -876,8 +906,17 @@ impl Store {
                     } else {
                         b.put_cf(self.cf(CF_ACTIVE), &key, encode(&()));
                     }
+                    // What a start reads: not a queued job (its lanes count it). Its marker
+                    // goes when it stops being one (`resident_left`, below), not with every
+                    // write of a queued job.
+                    if is_resident(job) {
+                        b.put_cf(self.cf(CF_RESIDENT), &key, encode(&()));
+                    }
                 }
-                None => b.delete_cf(self.cf(CF_ACTIVE), &key),
+                None => {
+                    b.delete_cf(self.cf(CF_ACTIVE), &key);
+                    b.delete_cf(self.cf(CF_RESIDENT), &key);
+                }
             }
         }
         // The entries queued jobs left in their lanes go, but those a job waits under again
@@ -920,6 +959,24 @@ impl Store {
             });
             if !unwritten && !again {
                 b.delete_cf(self.cf(CF_WAITS), Store::wait_key(wait_prefix(*kind), k));
+            }
+        }
+        for id in &dirty.resident_left {
+            if !state.jobs.get(id).is_some_and(is_resident) {
+                self.key_into(&mut key, &[id.as_bytes()]);
+                b.delete_cf(self.cf(CF_RESIDENT), &key);
+            }
+        }
+        // The counts of lanes that gained or lost jobs (a lane gone counts none).
+        for (pool, lanes) in &dirty.lanes_counted {
+            for lane in lanes {
+                let len = (state.lanes.get(pool).and_then(|l| l.get(lane))).map_or(0, |k| k.len());
+                let k = self.lane_prefix(pool, lane);
+                if len == 0 {
+                    b.delete_cf(self.cf(CF_LANE_COUNTS), k);
+                } else {
+                    b.put_cf(self.cf(CF_LANE_COUNTS), k, encode(&(pool, lane, len)));
+                }
             }
         }
         for (due, id) in &dirty.delays_removed {
@@ -1046,6 +1103,11 @@ impl Store {
             meta,
             self.key(META_LIVENESS_FLOOR),
             encode(&state.liveness_floor),
+        );
+        b.put_cf(
+            meta,
+            self.key(META_QUEUED_COUNTS),
+            encode(&state.queued_counts()),
         );
         Ok(Prepared {
             batch: b,

@@ -151,7 +151,13 @@ fn persisted_and_reloaded_state_matches_the_in_memory_projection() {
     // A reopened store loads the working set: the active jobs and the indexes over them.
     drop(store);
     let store = Store::open(dir.path(), 0).unwrap();
-    let loaded = store.load_state().unwrap();
+    let mut loaded = store.load_state().unwrap();
+    // A start reads the queued jobs' counts, not the jobs; the first decision reads the
+    // lanes' first keys and records back.
+    assert_eq!(loaded.queued, reference.queued);
+    assert_eq!(loaded.tenant_pending, reference.tenant_pending);
+    assert!(loaded.lane_heads.is_empty(), "no head is read at a start");
+    loaded.refill_windows(&store).unwrap();
     assert_eq!(loaded.clock, reference.clock);
     assert_eq!(loaded.entries, reference.entries);
     assert_eq!(loaded.config, reference.config);
@@ -956,10 +962,19 @@ fn a_backlog_past_the_windows_stays_on_disk_and_is_read_back_as_it_runs() {
     let live_timers = live.waits.keys_in_memory();
     drop(live);
     let mut loaded = store.load_state().unwrap();
+    // A start reads no queued job: their counts are exact at once.
+    assert_eq!(queued_in(&loaded), 0, "a start reads no queued job");
+    assert_eq!(keys_in(&loaded), 0);
+    assert_eq!(loaded.queued, reference.queued);
+    assert_eq!(loaded.tenant_pending, reference.tenant_pending);
+    assert_eq!(loaded.waiting_by_reason, reference.waiting_by_reason);
+    assert_eq!(loaded.wait_problems(&reference), Vec::<String>::new());
+    // What the first decision does first: read the lanes' windows back.
+    loaded.refill_windows(&store).unwrap();
     assert_eq!(
         queued_in(&loaded),
         8,
-        "a restart reads back the windows only"
+        "the first decision reads back the windows only"
     );
     assert_eq!(keys_in(&loaded), 10, "and the lanes' first keys");
     assert_eq!(loaded.queued, reference.queued);

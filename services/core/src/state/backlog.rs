@@ -20,13 +20,38 @@
 //! version of every record not in memory (nothing leaves memory unwritten), so what a
 //! decision sees, and decides, does not depend on what memory held.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
 
 use crate::events::JobState;
 use crate::rules::Rules;
 
-use super::{ColdStore, Job, Lane, QueueKey, State};
+use super::{ColdStore, Job, Lane, LaneJobs, QueueKey, State, Stored, WAIT_KINDS};
 use crate::records::Millis;
+
+/// Whether `job` waits in its pools' queues. A start does not read such a job: its lanes'
+/// counts and [`QueuedCounts`] stand for it, and its record, keys and timers are read back
+/// as windows need them ([`State::restore_queued`]). Every other unfinished job is read.
+pub fn is_queued(job: &Job) -> bool {
+    super::index::queue_place(job).is_some()
+}
+
+/// Whether a start reads `job`: unfinished (not terminal, not delayed) and not queued. Such
+/// records never leave memory; the store keeps a marker of each.
+pub fn is_resident(job: &Job) -> bool {
+    !job.state.is_cold() && !is_queued(job)
+}
+
+/// What the queued jobs count for besides their lanes, which the store writes with every
+/// checkpoint so that a start need not read them ([`State::restore_queued`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueuedCounts {
+    /// Queued jobs by the reason they wait ([`State::waiting_by_reason`]).
+    pub waiting_by_reason: BTreeMap<String, i64>,
+    /// Queued timers of each kind, in the order of [`WAIT_KINDS`].
+    pub waits: [u64; 3],
+}
 
 /// The queued jobs a state holds in memory beyond what decisions need ([`State::backlog`]).
 #[derive(Debug, Clone, Default)]
@@ -168,6 +193,79 @@ impl State {
         known.then_some(true)
     }
 
+    /// What the queued jobs count for besides their lanes ([`QueuedCounts`]).
+    pub fn queued_counts(&self) -> QueuedCounts {
+        let mut waits = [0; 3];
+        for (n, kind) in waits.iter_mut().zip(WAIT_KINDS) {
+            *n = self.waits.of(kind).map_or(0, Stored::len);
+        }
+        QueuedCounts {
+            waiting_by_reason: (self.waiting_by_reason.iter())
+                .map(|(r, n)| ((*r).to_owned(), *n))
+                .collect(),
+            waits,
+        }
+    }
+
+    /// A start's second step, after [`State::rebuild_indexes_with`] the unfinished jobs that
+    /// are not queued ([`is_queued`]): the queued ones, which it does not read, as the
+    /// store counts them: `lanes` gives each lane of each pool and its count of jobs, and
+    /// `counts` the rest. The counts placement reads (per pool, tenant and concurrency key)
+    /// are exact at once; every lane is read back before the first decision
+    /// ([`State::refill_windows`]), which puts its head in the passes.
+    ///
+    /// A job stands in the same [`Lane`] in each of its pools (the lane names its tenant,
+    /// pools and concurrency key): a tenant's or a key's queued jobs are the counts of its
+    /// lanes, each lane counted once however many pools it is in.
+    pub fn restore_queued(
+        &mut self,
+        lanes: impl IntoIterator<Item = (String, Lane, u64)>,
+        counts: &QueuedCounts,
+    ) {
+        debug_assert!(self.lanes.is_empty(), "a start's jobs were queued ones");
+        for (pool, lane, len) in lanes {
+            if len == 0 {
+                continue;
+            }
+            *self.queued.entry(pool.clone()).or_default() += len;
+            self.backlog.short(&pool, &lane);
+            let of_pool = self.lanes.entry(pool).or_default();
+            of_pool.insert(lane, LaneJobs::counted(len));
+        }
+        let mut counted: BTreeMap<&Lane, u64> = BTreeMap::new();
+        let mut tenants: BTreeMap<&str, i64> = BTreeMap::new();
+        let mut keys: BTreeMap<(&str, &str), i64> = BTreeMap::new();
+        for (lane, jobs) in self.lanes.values().flatten() {
+            let len = jobs.len();
+            if let Some(seen) = counted.get(lane) {
+                debug_assert_eq!(*seen, len, "a lane counts alike in each of its pools");
+                continue;
+            }
+            counted.insert(lane, len);
+            let n = i64::try_from(len).unwrap_or(i64::MAX);
+            *tenants.entry(&lane.tenant).or_default() += n;
+            if let Some(c) = &lane.concurrency {
+                *keys.entry((&lane.tenant, &c.key)).or_default() += n;
+            }
+        }
+        for (tenant, n) in tenants {
+            *self.tenant_pending.entry(tenant.to_owned()).or_default() += n;
+        }
+        for ((tenant, key), n) in keys {
+            let live = (tenant.to_owned(), key.to_owned());
+            *self.key_live.entry(live).or_default() += n;
+        }
+        for (reason, n) in &counts.waiting_by_reason {
+            let code = crate::reason::WaitReason::parse(reason).map_or("other", |w| w.as_str());
+            *self.waiting_by_reason.entry(code).or_default() += n;
+        }
+        for (kind, n) in WAIT_KINDS.into_iter().zip(counts.waits) {
+            if let Some(keys) = self.waits.of_mut(kind) {
+                *keys = Stored::counted(n);
+            }
+        }
+    }
+
     /// Reads back what the next decision may read: the keys of lanes left with fewer in
     /// memory than an entry may take, and the records of the jobs in their windows and of
     /// those that came into a lane's window since the last decision. Records read back are
@@ -175,14 +273,19 @@ impl State {
     pub fn refill_windows<S: ColdStore>(&mut self, store: &S) -> Result<(), S::Error> {
         let window = self.window();
         let keep = keep_of(self.rules());
+        let mut began = false;
         for (pool, lane) in std::mem::take(&mut self.backlog.short) {
-            self.read_lane(&pool, &lane, Some(keep), store)?;
+            began |= self.read_lane(&pool, &lane, Some(keep), store)?;
             if let Some(jobs) = self.lanes.get(&pool).and_then(|l| l.get(&lane)) {
                 let missing = (jobs.head().iter().take(window))
                     .filter(|k| !self.jobs.contains_key(&k.job_id))
                     .map(|k| k.job_id.clone());
                 self.backlog.entering.extend(missing);
             }
+        }
+        // Lanes that came into the passes from nothing (a start): their tenants' passes.
+        if began {
+            self.seed_missing_passes();
         }
         if self.backlog.evicting {
             for kind in super::WAIT_KINDS {
@@ -205,21 +308,24 @@ impl State {
 
     /// Reads lane `lane` of `pool`'s keys back from `store` until its head holds `want`
     /// (None: every key). A key whose job is in memory counts only if the job still waits
-    /// under it: the store is written behind.
+    /// under it: the store is written behind. Returns whether the lane came into the passes
+    /// from nothing (a start knows no lane's head): its tenant's pass may need seeding
+    /// ([`State::seed_missing_passes`]).
     fn read_lane<S: ColdStore>(
         &mut self,
         pool: &str,
         lane: &Lane,
         want: Option<usize>,
         store: &S,
-    ) -> Result<(), S::Error> {
+    ) -> Result<bool, S::Error> {
         let chunk = keep_of(self.rules());
+        let mut began = false;
         loop {
             let Some(jobs) = self.lanes.get(pool).and_then(|l| l.get(lane)) else {
-                return Ok(());
+                return Ok(began);
             };
             if jobs.holds(want) {
-                return Ok(());
+                return Ok(began);
             }
             let first_before = jobs.first().cloned();
             let read = store.lane_after(pool, lane, jobs.read_after(), chunk)?;
@@ -231,12 +337,13 @@ impl State {
                 None => true,
             };
             let Some(keys) = lanes.get_mut(pool).and_then(|l| l.get_mut(lane)) else {
-                return Ok(());
+                return Ok(began);
             };
             keys.extend(read, more, current);
             if keys.head().len() > trim_above(chunk) {
                 self.backlog.long(pool, lane);
             }
+            began |= first_before.is_none();
             self.lane_read_back(pool, lane, first_before);
         }
     }
@@ -290,8 +397,12 @@ impl State {
                     .map(|(lane, _)| (pool.clone(), lane.clone()))
             })
             .collect();
+        let mut began = false;
         for (pool, lane) in partial {
-            self.read_lane(&pool, &lane, None, store)?;
+            began |= self.read_lane(&pool, &lane, None, store)?;
+        }
+        if began {
+            self.seed_missing_passes();
         }
         let mut missing: BTreeSet<&str> = BTreeSet::new();
         for lanes in self.lanes.values() {

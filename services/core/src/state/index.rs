@@ -33,6 +33,8 @@ const MAX_TIMERS: usize = 4;
 struct Entries {
     /// The rank and time it stands in its pools' queues at, while queued.
     queued: Option<(u8, Millis)>,
+    /// Whether a start reads it: unfinished and not queued ([`super::is_resident`]).
+    resident: bool,
     /// Why it waits, while it is queued and a reason was journaled ([`WaitReason`] codes).
     waiting: Option<&'static str>,
     /// Its (tenant, concurrency key) while it is active, and while it is queued or active.
@@ -100,6 +102,7 @@ impl Entries {
             .map(|r| crate::reason::WaitReason::parse(r).map_or("other", |w| w.as_str()));
         Entries {
             queued,
+            resident: super::is_resident(job),
             waiting,
             active_key: key(active || retrying),
             live_key: key(active || retrying || job.queued_at.is_some()),
@@ -113,6 +116,7 @@ impl Entries {
     fn none() -> Entries {
         Entries {
             queued: None,
+            resident: false,
             waiting: None,
             active_key: None,
             live_key: None,
@@ -173,6 +177,15 @@ struct Indexes<'a> {
 impl Indexes<'_> {
     /// Moves job `id` from the entries `before` to `after`, touching only what differs.
     fn change(&mut self, id: &str, job: &Job, before: &Entries, after: &Entries) {
+        // The store's marker of a job a start reads goes when the job stops being one (a job
+        // accepted since the last set was taken was in no written batch: it has none).
+        if before.resident
+            && !after.resident
+            && let Some(d) = self.dirty.as_deref_mut()
+            && d.since_clock.is_none_or(|c| job.accepted_at <= c)
+        {
+            d.resident_left.push(id.to_owned());
+        }
         if before.waiting != after.waiting {
             if let Some(r) = before.waiting
                 && let Some(n) = self.waiting_by_reason.get_mut(r)
@@ -315,6 +328,9 @@ impl Indexes<'_> {
             if !jobs.insert(key) {
                 continue;
             }
+            if let Some(d) = self.dirty.as_deref_mut() {
+                d.count_lane(pool, &lane);
+            }
             let window = self.window;
             // In a lane longer than its window, or one partly in storage, this job may be
             // past it, or have put the last of the window past it: either may leave memory
@@ -326,6 +342,11 @@ impl Indexes<'_> {
                 }
                 if jobs.head().len() == super::backlog::trim_above(self.keep) + 1 {
                     self.backlog.long(pool, &lane);
+                }
+                // A key past a head read short of the window (the store held no more than
+                // was read): the next read reaches it.
+                if jobs.short(window + 1) {
+                    self.backlog.short(pool, &lane);
                 }
             }
             let head_after = jobs.first().cloned();
@@ -367,6 +388,9 @@ impl Indexes<'_> {
             let was_head = jobs.first() == Some(&key);
             if !jobs.remove(&key) {
                 continue;
+            }
+            if let Some(d) = self.dirty.as_deref_mut() {
+                d.count_lane(pool, &lane);
             }
             if let Some(n) = self.queued.get_mut(pool) {
                 *n -= 1;
@@ -938,7 +962,8 @@ impl State {
     }
 
     /// [`State::rebuild_indexes`] from the records in memory and those of `more` (a start
-    /// streams the unfinished jobs from storage). Queued records past every lane's window
+    /// streams the unfinished jobs that are not queued from storage, then restores the
+    /// queued ones' counts: [`State::restore_queued`]). Queued records past every lane's window
     /// leave memory as they come when the backlog evicts ([`super::Backlog`]): jobs only
     /// join the queues here, so a job past a window stays past it.
     pub fn rebuild_indexes_with<E>(
@@ -1063,21 +1088,33 @@ impl State {
             (self.lanes.get(pool).and_then(|l| l.get(lane))).and_then(|k| k.first().cloned());
         if first != first_before {
             let (_, mut ix, _, _) = self.split();
+            // A lane whose head was not known (a start reads none) stands in the passes as
+            // a rebuild would put it there: at its tenant's pass as stored, which the lane
+            // had before ([`State::seed_missing_passes`] seeds one none stored).
+            ix.seeding = first_before.is_some();
             ix.move_head(pool, lane, first_before, first);
         }
     }
 
     /// After a rebuild (new rules): the entries of the lanes `before` that the rebuilt
-    /// lanes no longer hold go from the store's lane index, with the records that changed.
+    /// lanes no longer hold go from the store's lane index, with the records that changed,
+    /// and every lane's count is written again.
     /// Every lane is whole here: what rebuilds reads the backlog back first
     /// ([`State::load_queued`]); a start begins with no lanes.
     fn note_lanes_left(&mut self, before: BTreeMap<String, BTreeMap<Lane, super::LaneJobs>>) {
         let Some(dirty) = self.dirty.as_mut() else {
             return;
         };
+        // Every lane's count is written again: lanes come and go with new rules.
+        for (pool, lanes) in &self.lanes {
+            for lane in lanes.keys() {
+                dirty.count_lane(pool, lane);
+            }
+        }
         for (pool, lanes) in before {
             for (lane, keys) in lanes {
                 debug_assert!(keys.is_whole(), "a lane of {pool} rebuilt while partial");
+                dirty.count_lane(&pool, &lane);
                 let now = self.lanes.get(&pool).and_then(|l| l.get(&lane));
                 for key in keys.head().iter().chain(keys.beyond()) {
                     if !now.is_some_and(|n| n.head().contains(key) || n.beyond().contains(key)) {

@@ -68,6 +68,16 @@ impl<K: JobKey> Stored<K> {
         }
     }
 
+    /// An index of `len` keys, every one in storage: what a start knows of a lane, or of
+    /// a kind of queued timer, before it reads any of them back (none: whole).
+    pub fn counted(len: u64) -> Stored<K> {
+        Stored {
+            len,
+            whole: len == 0,
+            ..Stored::default()
+        }
+    }
+
     /// How many jobs wait in the lane.
     pub fn len(&self) -> u64 {
         self.len

@@ -29,7 +29,7 @@ mod shares;
 mod tracking;
 mod waits;
 
-pub use backlog::{Backlog, window_of};
+pub use backlog::{Backlog, QueuedCounts, is_queued, is_resident, window_of};
 pub use delays::{Coverage, DEFAULT_WINDOW, DelayKey, Delays, REFILL_CHUNK, delay_key_of};
 pub(crate) use index::Line;
 pub use jobs::JobMap;

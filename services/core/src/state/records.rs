@@ -495,7 +495,7 @@ pub struct IdempotencyEntry {
 /// it prefers and the memory it needs. Within one pass, jobs of one lane are placed or held
 /// alike (nothing a pass does frees capacity), so a pass looks at a lane's first job only
 /// until it is placed: a lane of 100,000 jobs held by their tenant's limit costs one look.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct Lane {
     pub tenant: String,
     pub limit: Option<i32>,

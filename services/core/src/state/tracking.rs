@@ -33,6 +33,12 @@ pub struct Dirty {
     /// (pool, lane, key) entries jobs left in their queues: the store's lane index drops
     /// them, unless the job waits under the same entry again ([`super::lane_keys_of`]).
     pub lanes_removed: Vec<(String, super::Lane, super::QueueKey)>,
+    /// Lanes whose count of jobs changed, by pool: the store keeps each lane's count, which
+    /// is what a start reads of a backlog ([`State::restore_queued`]).
+    pub lanes_counted: BTreeMap<String, BTreeSet<super::Lane>>,
+    /// Jobs that stopped being read at a start ([`super::is_resident`]): queued again, or
+    /// ended. The store drops their marker, unless the job is one again.
+    pub resident_left: Vec<String>,
     /// Queued jobs' timers taken out of their indexes: the store's index drops them, unless
     /// the job has the same timer again ([`super::wait_keys_of`]).
     pub waits_removed: Vec<(super::TimerKind, super::TimerAt)>,
@@ -48,6 +54,23 @@ pub struct Dirty {
     /// and again as its events apply (each event's update and history line), and comparing
     /// its id with this one is cheaper than looking it up in `jobs`.
     last_job: Option<String>,
+}
+
+impl Dirty {
+    /// Notes that lane `lane` of `pool` gained or lost a job (copied the first time only).
+    pub(super) fn count_lane(&mut self, pool: &str, lane: &super::Lane) {
+        match self.lanes_counted.get_mut(pool) {
+            Some(lanes) => {
+                if !lanes.contains(lane) {
+                    lanes.insert(lane.clone());
+                }
+            }
+            None => {
+                let lanes = BTreeSet::from([lane.clone()]);
+                self.lanes_counted.insert(pool.to_owned(), lanes);
+            }
+        }
+    }
 }
 
 impl State {

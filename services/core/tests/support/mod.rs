@@ -14,7 +14,7 @@ use ksched_core::records::*;
 use ksched_core::rules::{PoolRules, Rules, StrategyKind};
 use ksched_core::state::{
     ColdStore, DelayKey, Dirty, HistoryItem, HistoryLines, IdempotencyEntry, Job, Lane, QueueKey,
-    Saga, State, TimerAt, TimerKind, lane_keys_of, wait_keys_of,
+    QueuedCounts, Saga, State, TimerAt, TimerKind, is_resident, lane_keys_of, wait_keys_of,
 };
 use serde_json::Value;
 
@@ -64,6 +64,12 @@ pub(crate) struct ColdMap {
     pub waits: BTreeSet<(TimerKind, TimerAt)>,
     /// Queued timers read so far.
     pub wait_reads: std::cell::Cell<usize>,
+    /// The unfinished jobs a start reads: those not queued ([`is_queued`]).
+    pub resident: BTreeSet<String>,
+    /// Each lane's count of jobs, as the store keeps it.
+    pub lane_counts: BTreeMap<(String, Lane), u64>,
+    /// What the queued jobs count for besides their lanes, as of the last checkpoint.
+    pub queued_counts: QueuedCounts,
     /// Job records read so far.
     pub reads: std::cell::Cell<usize>,
 }
@@ -137,6 +143,11 @@ pub(crate) struct Batch {
     lanes_deleted: Vec<(String, Lane, QueueKey)>,
     waits_put: Vec<(TimerKind, TimerAt)>,
     waits_deleted: Vec<(TimerKind, TimerAt)>,
+    /// Jobs a start reads, marked; and jobs that stopped being such, unmarked.
+    resident_put: Vec<String>,
+    resident_deleted: Vec<String>,
+    lane_counts: Vec<((String, Lane), u64)>,
+    queued_counts: QueuedCounts,
 }
 
 impl ColdMap {
@@ -191,7 +202,28 @@ impl ColdMap {
             })
             .cloned()
             .collect();
+        let resident_put = (dirty.jobs.iter())
+            .filter(|id| state.jobs.get(id).is_some_and(is_resident))
+            .cloned()
+            .collect();
+        let resident_deleted = (dirty.resident_left.iter())
+            .filter(|id| !state.jobs.get(id).is_some_and(is_resident))
+            .cloned()
+            .collect();
+        let lane_counts = (dirty.lanes_counted.iter())
+            .flat_map(|(pool, lanes)| {
+                lanes.iter().map(move |lane| {
+                    let len =
+                        (state.lanes.get(pool).and_then(|l| l.get(lane))).map_or(0, |k| k.len());
+                    ((pool.clone(), lane.clone()), len)
+                })
+            })
+            .collect();
         Batch {
+            resident_put,
+            resident_deleted,
+            lane_counts,
+            queued_counts: state.queued_counts(),
             delays_put,
             delays_deleted,
             lanes_put,
@@ -238,6 +270,58 @@ impl ColdMap {
         for k in &b.waits_deleted {
             self.waits.remove(k);
         }
+        self.resident.extend(b.resident_put);
+        for id in &b.resident_deleted {
+            self.resident.remove(id);
+        }
+        for (lane, len) in b.lane_counts {
+            if len == 0 {
+                self.lane_counts.remove(&lane);
+            } else {
+                self.lane_counts.insert(lane, len);
+            }
+        }
+        self.queued_counts = b.queued_counts;
+    }
+
+    /// A state started from this storage as the store's `load_state` starts one: what the
+    /// store keeps besides jobs (workers, schedules, shares, counts, ...) taken from `was`,
+    /// the state that wrote it; the unfinished jobs that are not queued read and indexed;
+    /// the queued ones as their lanes' counts, read back before the first decision.
+    pub(crate) fn start(&self, was: &State) -> State {
+        let mut s = State::tracking_changes();
+        s.delays = ksched_core::state::Delays::unknown(was.delays.limit);
+        s.backlog = ksched_core::state::Backlog::evicting();
+        s.waits = ksched_core::state::Waits::unknown();
+        s.clock = was.clock;
+        s.entries = was.entries;
+        s.config = was.config.clone();
+        s.last_idempotency_prune = was.last_idempotency_prune;
+        s.dead_letters_by_reason = was.dead_letters_by_reason.clone();
+        s.jobs_by_state = was.jobs_by_state.clone();
+        s.watermark = was.watermark;
+        s.liveness_floor = was.liveness_floor;
+        s.workers = was.workers.clone();
+        s.breakers = was.breakers.clone();
+        s.schedules = was.schedules.clone();
+        s.buckets = was.buckets.clone();
+        s.shares = was.shares.clone();
+        s.debounces = was.debounces.clone();
+        s.sagas = (was.sagas.iter())
+            .filter(|(_, saga)| saga.rolling_back())
+            .map(|(k, saga)| (k.clone(), saga.clone()))
+            .collect();
+        let resident = (self.resident.iter()).map(|id| {
+            let job = (self.job(id).unwrap_or_else(|e| match e {})).expect("a marked job");
+            // Every marker names a job a start reads: none is left behind.
+            assert!(is_resident(&job), "job {id} marked, not resident: {job:?}");
+            Ok::<_, std::convert::Infallible>((id.clone(), job))
+        });
+        s.rebuild_indexes_with(resident)
+            .unwrap_or_else(|e| match e {});
+        let lanes = (self.lane_counts.iter()).map(|((p, l), n)| (p.clone(), l.clone(), *n));
+        s.restore_queued(lanes, &self.queued_counts);
+        s
     }
 
     /// The queued timers `state` holds, in memory and here, by kind, as
@@ -560,6 +644,27 @@ impl Sim {
         p
     }
 
+    /// The partial states stop and start again from their storage ([`ColdMap::start`]), as
+    /// the processor does once its last checkpoint is written, then read their lanes'
+    /// windows back as `Engine::open` does: the one written after every input, the one
+    /// written behind (its last batch written first) and the folded one (a standby's).
+    pub(crate) fn restart(&mut self) {
+        let started = |cold: &ColdMap, was: &State| {
+            let mut s = cold.start(was);
+            s.refill_windows(cold).unwrap_or_else(|e| match e {});
+            s
+        };
+        self.partial = started(&self.cold, &self.partial);
+        if let Some(batch) = self.behind_pending.take() {
+            self.behind_cold.write(batch);
+        }
+        self.behind = started(&self.behind_cold, &self.behind);
+        self.folded = started(&self.folded_cold, &self.folded);
+        if self.checking {
+            self.check();
+        }
+    }
+
     /// Journals `entry` as if an older scheduler had written it (say, with an older decision
     /// format): every state applies it as a replay would, then goes on as after a decision.
     pub(crate) fn inject(&mut self, entry: JournalEntry) {
@@ -678,6 +783,21 @@ impl Sim {
         }
         assert_eq!(self.partial.workers, self.state.workers);
         assert_eq!(self.partial.queued, self.state.queued);
+        // The counts placement and admission read, whatever memory holds and however the
+        // state began.
+        for (what, state) in [
+            ("partial", &self.partial),
+            ("behind", &self.behind),
+            ("folded", &self.folded),
+        ] {
+            assert_eq!(state.queued, self.state.queued, "{what}");
+            assert_eq!(state.tenant_pending, self.state.tenant_pending, "{what}");
+            assert_eq!(state.tenant_active, self.state.tenant_active, "{what}");
+            assert_eq!(state.key_live, self.state.key_live, "{what}");
+            assert_eq!(state.key_active, self.state.key_active, "{what}");
+            let reasons = &self.state.waiting_by_reason;
+            assert_eq!(&state.waiting_by_reason, reasons, "{what}");
+        }
         for (what, state) in [
             ("partial", &self.partial),
             ("behind", &self.behind),
