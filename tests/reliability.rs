@@ -496,3 +496,70 @@ async fn a_transaction_left_open_on_either_producer_is_aborted_at_start() {
     );
     w.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disk_short_of_its_reserve_refuses_new_jobs_and_nothing_else() {
+    let mut s = Scheduler::start(vec![]).await;
+    // A job accepted before the disk runs short, still running when it does.
+    let w = s.worker("w1", |_| async {
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        Outcome::succeeded()
+    });
+    s.wait_worker("w1").await;
+    let running = "disk-running";
+    s.submit(&request(&s, running));
+    s.wait_job(running, "RUNNING", |j| j.state == JobState::Running)
+        .await;
+    // A reserve larger than any disk: the disk is short from here on.
+    s.stop();
+    s.config.settings.storage.min_free_disk_bytes = 1 << 62;
+    let mut s = s.restart().await;
+    let refused = "disk-new";
+    s.submit(&request(&s, refused));
+    // The running job's own id again: a duplicate, as ever, not a refusal.
+    s.submit(&request(&s, running));
+    wait_for(
+        "the new job to be dead-lettered",
+        Duration::from_secs(60),
+        || s.dead_letters().iter().any(|d| d.job_id == refused),
+    )
+    .await;
+    // What was accepted before goes on: its result is taken, and it ends.
+    let j = s
+        .wait_job(running, "SUCCEEDED", |j| j.state == JobState::Succeeded)
+        .await;
+    assert_eq!(j.dlq_reason, None, "the duplicate left it alone");
+    let dl = s.dead_letters();
+    let d = dl.iter().find(|d| d.job_id == refused).unwrap();
+    assert_eq!(d.reason_code, "storage_full", "{d:?}");
+    assert!(
+        d.reason.contains("storage.min_free_disk_bytes"),
+        "{}",
+        d.reason
+    );
+    assert!(
+        (dl.iter())
+            .filter(|d| d.job_id == running)
+            .all(|d| d.reason_code == "duplicate_job_id"),
+        "the duplicate is decided as ever: {dl:?}"
+    );
+    let journal = s.journal();
+    let accepted = |id: &str| {
+        (journal.iter()).any(|(_, e)| {
+            (e.events.iter()).any(|ev| matches!(ev, Event::JobAccepted(a) if a.job_id == id))
+        })
+    };
+    assert!(
+        !accepted(refused),
+        "refused before it was journaled as a job"
+    );
+    assert!(s.job(refused).is_none());
+    // Once space is freed (here: no reserve), the same id is taken and runs.
+    s.stop();
+    s.config.settings.storage.min_free_disk_bytes = 0;
+    let s = s.restart().await;
+    s.submit(&request(&s, refused));
+    s.wait_job(refused, "SUCCEEDED", |j| j.state == JobState::Succeeded)
+        .await;
+    w.stop().await;
+}

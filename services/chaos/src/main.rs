@@ -431,6 +431,9 @@ impl Scenario {
             dir.join("pools.yaml"),
             format!("topics:\n  {job_topic}: default\npools:\n  default: {{}}\n"),
         )?;
+        // A store on a disk of its own (a small tmpfs, to fill up): no reserve, so the disk
+        // fills and ksched's stop on a full disk is what is tried.
+        let reserve = if data_dir.is_some() { 0 } else { 1 << 30 };
         let data_dir = data_dir.unwrap_or_else(|| dir.join("data"));
         let config = dir.join("ksched.yaml");
         std::fs::write(
@@ -440,7 +443,7 @@ impl Scenario {
                  topics:\n  prefix: {prefix}\n  replication_factor: {rf}\n  dispatch_partitions: 8\n  job_partitions: 4\n  results_partitions: 4\n\
                  processor:\n  group_id: {prefix}processor\n  tick_interval_ms: 250\n  commit_interval_ms: 10\n  transaction_timeout_ms: 20000\n  shutdown_grace_ms: 5000\n\
                  scheduler:\n  timing:\n    worker_ttl_ms: 5000\n    clock_gap_ms: 2000\n  overload:\n    cpu_load: 1000\n  retry:\n    initial_backoff_ms: 200\n    max_backoff_ms: 2000\n\
-                 storage:\n  data_dir: {}\n\
+                 storage:\n  data_dir: {}\n  min_free_disk_bytes: {reserve}\n\
                  log:\n  level: info\n\
                  pools_file: pools.yaml\npolicy_dir: policy\n",
                 data_dir.display(),

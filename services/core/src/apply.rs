@@ -442,12 +442,21 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
                 dl.reason_code.clone()
             };
             *state.dead_letters_by_reason.entry(counted).or_default() += 1;
-            if !dl.job_id.is_empty() && dl.reason_code != DlqReason::DuplicateJobId.as_str() {
+            // A refusal of a new job names no job of the state (a duplicate's names the job
+            // it duplicates; a job refused for a short disk was never accepted).
+            let refused_new = [DlqReason::DuplicateJobId, DlqReason::StorageFull]
+                .iter()
+                .any(|r| dl.reason_code == r.as_str());
+            if !dl.job_id.is_empty() && !refused_new {
                 state.update_job_logged(&dl.job_id, Some(line(event, at)), |j| {
                     j.dlq_reason = Some(dl.reason_code.clone());
                 });
             }
-            if let Some(d) = state.dirty.as_mut() {
+            // Refusals for a short disk are not kept in the store, which they would fill:
+            // the DLQ topic and the journal have them.
+            if let Some(d) = state.dirty.as_mut()
+                && dl.reason_code != DlqReason::StorageFull.as_str()
+            {
                 d.dead_letters.push((**dl).clone());
             }
         }
@@ -630,12 +639,20 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
         }
         Event::ConfigApplied(e) => {
             let rules = Rules::from_json(&e.config.rules_json).unwrap_or_default();
+            let before = (state.config.take()).filter(|old| !old.rules.reindex_queued(&rules));
             state.config = Some(Arc::new(ActiveConfig {
                 raw: e.config.clone(),
                 rules,
             }));
-            state.resolve_queued_concurrency();
-            state.rebuild_indexes();
+            // Rules that index queued jobs alike re-index the jobs in memory alone: the
+            // backlog in storage is not read ([`crate::state::State::reads_backlog_for`]).
+            match before {
+                Some(old) => state.reindex_under(&old.rules),
+                None => {
+                    state.resolve_queued_concurrency();
+                    state.rebuild_indexes();
+                }
+            }
             if let Some(d) = state.dirty.as_mut() {
                 d.config = true;
             }

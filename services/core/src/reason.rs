@@ -104,6 +104,10 @@ codes! {
         /// Its `not_before` (or a schedule's next firing) lies further ahead than
         /// `limits.max_delay_ms`.
         DelayTooLong = "delay_too_long",
+        /// The disk under the scheduler's store had less free space than
+        /// `storage.min_free_disk_bytes`: the job was refused before it was journaled, and
+        /// the jobs already accepted went on. Submit it again once space is freed.
+        StorageFull = "storage_full",
     }
 }
 

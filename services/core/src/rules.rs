@@ -977,6 +977,24 @@ impl Rules {
         self.pools.get(pool).map(|p| p.strategy).unwrap_or_default()
     }
 
+    /// Whether queued jobs stand in the queues differently under `new` than under these
+    /// rules: their concurrency keys, limits and rates (lanes), their aging timers, or how
+    /// much of each lane memory holds (`max_work_per_entry`, `lane_keys_in_memory`) differ.
+    /// Nothing else of the rules is part of a queued job's index entries, so other new rules
+    /// (timeouts, retries, breakers, overload, tenants' weights and limits, routing, strategy)
+    /// leave the backlog as it is, in memory and in storage.
+    pub fn reindex_queued(&self, new: &Rules) -> bool {
+        let aging = |r: &Rules| -> Vec<(String, AgingRule)> {
+            (r.pools.iter())
+                .filter_map(|(p, rules)| Some((p.clone(), rules.aging.clone()?)))
+                .collect()
+        };
+        let windows = |r: &Rules| (r.limits.max_work_per_entry, r.limits.lane_keys_in_memory);
+        self.topic_concurrency != new.topic_concurrency
+            || aging(self) != aging(new)
+            || windows(self) != windows(new)
+    }
+
     /// The aging rule a job queued in `pools` ages by (a topic's pools agree on it: the
     /// first of them that has one).
     pub fn aging_of(&self, pools: &[String]) -> Option<&AgingRule> {

@@ -130,6 +130,63 @@ fn new_rules_and_a_clock_gap_read_the_whole_backlog_back_and_let_it_go_again() {
     assert_eq!(order, expected);
 }
 
+/// 30 jobs of acme's (some critical), then 10 of zeta's.
+fn two_tenants_backlog(sim: &mut Sim) -> Vec<String> {
+    let mut ids = submit_backlog(sim, 30);
+    for i in 0..10 {
+        let id = format!("z{i:02}");
+        let mut req = job(&id);
+        req.tenant_id = "zeta".into();
+        sim.submit(req);
+        sim.now += 1;
+        ids.push(id);
+    }
+    ids
+}
+
+#[test]
+fn new_timeouts_and_weights_read_no_queued_job_back() {
+    // New timeouts and a weight for zeta: queued jobs stand where they stood.
+    let mut r = small_entries();
+    r.timing.placement_timeout_ms /= 2;
+    r.timing.dispatch_timeout_ms *= 2;
+    r.tenants.insert(
+        "zeta".into(),
+        ksched_core::rules::TenantRules {
+            weight: Some(3),
+            ..Default::default()
+        },
+    );
+    let mut sim = Sim::with_rules(small_entries());
+    let ids = two_tenants_backlog(&mut sim);
+    assert_eq!(queued_in_memory(&sim), 8, "two tenants' windows");
+    let (reads, lane_reads, wait_reads) = (
+        sim.cold.reads.get(),
+        sim.cold.lane_reads.get(),
+        sim.cold.wait_reads.get(),
+    );
+    let events = sim.reconfigure(&r, "snap-2");
+    assert!(names(&events).contains(&"ConfigApplied"));
+    assert_eq!(sim.cold.reads.get(), reads, "no queued record read back");
+    assert_eq!(sim.cold.lane_reads.get(), lane_reads, "no lane key read");
+    assert_eq!(
+        sim.cold.wait_reads.get(),
+        wait_reads,
+        "no queued timer read"
+    );
+    assert_eq!(queued_in_memory(&sim), 8);
+    // Every index is what a rebuild from all the records gives (`Sim::check` compares the
+    // full state with its rebuild after every input), and the backlog drains as it does
+    // under these rules from the start; not as under the old ones.
+    let order = drain(&mut sim, ids.len());
+    let mut from_start = Sim::with_rules(r);
+    two_tenants_backlog(&mut from_start);
+    assert_eq!(order, drain(&mut from_start, ids.len()));
+    let mut unweighted = Sim::with_rules(small_entries());
+    two_tenants_backlog(&mut unweighted);
+    assert_ne!(order, drain(&mut unweighted, ids.len()), "zeta weighs 3");
+}
+
 #[test]
 fn a_job_past_the_window_is_read_back_when_an_input_names_it() {
     let mut sim = Sim::with_rules(small_entries());

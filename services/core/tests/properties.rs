@@ -98,6 +98,12 @@ enum Op {
         limit: u8,
         rate: u8,
     },
+    /// New rules: timeouts and initech's weight change, which index queued jobs as before
+    /// (the backlog in storage is not read back), and the lanes' windows, which do not
+    /// (see [`run_rules`]).
+    Tune {
+        tune: u8,
+    },
     /// The processor stops and starts again from its storage: it reads the jobs that are
     /// not queued, and the queued ones' counts only.
     Restart,
@@ -122,6 +128,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Malformed),
         1 => (0..4u8, 0..3u8).prop_map(|(limit, rate)| Op::Limit { limit, rate }),
         1 => Just(Op::Restart),
+        1 => (0..4u8).prop_map(|tune| Op::Tune { tune }),
     ]
 }
 
@@ -172,18 +179,21 @@ const RISKS: [&str; 6] = ["", "", "deny", "approve", "limited", "pii"];
 
 /// The rules of a run, with concurrency limits of `limit` (0: none) and rate limits as
 /// [`Op::Limit`] says: `job.default` by its `concurrency_key` label, `job.multi` one key per
-/// tenant. initech weighs 3 in fair share when `limit` is even, 1 when odd. Three pools age.
-/// `job.default`'s keys are fair between themselves unless `limit` is 2.
-fn run_rules(limit: u8, rate: u8) -> ksched_core::rules::Rules {
+/// tenant. initech weighs 3 in fair share when `limit` is even, 1 when odd, `tune` more.
+/// Three pools age. `job.default`'s keys are fair between themselves unless `limit` is 2.
+/// `tune` also shortens the placement timeout and lengthens the dispatch timeout, and from
+/// 2 on widens the lanes' windows.
+fn run_rules(limit: u8, rate: u8, tune: u8) -> ksched_core::rules::Rules {
     let mut r = rules();
     r.breaker.consecutive_failures = 3;
     r.breaker.window = 6;
     r.breaker.cooldown_ms = 5_000;
-    r.timing.dispatch_timeout_ms = 20_000;
-    r.timing.placement_timeout_ms = 60_000;
+    r.timing.dispatch_timeout_ms = 20_000 + 5_000 * i64::from(tune);
+    r.timing.placement_timeout_ms = 60_000 - 15_000 * i64::from(tune);
     r.limits.max_concurrency_keys = 2;
-    // Lanes' windows of three jobs: placements read queued records back from storage.
-    r.limits.max_work_per_entry = 2;
+    // Lanes' windows of three jobs (four when `tune` is 2 or 3): placements read queued
+    // records back from storage.
+    r.limits.max_work_per_entry = 2 + u32::from(tune / 2);
     // Lanes keep 4 keys in memory, 8 at most: longer ones are read back from the store.
     r.limits.lane_keys_in_memory = 1;
     r.topic_unique.insert(
@@ -216,7 +226,7 @@ fn run_rules(limit: u8, rate: u8) -> ksched_core::rules::Rules {
     r.tenants.insert(
         "initech".into(),
         ksched_core::rules::TenantRules {
-            weight: Some(if limit.is_multiple_of(2) { 3 } else { 1 }),
+            weight: Some(if limit.is_multiple_of(2) { 3 } else { 1 } + u32::from(tune)),
             ..Default::default()
         },
     );
@@ -248,7 +258,9 @@ fn run_rules(limit: u8, rate: u8) -> ksched_core::rules::Rules {
 }
 
 fn run(ops: &[Op]) -> Sim {
-    let mut sim = Sim::with_policy(run_rules(1, 0), policy());
+    let mut sim = Sim::with_policy(run_rules(1, 0, 0), policy());
+    // The rules in force: (limit, rate, tune).
+    let mut rules_of = (1, 0, 0);
     for op in ops {
         sim.advance(7);
         match op.clone() {
@@ -476,7 +488,13 @@ fn run(ops: &[Op]) -> Sim {
                 );
             }
             Op::Limit { limit, rate } => {
-                sim.reconfigure(&run_rules(limit, rate), "snap-1");
+                rules_of = (limit, rate, rules_of.2);
+                sim.reconfigure(&run_rules(limit, rate, rules_of.2), "snap-1");
+            }
+            Op::Tune { tune } => {
+                rules_of.2 = tune;
+                let (limit, rate, tune) = rules_of;
+                sim.reconfigure(&run_rules(limit, rate, tune), "snap-1");
             }
             Op::Restart => sim.restart(),
             Op::Malformed => {

@@ -315,6 +315,25 @@ fn refuse_unsealed(rec: &InputRecord, r: &JobRequest, unsealed: &[String]) -> In
     })
 }
 
+/// The refusal of a new job while the disk under the store is short of its reserve
+/// (`storage.min_free_disk_bytes`, see [`crate::disk`]): dead-lettered with its id, never
+/// journaled as a job, so the same id may be submitted again later.
+pub fn refuse_for_disk(rec: &InputRecord, r: &JobRequest, free: u64, reserve: u64) -> Input {
+    Input::Malformed(MalformedRecord {
+        key: rec.key_text(),
+        size_bytes: rec.size(),
+        error: format!(
+            "job {} was refused: the disk under the scheduler's store has {free} bytes free, \
+             under its reserve of {reserve} (storage.min_free_disk_bytes); submit it again \
+             once space is freed",
+            truncate_for_display(&r.job_id, 256),
+        ),
+        reason_code: DlqReason::StorageFull.as_str().to_owned(),
+        job_id: Some(truncate_for_display(&r.job_id, 256)),
+        tenant_id: Some(truncate_for_display(&r.tenant_id, 256)),
+    })
+}
+
 /// The input for records the consumer skipped (see [`Unreadable`]).
 pub fn unreadable_input(gap: &InputRecord) -> Input {
     let error = gap

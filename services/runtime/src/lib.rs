@@ -3,6 +3,7 @@
 
 pub mod audit;
 pub mod clock;
+pub mod disk;
 pub mod engine;
 pub mod error;
 pub mod inputs;

@@ -953,6 +953,29 @@ impl State {
         ix.change(id, job, &entries, &Entries::none());
     }
 
+    /// After new rules that index queued jobs as `old` did ([`Rules::reindex_queued`]): each
+    /// job in memory whose entries differ under the new rules (its timers) is re-indexed,
+    /// and the lanes' heads weigh their tenants by the new weights. The queued jobs' entries
+    /// are the same under both, so the lanes, their counts and the queued timers stay as
+    /// they are, in memory and in storage: what a rebuild would give, without reading the
+    /// backlog back.
+    pub(crate) fn reindex_under(&mut self, old: &Rules) {
+        let (jobs, mut ix, rules, floor) = self.split();
+        for (id, job) in jobs.iter_any_order() {
+            let before = Entries::of(id, job, Some(old), floor, ix.workers);
+            let after = Entries::of(id, job, rules, floor, ix.workers);
+            if before != after {
+                ix.change(id, job, &before, &after);
+            }
+        }
+        let Some(rules) = self.config.as_deref().map(|c| &c.rules) else {
+            return;
+        };
+        for heads in self.lane_heads.values_mut() {
+            heads.reweigh(|tenant| rules.share_weight(tenant));
+        }
+    }
+
     /// Rebuilds every derived index from the records (after new rules change the timers, and
     /// after loading records from storage).
     pub fn rebuild_indexes(&mut self) {

@@ -3,6 +3,7 @@
 
 use crate::events::{Event, Input};
 use crate::records::Millis;
+use crate::rules::Rules;
 
 use super::{IdempotencyEntry, Job, Saga, State};
 
@@ -119,6 +120,14 @@ impl State {
         crate::decide::saga_keys_of(request)
     }
 
+    /// Whether putting `new` rules in force re-derives the indexes from every queued
+    /// record, so needs the whole backlog read back first: when they index queued jobs
+    /// otherwise than the rules in force do ([`Rules::reindex_queued`]), or no rules are in
+    /// force yet.
+    pub fn reads_backlog_for(&self, new: &Rules) -> bool {
+        self.rules().is_none_or(|old| old.reindex_queued(new))
+    }
+
     /// Loads from `store` everything deciding on `input` may read: its job, the owner of its
     /// idempotency key, the sagas of its workflow, and the job id their next compensation
     /// would take (a compensation never takes an id a job has, cold or not).
@@ -129,7 +138,11 @@ impl State {
     ) -> Result<(), S::Error> {
         // What re-derives every index from the records needs every queued one; else the
         // lanes' windows, which any decision may place from.
-        if matches!(input, Input::Reconfigure(_)) {
+        // (Rules that do not parse are refused: they read nothing.)
+        if let Input::Reconfigure(r) = input
+            && let Ok(new) = Rules::from_json(&r.rules_json)
+            && self.reads_backlog_for(&new)
+        {
             self.load_queued(store)?;
         }
         self.refill_windows(store)?;
@@ -261,7 +274,13 @@ impl State {
         entry: &crate::events::JournalEntry,
         store: &S,
     ) -> Result<(), S::Error> {
-        let rebuilds = (entry.events.iter()).any(|e| matches!(e, Event::ConfigApplied(_)));
+        let rebuilds = (entry.events.iter()).any(|e| match e {
+            // As `apply` reads them.
+            Event::ConfigApplied(c) => {
+                self.reads_backlog_for(&Rules::from_json(&c.config.rules_json).unwrap_or_default())
+            }
+            _ => false,
+        });
         if rebuilds {
             self.load_queued(store)?;
         }

@@ -215,6 +215,15 @@ impl Heads {
         true
     }
 
+    /// Sums the weights of the tenants with a group at each rank again, each tenant
+    /// weighing `weight` (new rules).
+    pub(crate) fn reweigh(&mut self, weight: impl Fn(&str) -> u32) {
+        self.weights.clear();
+        for (tenant, rank) in self.groups.keys() {
+            *self.weights.entry(*rank).or_default() += u64::from(weight(tenant));
+        }
+    }
+
     /// A tenant's pass at `rank` moved to `new`: its group moves in the order.
     fn repass(&mut self, tenant: &str, rank: u8, new: u128) {
         let Some(group) = self.groups.get_mut(&(tenant.to_owned(), rank)) else {

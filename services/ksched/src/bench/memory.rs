@@ -34,6 +34,10 @@ pub(super) struct Memory {
     pub reload_open_seconds: f64,
     pub reload_start_seconds: f64,
     pub reload_windows_seconds: f64,
+    /// New rules (a timeout changed) after the restart: seconds to read and decide them,
+    /// and resident memory after.
+    pub new_rules_seconds: f64,
+    pub rss_after_new_rules_mib: f64,
     /// What memory held live and after the restart: queued records, lanes' keys and queued
     /// timers.
     pub held_live: Held,
@@ -144,6 +148,8 @@ pub(super) fn run(config: &Config, jobs: u64, payload_bytes: usize, dir: &Path) 
             reload_open_seconds: loaded.open_seconds,
             reload_start_seconds: loaded.start_seconds,
             reload_windows_seconds: loaded.windows_seconds,
+            new_rules_seconds: loaded.new_rules_seconds,
+            rss_after_new_rules_mib: loaded.rss_after_new_rules as f64 / MIB,
             held_live,
             held_reloaded: loaded.held,
         })
@@ -467,6 +473,12 @@ pub(super) struct Loaded {
     pub start_seconds: f64,
     pub windows_seconds: f64,
     pub held: Held,
+    /// Then new rules (a timeout changed), decided as the processor decides them: how long
+    /// reading and deciding took, and memory after.
+    #[serde(default)]
+    pub new_rules_seconds: f64,
+    #[serde(default)]
+    pub rss_after_new_rules: u64,
 }
 
 /// Loads the store at `dir` as a restarting processor does and prints what it cost (JSON).
@@ -480,17 +492,52 @@ pub(super) fn load(dir: &Path) -> Result<()> {
     let read = started.elapsed().as_secs_f64();
     state.refill_windows(&store)?;
     let seconds = started.elapsed().as_secs_f64();
+    let held = Held::of(&state);
+    let rss_after = rss_bytes();
+    let new_rules = Instant::now();
+    new_timeouts(&mut state, &store)?;
+    let new_rules_seconds = new_rules.elapsed().as_secs_f64();
     let loaded = Loaded {
         pending: state.queued.values().sum(),
         rss_before,
-        rss_after: rss_bytes(),
+        rss_after,
         seconds,
         open_seconds: opened,
         start_seconds: read - opened,
         windows_seconds: seconds - read,
-        held: Held::of(&state),
+        held,
+        new_rules_seconds,
+        rss_after_new_rules: rss_bytes(),
     };
     println!("{}", serde_json::to_string(&loaded)?);
+    Ok(())
+}
+
+/// Puts the rules in force with a longer placement timeout, as a `Reconfigure` would:
+/// what it reads from `store`, then the decision.
+fn new_timeouts(state: &mut ksched_core::state::State, store: &Store) -> Result<()> {
+    let raw = (state.config.as_ref()).map(|c| (c.raw.clone(), c.rules.clone()));
+    let Some((raw, mut rules)) = raw else {
+        anyhow::bail!("the bench's store has no rules in force");
+    };
+    rules.timing.placement_timeout_ms += 1_000;
+    let input = Input::Reconfigure(ksched_core::events::Reconfigure {
+        rules_json: rules.to_canonical_json(),
+        rules_id: "bench-new-timeouts".into(),
+        ..raw
+    });
+    state.load_for_input(&input, store)?;
+    let cause = Cause {
+        topic: "bench".into(),
+        partition: 0,
+        offset: -1,
+    };
+    let now = state.clock;
+    let p = ksched_core::decide::process(state, &Ctx { policy: &AllowAll }, cause, now, input);
+    anyhow::ensure!(
+        (p.entry.events.iter()).any(|e| matches!(e, ksched_core::events::Event::ConfigApplied(_))),
+        "the new rules are put in force"
+    );
     Ok(())
 }
 
@@ -524,6 +571,10 @@ pub(super) fn memory_only(args: &BenchArgs, jobs: u64) -> Result<()> {
         m.reload_open_seconds,
         m.reload_start_seconds,
         m.reload_windows_seconds
+    );
+    eprintln!(
+        "        then new rules (a timeout changed): decided in {:.2} s, RSS {:.0} MiB after",
+        m.new_rules_seconds, m.rss_after_new_rules_mib
     );
     for (when, h) in [
         ("live", &m.held_live),

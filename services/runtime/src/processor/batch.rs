@@ -18,7 +18,9 @@ use super::assignment::{ASSIGNMENT_REFRESH, INPUTS_REFRESH};
 use super::transaction::panic_text;
 use crate::clock::wall_clock_ms;
 use crate::error::{Coords, Error, Result, kafka, refused_for_what_it_is};
-use crate::inputs::{InputRecord, Taken, set_aside, skips_records, take, unreadable_input};
+use crate::inputs::{
+    InputRecord, Taken, refuse_for_disk, set_aside, skips_records, take, unreadable_input,
+};
 use crate::job_trace::Traced;
 use crate::metrics::RecordCounters;
 use crate::positions::{self};
@@ -257,6 +259,17 @@ impl Processor {
                 }
             }
         }
+        // A new job while the disk is short of its reserve: refused, with its id. A job the
+        // state holds already is decided as ever (a duplicate of it).
+        let input = match input {
+            Input::Submit(r) => match self.disk.short() {
+                Some(free) if !self.engine.knows_job(&r.job_id)? => {
+                    refuse_for_disk(rec, &r, free, self.disk.min_free())
+                }
+                _ => Input::Submit(r),
+            },
+            other => other,
+        };
         let ts = rec.log_append_time.unwrap_or(self.engine.state().clock);
         if let Input::Heartbeat(hb) = &input
             && self.config.settings.processor.coalesce_heartbeats

@@ -78,6 +78,8 @@ pub struct Processor {
     unreadable: Unreadable,
     /// When the consumer last delivered a record (or the processor subscribed).
     last_record: Instant,
+    /// Free disk under the store: new jobs are refused while it is short (disk.rs).
+    disk: crate::disk::DiskReserve,
     /// The shard this processor runs (its journal partition), among how many.
     shard: Shard,
     /// Records and bytes read and written, by topic role.
@@ -168,6 +170,12 @@ impl Processor {
         let mut engine = Engine::open(store)?;
         engine.count_writer_cpu(status.metrics.processor_cpu.clone());
         let loaded_ms = started.elapsed().as_millis() as u64;
+        let mut disk = crate::disk::DiskReserve::new(
+            config.settings.storage.data_dir.clone(),
+            config.settings.storage.min_free_disk_bytes,
+        );
+        // Read once at start, so a disk already short is said at once, not at the first job.
+        disk.short();
         let mut p = Processor {
             config,
             topics,
@@ -187,6 +195,7 @@ impl Processor {
             last_assignment: None,
             unreadable: Unreadable::default(),
             last_record: Instant::now(),
+            disk,
             shard,
             inputs: Vec::new(),
             inputs_checked: Instant::now(),

@@ -271,12 +271,17 @@ pub struct SchedulerSettings {
 pub struct StorageSettings {
     /// RocksDB directory. Default `./data`.
     pub data_dir: PathBuf,
+    /// Free bytes to keep on the filesystem under `data_dir`: while less is free, new jobs
+    /// are dead-lettered `storage_full` before they are journaled, and every job already
+    /// accepted goes on. 0: no reserve. Default 1 GiB.
+    pub min_free_disk_bytes: u64,
 }
 
 impl Default for StorageSettings {
     fn default() -> Self {
         StorageSettings {
             data_dir: PathBuf::from("./data"),
+            min_free_disk_bytes: 1 << 30,
         }
     }
 }
