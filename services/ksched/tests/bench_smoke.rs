@@ -153,6 +153,16 @@ fn the_flow_benchmark_runs_the_same_jobs_with_and_without_key_limits() {
 }
 
 #[test]
+fn the_saturation_beside_benchmark_queues_the_whole_backlog_first() {
+    // Past the lanes' windows (10 tenants x 101): records in RocksDB.
+    let (_, r) = bench(&["--smoke", "--saturation-beside", "3000"].map(std::ffi::OsStr::new));
+    // The bench fails unless the backlog was queued and every measured job completed.
+    assert_eq!(r["backlog"], 3000, "{r}");
+    assert_eq!(r["empty"]["jobs"], r["beside"]["jobs"], "{r}");
+    assert!(r["ratio"].as_f64().is_some_and(|x| x > 0.0), "{r}");
+}
+
+#[test]
 fn the_fair_share_benchmark_places_a_small_tenant_ahead_of_a_large_backlog() {
     let args = [
         "--smoke",

@@ -497,6 +497,48 @@ impl Rig {
         Ok(ids)
     }
 
+    /// Submits `n` jobs no worker can take (a placement label none has) as fast as
+    /// possible, round-robin over the job topics, without timing them; then waits until the
+    /// scheduler holds them all queued, at most `limit`.
+    pub(super) fn submit_unplaceable(&mut self, n: u64, limit: Duration) -> Result<()> {
+        let topics = ksched_runtime::topics_of(&self.config).jobs;
+        let queued = || -> i64 {
+            (self.shards.0.iter())
+                .map(|s| s.metrics.queue_depth.with_label_values(&["default"]).get())
+                .sum()
+        };
+        let before = queued();
+        for i in 0..n {
+            let topic = &topics[(i as usize) % topics.len()];
+            let id = format!("{}-waiting-{i}", self.label);
+            let mut req = JobRequest {
+                job_id: id.clone(),
+                topic: topic.clone(),
+                tenant_id: format!("waiting-{}", i % 10),
+                ..Default::default()
+            };
+            req.labels.insert("placement.zone".into(), "nowhere".into());
+            let bytes = ksched_codec::encode(&req)?;
+            super::send(
+                &self.producer,
+                BaseRecord::to(topic).key(&id).payload(&bytes),
+            )?;
+            self.producer.poll(Duration::ZERO);
+        }
+        self.producer.flush(Duration::from_secs(120))?;
+        let started = Instant::now();
+        let want = before + i64::try_from(n).unwrap_or(i64::MAX);
+        while queued() < want {
+            anyhow::ensure!(
+                started.elapsed() < limit,
+                "{} of {n} waiting jobs queued after {limit:?}",
+                queued() - before
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        Ok(())
+    }
+
     /// When each job was sent and first dispatched (ms since the rig started; the
     /// dispatch's journal record, as the tailer read it), None while not dispatched.
     pub(super) fn sent_and_dispatched(&self, ids: &[String]) -> Result<Vec<(f64, Option<f64>)>> {

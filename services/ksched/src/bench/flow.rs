@@ -9,7 +9,7 @@
 //! then JOBS of two tenants of weights 3 and 1 submitted together, and the share of the
 //! dispatches each gets while both have jobs waiting.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use ksched_core::rules::{ConcurrencyRule, TenantRules};
@@ -270,5 +270,84 @@ pub(super) fn fair_share_only(args: &BenchArgs, backlog: u64) -> Result<()> {
         w.window_seconds, w.heavy_dispatched, w.light_dispatched, w.ratio, w.error_percent
     );
     std::fs::write(&args.out, serde_json::to_string_pretty(&report)?)?;
+    Ok(())
+}
+
+#[derive(Debug, serde::Serialize)]
+struct Beside {
+    backlog: u64,
+    turns: usize,
+    /// Seconds the scheduler took to take the backlog in (sent to all queued).
+    backlog_seconds: f64,
+    empty: Saturation,
+    beside: Saturation,
+    /// Beside the backlog over beside none.
+    ratio: f64,
+}
+
+/// `ksched bench --saturation-beside N`: saturation on the broker with no backlog, then in
+/// a second scheduler beside `backlog` jobs of the same pool that no worker can take,
+/// submitted through Kafka and queued first (past the lanes' windows, in RocksDB).
+pub(super) fn saturation_beside_only(args: &BenchArgs, backlog: u64) -> Result<()> {
+    let sizes = Sizes::of(args.smoke);
+    let turns = if args.smoke { 1 } else { 3 };
+    let run = format!("bench-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let work = tempfile::tempdir()?;
+    let (kafka, client) = super::kafka_clients(args)?;
+    let mut medians = Vec::new();
+    let mut backlog_seconds = 0.0;
+    for beside in [false, true] {
+        let name = if beside { "beside" } else { "empty" };
+        let prefix = format!("{run}.{name}.");
+        let mut config = bench_config(&kafka, &prefix, &work.path().join(name), None);
+        super::tune(args, &mut config);
+        config.rules.limits.max_pending_per_pool = i64::MAX;
+        config.rules.limits.max_pending_per_tenant = None;
+        config.rules.timing.placement_timeout_ms = 24 * 3_600_000;
+        super::ensure_topics(&config)?;
+        let mut rig = Rig::start(config, client.clone(), args.fleet(), name)?;
+        if beside {
+            phase(&format!(
+                "saturation beside: {backlog} waiting jobs submitted"
+            ));
+            let started = Instant::now();
+            rig.submit_unplaceable(backlog, Duration::from_secs(7_200))?;
+            backlog_seconds = started.elapsed().as_secs_f64();
+            eprintln!("        queued in {backlog_seconds:.0} s");
+        }
+        phase(&format!(
+            "saturation beside: {turns} x {} jobs, {}",
+            sizes.saturation_jobs,
+            if beside {
+                format!("beside {backlog} waiting")
+            } else {
+                "beside none".to_owned()
+            }
+        ));
+        let mut runs = Vec::with_capacity(turns);
+        for _ in 0..turns {
+            runs.push(rig.saturation(sizes.saturation_jobs)?);
+        }
+        rig.stop()?;
+        medians.push(Saturation::median(runs));
+    }
+    let beside = medians.pop().unwrap_or_else(|| unreachable!("two runs"));
+    let empty = medians.pop().unwrap_or_else(|| unreachable!("two runs"));
+    let b = Beside {
+        backlog,
+        turns,
+        backlog_seconds,
+        ratio: beside.jobs_per_sec / empty.jobs_per_sec.max(1e-9),
+        empty,
+        beside,
+    };
+    for (what, s) in [("beside none", &b.empty), ("beside the backlog", &b.beside)] {
+        eprintln!(
+            "        {what}: {:.0} jobs/s (median of {turns}), scheduler CPU {:.1} us a job",
+            s.jobs_per_sec, s.processor_cpu_us_per_job
+        );
+    }
+    eprintln!("        beside the backlog / beside none: {:.2}", b.ratio);
+    std::fs::write(&args.out, serde_json::to_string_pretty(&b)?)?;
     Ok(())
 }

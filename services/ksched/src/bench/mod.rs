@@ -110,6 +110,11 @@ pub(crate) struct BenchArgs {
     /// jobs of another pool without workers (no broker needed).
     #[arg(long, value_name = "JOBS", conflicts_with = "backlog_drain")]
     pub backlog_beside: Option<u64>,
+    /// Only measure saturation on the broker beside a backlog: the SDK workers' jobs at
+    /// saturation with no backlog, then with this many jobs of the same pool waiting that
+    /// no worker can take (a placement label none has), submitted through Kafka first.
+    #[arg(long, value_name = "JOBS", conflicts_with_all = ["backlog_drain", "backlog_beside"])]
+    pub saturation_beside: Option<u64>,
     /// (Internal) load the store in this directory and print what it cost.
     #[arg(long, hide = true, value_name = "DIR")]
     pub memory_load: Option<PathBuf>,
@@ -429,6 +434,9 @@ fn bench(args: BenchArgs) -> Result<()> {
     }
     if let Some(jobs) = args.backlog_beside {
         return memory::beside_only(&args, jobs);
+    }
+    if let Some(jobs) = args.saturation_beside {
+        return flow::saturation_beside_only(&args, jobs);
     }
     if let Some(jobs) = args.timers {
         return timers::timers_only(&args, jobs);
