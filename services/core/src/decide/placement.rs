@@ -187,6 +187,12 @@ impl Decider<'_, '_> {
             self.time_out(job_id, DlqReason::DeadlineExceeded, detail);
             return true;
         }
+        // A lane no live worker of its pools matches (by placement labels) is held whatever
+        // else holds: found without building the reasons `evaluate` gives every worker, as a
+        // pass looks at such a lane again each time.
+        if no_worker_fits_labels(self.state(), &self.state().jobs[job_id]) {
+            return false;
+        }
         match evaluate(self.state(), &config.rules, job_id) {
             Decision::Place {
                 pool,
@@ -582,6 +588,25 @@ fn placement_labels(job: &Job) -> impl Iterator<Item = (&str, &str)> {
                 .find_map(|p| k.strip_prefix(p))
                 .map(|name| (name, v.as_str()))
         })
+}
+
+/// Whether no live worker of the job's pools has its placement labels: then [`evaluate`]
+/// places it nowhere (every worker it may place on, the preferred one too, passes
+/// [`label_mismatch`]).
+fn no_worker_fits_labels(state: &State, job: &Job) -> bool {
+    if placement_labels(job).next().is_none() {
+        return false;
+    }
+    !state.workers.values().any(|w| {
+        w.alive
+            && job.pools.contains(&w.heartbeat.pool)
+            && placement_labels(job).all(|(name, want)| {
+                w.heartbeat
+                    .labels
+                    .get(name)
+                    .is_some_and(|have| have == want)
+            })
+    })
 }
 
 fn label_mismatch(job: &Job, w: &Worker) -> Option<String> {
