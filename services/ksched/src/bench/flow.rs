@@ -30,18 +30,13 @@ struct Flow {
 }
 
 pub(super) fn keys_only(args: &BenchArgs, keys: u64) -> Result<()> {
-    let sizes = Sizes::of(args.smoke);
-    let turns = if args.smoke { 1 } else { 3 };
-    let run = format!("bench-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
-    let work = tempfile::tempdir()?;
-    let (kafka, client) = super::kafka_clients(args)?;
-    let mut medians = Vec::new();
-    for limited in [false, true] {
-        let name = if limited { "limited" } else { "unlimited" };
-        let prefix = format!("{run}.flow-{name}.");
-        let mut config = bench_config(&kafka, &prefix, &work.path().join(name), None);
-        super::tune(args, &mut config);
-        if limited {
+    let (turns, unlimited, limited) = two_schedulers(
+        args,
+        ["flow-unlimited", "flow-limited"],
+        |limited, config| {
+            if !limited {
+                return;
+            }
             let topics: Vec<String> = config.rules.topics.keys().cloned().collect();
             for topic in topics {
                 config.rules.topic_concurrency.insert(
@@ -55,28 +50,20 @@ pub(super) fn keys_only(args: &BenchArgs, keys: u64) -> Result<()> {
                     },
                 );
             }
-        }
-        super::ensure_topics(&config)?;
-        phase(&format!(
-            "flow: {turns} x {} jobs over {keys} keys, {}",
-            sizes.saturation_jobs,
-            if limited {
-                format!("each key limited to {} at once", args.flow_limit)
-            } else {
-                "no limits".to_owned()
-            }
-        ));
-        let mut rig = Rig::start(config, client.clone(), args.fleet(), "flow")?;
-        rig.keys = Some(keys);
-        let mut runs = Vec::with_capacity(turns);
-        for _ in 0..turns {
-            runs.push(rig.saturation(sizes.saturation_jobs)?);
-        }
-        rig.stop()?;
-        medians.push(Saturation::median(runs));
-    }
-    let limited = medians.pop().unwrap_or_else(|| unreachable!("two runs"));
-    let unlimited = medians.pop().unwrap_or_else(|| unreachable!("two runs"));
+        },
+        |limited, rig, turns, jobs| {
+            phase(&format!(
+                "flow: {turns} x {jobs} jobs over {keys} keys, {}",
+                if limited {
+                    format!("each key limited to {} at once", args.flow_limit)
+                } else {
+                    "no limits".to_owned()
+                }
+            ));
+            rig.keys = Some(keys);
+            Ok(())
+        },
+    )?;
     let flow = Flow {
         keys,
         limit: args.flow_limit,
@@ -289,50 +276,34 @@ struct Beside {
 /// a second scheduler beside `backlog` jobs of the same pool that no worker can take,
 /// submitted through Kafka and queued first (past the lanes' windows, in RocksDB).
 pub(super) fn saturation_beside_only(args: &BenchArgs, backlog: u64) -> Result<()> {
-    let sizes = Sizes::of(args.smoke);
-    let turns = if args.smoke { 1 } else { 3 };
-    let run = format!("bench-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
-    let work = tempfile::tempdir()?;
-    let (kafka, client) = super::kafka_clients(args)?;
-    let mut medians = Vec::new();
     let mut backlog_seconds = 0.0;
-    for beside in [false, true] {
-        let name = if beside { "beside" } else { "empty" };
-        let prefix = format!("{run}.{name}.");
-        let mut config = bench_config(&kafka, &prefix, &work.path().join(name), None);
-        super::tune(args, &mut config);
-        config.rules.limits.max_pending_per_pool = i64::MAX;
-        config.rules.limits.max_pending_per_tenant = None;
-        config.rules.timing.placement_timeout_ms = 24 * 3_600_000;
-        super::ensure_topics(&config)?;
-        let mut rig = Rig::start(config, client.clone(), args.fleet(), name)?;
-        if beside {
-            phase(&format!(
-                "saturation beside: {backlog} waiting jobs submitted"
-            ));
-            let started = Instant::now();
-            rig.submit_unplaceable(backlog, Duration::from_secs(7_200))?;
-            backlog_seconds = started.elapsed().as_secs_f64();
-            eprintln!("        queued in {backlog_seconds:.0} s");
-        }
-        phase(&format!(
-            "saturation beside: {turns} x {} jobs, {}",
-            sizes.saturation_jobs,
+    let (turns, empty, beside) = two_schedulers(
+        args,
+        ["empty", "beside"],
+        |_, config| {
+            config.rules.limits.max_pending_per_pool = i64::MAX;
+            config.rules.limits.max_pending_per_tenant = None;
+            config.rules.timing.placement_timeout_ms = 24 * 3_600_000;
+        },
+        |beside, rig, turns, jobs| {
             if beside {
+                phase(&format!(
+                    "saturation beside: {backlog} waiting jobs submitted"
+                ));
+                let started = Instant::now();
+                rig.submit_unplaceable(backlog, Duration::from_secs(7_200))?;
+                backlog_seconds = started.elapsed().as_secs_f64();
+                eprintln!("        queued in {backlog_seconds:.0} s");
+            }
+            let what = if beside {
                 format!("beside {backlog} waiting")
             } else {
                 "beside none".to_owned()
-            }
-        ));
-        let mut runs = Vec::with_capacity(turns);
-        for _ in 0..turns {
-            runs.push(rig.saturation(sizes.saturation_jobs)?);
-        }
-        rig.stop()?;
-        medians.push(Saturation::median(runs));
-    }
-    let beside = medians.pop().unwrap_or_else(|| unreachable!("two runs"));
-    let empty = medians.pop().unwrap_or_else(|| unreachable!("two runs"));
+            };
+            phase(&format!("saturation beside: {turns} x {jobs} jobs, {what}"));
+            Ok(())
+        },
+    )?;
     let b = Beside {
         backlog,
         turns,
@@ -350,4 +321,40 @@ pub(super) fn saturation_beside_only(args: &BenchArgs, backlog: u64) -> Result<(
     eprintln!("        beside the backlog / beside none: {:.2}", b.ratio);
     std::fs::write(&args.out, serde_json::to_string_pretty(&b)?)?;
     Ok(())
+}
+
+/// The saturation measurement in two schedulers on one broker, one after the other (the
+/// first of `names` as `false`, the second as `true`): each configured by `configure`, made
+/// ready by `ready` (given the turns and jobs a turn), then measured in turns (three, one
+/// with `--smoke`). Returns the turns and each scheduler's median turn.
+fn two_schedulers(
+    args: &BenchArgs,
+    names: [&str; 2],
+    configure: impl Fn(bool, &mut ksched_runtime::Config),
+    mut ready: impl FnMut(bool, &mut Rig, usize, u64) -> Result<()>,
+) -> Result<(usize, Saturation, Saturation)> {
+    let sizes = Sizes::of(args.smoke);
+    let turns = if args.smoke { 1 } else { 3 };
+    let run = format!("bench-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let work = tempfile::tempdir()?;
+    let (kafka, client) = super::kafka_clients(args)?;
+    let mut medians = Vec::new();
+    for (second, name) in [(false, names[0]), (true, names[1])] {
+        let prefix = format!("{run}.{name}.");
+        let mut config = bench_config(&kafka, &prefix, &work.path().join(name), None);
+        super::tune(args, &mut config);
+        configure(second, &mut config);
+        super::ensure_topics(&config)?;
+        let mut rig = Rig::start(config, client.clone(), args.fleet(), name)?;
+        ready(second, &mut rig, turns, sizes.saturation_jobs)?;
+        let mut runs = Vec::with_capacity(turns);
+        for _ in 0..turns {
+            runs.push(rig.saturation(sizes.saturation_jobs)?);
+        }
+        rig.stop()?;
+        medians.push(Saturation::median(runs));
+    }
+    let second = medians.pop().unwrap_or_else(|| unreachable!("two runs"));
+    let first = medians.pop().unwrap_or_else(|| unreachable!("two runs"));
+    Ok((turns, first, second))
 }
