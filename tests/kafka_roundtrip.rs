@@ -35,6 +35,9 @@ fn request(job_id: &str) -> JobRequest {
         submitted_at: 1_700_000_000_000,
         traceparent: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
         not_before: None,
+        depends_on: vec!["acme-1".into(), "acme-2".into()],
+        dependency_condition: ksched_core::records::DependencyCondition::AnySucceeded,
+        dependency_timeout_ms: Some(60_000),
     }
 }
 

@@ -48,6 +48,15 @@ impl ColdStore for NoStore {
     fn delays_after(&self, _: Option<&DelayKey>, _: usize) -> Result<Vec<DelayKey>, Self::Error> {
         Ok(Vec::new())
     }
+    fn dependents_after(
+        &self,
+        _: &str,
+        _: &str,
+        _: Option<&str>,
+        _: usize,
+    ) -> Result<Vec<String>, Self::Error> {
+        Ok(Vec::new())
+    }
     fn lane_after(
         &self,
         _: &str,

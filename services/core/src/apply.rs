@@ -43,6 +43,7 @@ pub(crate) fn begin_entry(state: &mut State, log_time: Millis, input: &Input) {
     state.clock = state.clock.max(log_time);
     state.entries += 1;
     state.woken.clear();
+    state.fresh_settling.clear();
     if let Some(d) = state.dirty.as_mut() {
         d.history.begin_entry();
     }
@@ -178,6 +179,8 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
                 history_omitted: 0,
                 history_progress: false,
                 aged: 0,
+                awaiting: None,
+                awaited: false,
             };
             state.insert_job(e.job_id.clone(), job, Some(line(event, at)));
             if let Some(d) = state.dirty.as_mut()
@@ -722,6 +725,61 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
                 j.updated_at = now;
             });
         }
+        Event::JobBlocked(e) => {
+            state.update_job_logged(&e.job_id, Some(line(event, at)), |j| {
+                enter(j, JobState::Blocked);
+                // Its dependency timeout is its due time: it waits in the delay index.
+                j.delayed_until = Some(e.until);
+                let mut open = e.waiting_on.clone();
+                open.sort_unstable();
+                open.dedup();
+                j.awaiting = Some(Box::new(crate::state::Awaiting {
+                    open,
+                    succeeded: e.succeeded,
+                    failed: e.failed,
+                }));
+                j.queued_at = None;
+                j.retry_at = None;
+                j.updated_at = now;
+            });
+        }
+        Event::JobAwaited(e) => {
+            state.update_job_logged(&e.job_id, Some(line(event, at)), |j| {
+                j.awaited = true;
+            });
+        }
+        Event::DependencyResolved(e) => {
+            state.told(&e.dependency, &e.job_id);
+            state.update_job_logged(&e.job_id, Some(line(event, at)), |j| {
+                if let Some(a) = j.awaiting.as_mut()
+                    && let Ok(i) = a.open.binary_search(&e.dependency)
+                {
+                    a.open.remove(i);
+                    if e.state == JobState::Succeeded {
+                        a.succeeded += 1;
+                    } else {
+                        a.failed += 1;
+                    }
+                }
+                j.updated_at = now;
+            });
+        }
+        Event::JobUnblocked(e) => {
+            state.update_job_logged(&e.job_id, Some(line(event, at)), |j| {
+                enter(j, JobState::Pending);
+                j.delayed_until = None;
+                j.released_at = Some(now);
+                // As if submitted now (SPEC §11): the deadline counts from here.
+                let deadline_ms = j
+                    .constraints
+                    .deadline_ms
+                    .or(j.request.budget.deadline_ms)
+                    .filter(|d| *d > 0);
+                j.deadline_at = deadline_ms.map(|d| now.saturating_add(d));
+                j.updated_at = now;
+            });
+        }
+        Event::DependentsSettled(e) => state.end_settling(&e.job_id),
         Event::ScheduleChanged(e) => apply_schedule_changed(state, e, now),
         Event::ScheduleFired(e) => apply_schedule_fired(state, e, at),
     }

@@ -362,6 +362,29 @@ impl Event {
                 out.push_str("), released at ");
                 time(out, r.released_at);
             }
+            Event::JobBlocked(b) => {
+                out.push_str("blocked until its dependencies let it run: waits for [");
+                join(out, &b.waiting_on, ", ");
+                write!(
+                    out,
+                    "] ({} succeeded, {} ended otherwise already), at most until ",
+                    b.succeeded, b.failed
+                )?;
+                time(out, b.until);
+            }
+            Event::JobAwaited(a) => push(out, &["awaited: job ", &a.dependent, " waits for it"]),
+            Event::DependencyResolved(r) => push(
+                out,
+                &["dependency ", &r.dependency, " ended ", r.state.as_str()],
+            ),
+            Event::JobUnblocked(u) => write!(
+                out,
+                "unblocked: its dependencies let it run ({} succeeded, {} ended otherwise)",
+                u.succeeded, u.failed
+            )?,
+            Event::DependentsSettled(_) => {
+                out.push_str("every job waiting for it was told of its end")
+            }
             Event::JobRescheduled(r) => {
                 out.push_str("rescheduled from ");
                 time(out, r.previous);

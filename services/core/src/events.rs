@@ -146,10 +146,12 @@ pub enum JobState {
     OutputQuarantined,
     /// Waits for its `not_before` (SPEC §9); appended last, as Avro enum symbols are.
     Delayed,
+    /// Waits for the jobs it depends on (SPEC §11).
+    Blocked,
 }
 
 impl JobState {
-    pub const ALL: [JobState; 12] = [
+    pub const ALL: [JobState; 13] = [
         JobState::Pending,
         JobState::ApprovalRequired,
         JobState::Scheduled,
@@ -162,6 +164,7 @@ impl JobState {
         JobState::Denied,
         JobState::OutputQuarantined,
         JobState::Delayed,
+        JobState::Blocked,
     ];
 
     pub fn is_terminal(self) -> bool {
@@ -184,10 +187,12 @@ impl JobState {
         )
     }
 
-    /// Waiting for a time, its record kept in storage rather than in memory: DELAYED
-    /// (SPEC §9). Not terminal, and not in any queue.
+    /// Waiting for a time or for other jobs, its record kept in storage rather than in
+    /// memory: DELAYED (SPEC §9) and BLOCKED (SPEC §11). Not terminal, and not in any queue.
+    /// Both wait under a due time ([`crate::state::delay_key_of`]): a blocked job's is its
+    /// dependency timeout.
     pub fn is_parked(self) -> bool {
-        matches!(self, JobState::Delayed)
+        matches!(self, JobState::Delayed | JobState::Blocked)
     }
 
     /// What the processor need not hold in memory once it is written: terminal and parked
@@ -210,9 +215,11 @@ impl JobState {
         match (self, to) {
             (
                 Pending,
-                Scheduled | Denied | ApprovalRequired | Cancelled | Timeout | Failed | Delayed,
+                Scheduled | Denied | ApprovalRequired | Cancelled | Timeout | Failed | Delayed
+                | Blocked,
             ) => true,
             (Delayed, Pending | Cancelled) => true,
+            (Blocked, Pending | Cancelled | Failed) => true,
             (ApprovalRequired, Pending | Denied | Cancelled | Timeout) => true,
             (Scheduled, Dispatched | Cancelled | Timeout) => true,
             // A worker may report its result without a JobStarted first; the start is implied.
@@ -237,6 +244,7 @@ impl JobState {
             JobState::Denied => "DENIED",
             JobState::OutputQuarantined => "OUTPUT_QUARANTINED",
             JobState::Delayed => "DELAYED",
+            JobState::Blocked => "BLOCKED",
         }
     }
 
@@ -694,6 +702,50 @@ pub struct JobReleased {
     pub released_at: Millis,
 }
 
+/// The job waits for its dependencies (SPEC §11), BLOCKED, until its condition holds
+/// ([`JobUnblocked`]), can no longer hold, or `until` passes (then it fails
+/// `dependency_failed`). The dependencies already ended when it was admitted are counted.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobBlocked {
+    pub job_id: String,
+    /// The dependencies not ended yet (or not submitted yet, or not of its tenant).
+    pub waiting_on: Vec<String>,
+    pub succeeded: i32,
+    pub failed: i32,
+    pub until: Millis,
+}
+
+/// Job `job_id` is waited for by `dependent`: its end releases its dependents
+/// ([`JobState::Blocked`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobAwaited {
+    pub job_id: String,
+    pub dependent: String,
+}
+
+/// A BLOCKED job's dependency ended, in `state`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DependencyResolved {
+    pub job_id: String,
+    pub dependency: String,
+    pub state: JobState,
+}
+
+/// A BLOCKED job's condition holds: PENDING from here, as if submitted now (its deadline
+/// counts from here); it goes on to its debounce, its time and its queues.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobUnblocked {
+    pub job_id: String,
+    pub succeeded: i32,
+    pub failed: i32,
+}
+
+/// Every job waiting for ended job `job_id` has been told of its end.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DependentsSettled {
+    pub job_id: String,
+}
+
 /// A DELAYED job's time was changed ([`crate::records::RescheduleJob`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct JobRescheduled {
@@ -848,6 +900,11 @@ pub enum Event {
     JobDebounced(JobDebounced),
     DebouncesClosed(DebouncesClosed),
     JobAged(JobAged),
+    JobBlocked(JobBlocked),
+    JobAwaited(JobAwaited),
+    DependencyResolved(DependencyResolved),
+    JobUnblocked(JobUnblocked),
+    DependentsSettled(DependentsSettled),
 }
 
 impl Event {
@@ -897,6 +954,11 @@ impl Event {
             Event::JobDebounced(_) => "JobDebounced",
             Event::DebouncesClosed(_) => "DebouncesClosed",
             Event::JobAged(_) => "JobAged",
+            Event::JobBlocked(_) => "JobBlocked",
+            Event::JobAwaited(_) => "JobAwaited",
+            Event::DependencyResolved(_) => "DependencyResolved",
+            Event::JobUnblocked(_) => "JobUnblocked",
+            Event::DependentsSettled(_) => "DependentsSettled",
         }
     }
 
@@ -935,6 +997,11 @@ impl Event {
             Event::JobRescheduled(e) => &e.job_id,
             Event::JobDebounced(e) => &e.job_id,
             Event::JobAged(e) => &e.job_id,
+            Event::JobBlocked(e) => &e.job_id,
+            Event::JobAwaited(e) => &e.job_id,
+            Event::DependencyResolved(e) => &e.job_id,
+            Event::JobUnblocked(e) => &e.job_id,
+            Event::DependentsSettled(e) => &e.job_id,
             Event::ScheduleFired(e) => match &e.job_id {
                 Some(id) => id,
                 None => return None,

@@ -15,7 +15,7 @@ pub const APPROVAL_LABEL_PREFIX: &str = "approval_";
 ///
 /// `traceparent` is left out: it says who traced the submission, not what the job is (a
 /// resubmission under another trace is the same job), and hashes stay what they were
-/// before the field existed. `not_before` counts only when set (a job's time is part of what
+/// before the field existed. `not_before` (and the dependencies) count only when set (a job's time is part of what
 /// it is), so the hash of a job without one is what it was before the field existed.
 pub fn job_hash(request: &JobRequest) -> String {
     let mut sha = ShaWriter(Sha256::new());
@@ -51,6 +51,9 @@ impl serde::Serialize for Hashed<'_> {
             submitted_at,
             traceparent: _,
             not_before,
+            depends_on,
+            dependency_condition,
+            dependency_timeout_ms,
         } = self.0;
         let mut st = s.serialize_struct("JobRequest", 14)?;
         st.serialize_field("job_id", job_id)?;
@@ -69,6 +72,14 @@ impl serde::Serialize for Hashed<'_> {
         st.serialize_field("submitted_at", submitted_at)?;
         if not_before.is_some() {
             st.serialize_field("not_before", not_before)?;
+        }
+        // Likewise what it waits for.
+        if !depends_on.is_empty() {
+            st.serialize_field("depends_on", depends_on)?;
+            st.serialize_field("dependency_condition", dependency_condition)?;
+        }
+        if dependency_timeout_ms.is_some() {
+            st.serialize_field("dependency_timeout_ms", dependency_timeout_ms)?;
         }
         st.end()
     }
@@ -192,8 +203,15 @@ mod tests {
             .retain(|k, _| !k.starts_with(APPROVAL_LABEL_PREFIX));
         r.traceparent = None;
         assert_eq!(r.not_before, None);
+        assert!(r.depends_on.is_empty() && r.dependency_timeout_ms.is_none());
         let mut json = serde_json::to_vec(&r).unwrap();
-        for member in [&b",\"not_before\":null"[..], b",\"traceparent\":null"] {
+        for member in [
+            &b",\"dependency_timeout_ms\":null"[..],
+            b",\"dependency_condition\":\"ALL_SUCCEEDED\"",
+            b",\"depends_on\":[]",
+            b",\"not_before\":null",
+            b",\"traceparent\":null",
+        ] {
             let at = json
                 .windows(member.len())
                 .rposition(|w| w == member)

@@ -108,6 +108,13 @@ codes! {
         /// `storage.min_free_disk_bytes`: the job was refused before it was journaled, and
         /// the jobs already accepted went on. Submit it again once space is freed.
         StorageFull = "storage_full",
+        /// Its `depends_on` names its own id, an id twice, an empty or over-long id, or more
+        /// ids than `limits.max_dependencies`; or its `dependency_timeout_ms` is not positive
+        /// or exceeds `limits.max_dependency_wait_ms` (SPEC §11).
+        InvalidDependencies = "invalid_dependencies",
+        /// Its dependencies' condition can no longer hold, or its dependency timeout passed
+        /// first (SPEC §11). The dead letter's `related_job_id` names the dependency.
+        DependencyFailed = "dependency_failed",
     }
 }
 

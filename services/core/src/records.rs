@@ -99,6 +99,50 @@ pub struct JobRequest {
     /// Run no earlier than this (epoch ms, scheduler time): until then the job waits
     /// DELAYED (SPEC §9). None, or a time already passed, runs it now.
     pub not_before: Option<Millis>,
+    /// Jobs of its tenant it waits for, BLOCKED, until `dependency_condition` holds (SPEC
+    /// §11).
+    #[serde(default)]
+    pub depends_on: Vec<String>,
+    #[serde(default)]
+    pub dependency_condition: DependencyCondition,
+    /// Longest it waits BLOCKED, from its acceptance; None: `limits.max_dependency_wait_ms`.
+    #[serde(default)]
+    pub dependency_timeout_ms: Option<i64>,
+}
+
+/// When a job's dependencies let it run (SPEC §11).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, Default,
+)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum DependencyCondition {
+    /// Every dependency SUCCEEDED; any other end fails the job.
+    #[default]
+    AllSucceeded,
+    /// Every dependency ended, however.
+    AllTerminal,
+    /// One dependency SUCCEEDED; all of them ending otherwise fails the job.
+    AnySucceeded,
+}
+
+impl DependencyCondition {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DependencyCondition::AllSucceeded => "ALL_SUCCEEDED",
+            DependencyCondition::AllTerminal => "ALL_TERMINAL",
+            DependencyCondition::AnySucceeded => "ANY_SUCCEEDED",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<DependencyCondition> {
+        [
+            DependencyCondition::AllSucceeded,
+            DependencyCondition::AllTerminal,
+            DependencyCondition::AnySucceeded,
+        ]
+        .into_iter()
+        .find(|c| c.as_str().eq_ignore_ascii_case(s))
+    }
 }
 
 /// What a compensation job looks like before it gets a job id (SPEC §7). Debug hides secret
@@ -171,6 +215,9 @@ impl fmt::Debug for JobRequest {
             .field("submitted_at", &self.submitted_at)
             .field("traceparent", &self.traceparent)
             .field("not_before", &self.not_before)
+            .field("depends_on", &self.depends_on)
+            .field("dependency_condition", &self.dependency_condition)
+            .field("dependency_timeout_ms", &self.dependency_timeout_ms)
             .finish()
     }
 }
@@ -544,6 +591,9 @@ pub struct DeadLetter {
     pub cause_partition: i32,
     pub cause_offset: i64,
     pub at: Millis,
+    /// For `dependency_failed`: the dependency that failed the job.
+    #[serde(default)]
+    pub related_job_id: Option<String>,
 }
 
 /// Serde adapter so `Vec<u8>` fields serialize as bytes (Avro `bytes`), not as a sequence.

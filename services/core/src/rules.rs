@@ -307,6 +307,16 @@ pub struct Limits {
     /// Rate limit buckets not yet full, and debounce windows open, are bounded by it too,
     /// each kind on its own. Default 100000.
     pub max_concurrency_keys: u32,
+    /// Most jobs one job may depend on (`depends_on`, SPEC §11); more is dead-lettered
+    /// `invalid_dependencies`. Default 100.
+    pub max_dependencies: u32,
+    /// Longest a job waits BLOCKED for its dependencies, in ms, and the default of its
+    /// `dependency_timeout_ms`; a longer timeout is dead-lettered `invalid_dependencies`.
+    /// Default 604800000 (7 days).
+    pub max_dependency_wait_ms: i64,
+    /// Most BLOCKED jobs one shard holds (they are kept in storage, not in memory); a job
+    /// that would wait beyond it is dead-lettered `queue_full`. Default 10000000.
+    pub max_blocked_jobs: i64,
 }
 
 impl Default for Limits {
@@ -331,6 +341,9 @@ impl Default for Limits {
             max_delayed_jobs: 100_000_000,
             max_schedules: 100_000,
             max_concurrency_keys: 100_000,
+            max_dependencies: 100,
+            max_dependency_wait_ms: 7 * 24 * 3_600_000,
+            max_blocked_jobs: 10_000_000,
         }
     }
 }
@@ -916,6 +929,12 @@ impl Rules {
         }
         if l.max_delayed_jobs < 0 {
             return err("limits.max_delayed_jobs must not be negative".into());
+        }
+        if l.max_dependency_wait_ms < 1 || l.max_blocked_jobs < 0 {
+            return err(format!(
+                "limits.max_dependency_wait_ms must be positive and limits.max_blocked_jobs not negative, got {} and {}",
+                l.max_dependency_wait_ms, l.max_blocked_jobs
+            ));
         }
         if self.timing.schedule_grace_ms < 0 {
             return err("timing.schedule_grace_ms must not be negative".into());

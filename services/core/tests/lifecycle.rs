@@ -237,6 +237,11 @@ fn the_transition_table_matches_the_spec() {
         (Pending, Delayed),
         (Delayed, Pending),
         (Delayed, Cancelled),
+        // Dependencies (SPEC §11): an allowed or approved job waits for other jobs.
+        (Pending, Blocked),
+        (Blocked, Pending),
+        (Blocked, Cancelled),
+        (Blocked, Failed),
         (ApprovalRequired, Pending),
         (ApprovalRequired, Denied),
         (ApprovalRequired, Cancelled),

@@ -35,6 +35,8 @@ enum Op {
         /// Its `unique_key` and `debounce_key` labels (SPEC §10): `job.multi` is unique by
         /// the one, `job.default` debounced by the other.
         fkey: Option<u8>,
+        /// What it depends on (SPEC §11): one or two jobs, a condition, a timeout in seconds.
+        deps: Option<(u8, u8, u8, u8)>,
     },
     Heartbeat {
         worker: u8,
@@ -111,8 +113,8 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        3 => (0..12u8, 0..4u8, 0..3u8, 0..6u8, proptest::option::of(0..3u8), proptest::option::of(1..600u16), proptest::option::of(0..600u16), proptest::option::of(0..3u8), 0..3u8, proptest::option::of(0..2u8))
-            .prop_map(|(job, topic, priority, risk, key, deadline, delay, ckey, tenant, fkey)| Op::Submit { job, topic, priority, risk, key, deadline, delay, ckey, tenant, fkey }),
+        3 => (0..12u8, 0..4u8, 0..3u8, 0..6u8, proptest::option::of(0..3u8), proptest::option::of(1..600u16), proptest::option::of(0..600u16), proptest::option::of(0..3u8), 0..3u8, proptest::option::of(0..2u8), proptest::option::weighted(0.3, (0..12u8, 0..12u8, 0..3u8, 1..60u8)))
+            .prop_map(|(job, topic, priority, risk, key, deadline, delay, ckey, tenant, fkey, deps)| Op::Submit { job, topic, priority, risk, key, deadline, delay, ckey, tenant, fkey, deps }),
         2 => (0..4u8, 0..4u8, 0..100u8, 0..4u8, any::<bool>())
             .prop_map(|(worker, pool, cpu, max, draining)| Op::Heartbeat { worker, pool, cpu, max, draining: draining && worker == 3 }),
         2 => (0..12u8, 0..4u8, -1..2i8).prop_map(|(job, worker, attempt_delta)| Op::Started { job, worker, attempt_delta }),
@@ -275,8 +277,21 @@ fn run(ops: &[Op]) -> Sim {
                 ckey,
                 tenant,
                 fkey,
+                deps,
             } => {
                 let mut req = job(&format!("j{j}"));
+                if let Some((a, b, condition, timeout)) = deps {
+                    req.depends_on = vec![format!("j{a}")];
+                    if b != a {
+                        req.depends_on.push(format!("j{b}"));
+                    }
+                    req.dependency_condition = [
+                        DependencyCondition::AllSucceeded,
+                        DependencyCondition::AllTerminal,
+                        DependencyCondition::AnySucceeded,
+                    ][condition as usize];
+                    req.dependency_timeout_ms = Some(i64::from(timeout) * 1_000);
+                }
                 req.tenant_id = TENANTS[tenant as usize].into();
                 if let Some(c) = ckey {
                     req.labels.insert("concurrency_key".into(), format!("c{c}"));

@@ -19,7 +19,9 @@
 //! `rate_buckets` ((tenant, key, rate) -> the token bucket of a rate-limited key, while not
 //! full), `fair_shares` ((pool, priority) -> its fair share between tenants), `debounces`,
 //! `lanes` ((pool, lane) | rank | time queued | job id of every queued job: its queue
-//! order), `waits` (kind | time it counts from | job id of every queued job's timers).
+//! order), `waits` (kind | time it counts from | job id of every queued job's timers),
+//! `dependents` ((tenant, dependency) | job id of every BLOCKED job, under each dependency it
+//! still waits for), `settling` (ended jobs whose dependents are being told).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -29,9 +31,10 @@ use ksched_core::events::Reconfigure;
 use ksched_core::records::{DeadLetter, Millis};
 use ksched_core::rules::Rules;
 use ksched_core::state::{
-    ActiveConfig, Breaker, Bucket, BucketKey, ColdStore, Debounce, DebounceKey, Dirty, HistoryItem,
-    HistoryLines, IdempotencyEntry, Job, Lane, PoolShare, QueueKey, QueuedCounts, Saga, ShareKey,
-    State, TimerAt, TimerKind, Worker, is_resident, lane_keys_of, wait_keys_of,
+    ActiveConfig, Breaker, Bucket, BucketKey, ColdStore, Debounce, DebounceKey, DependentKey,
+    Dirty, HistoryItem, HistoryLines, IdempotencyEntry, Job, Lane, PoolShare, QueueKey,
+    QueuedCounts, Saga, Settling, ShareKey, State, TimerAt, TimerKind, Worker, dependent_keys_of,
+    is_resident, lane_keys_of, wait_keys_of,
 };
 use rocksdb::{
     ColumnFamily, ColumnFamilyDescriptor, DB, Direction, IteratorMode, Options, WriteBatch,
@@ -109,7 +112,10 @@ pub struct Scanned {
 /// 15: the unfinished jobs that are not queued (`resident`), each lane's count of jobs
 /// (`lane_counts`) and the queued jobs' other counts (meta `queued_counts`), so that a start
 /// reads no queued job.
-pub const FORMAT_VERSION: u32 = 15;
+/// 16: BLOCKED jobs (SPEC §11): a job keeps how its dependencies stand and whether it is
+/// waited for; blocked jobs by what they wait for (`dependents`), and the ended jobs whose
+/// dependents are being told (`settling`).
+pub const FORMAT_VERSION: u32 = 16;
 
 /// Most idempotency keys one write deletes when their retention passed; the rest follow in
 /// the next writes, so a prune never becomes one huge batch.
@@ -137,6 +143,11 @@ const CF_WAITS: &str = "waits";
 const CF_RESIDENT: &str = "resident";
 /// Each lane's count of jobs, keyed as the lane's keys in `lanes` begin.
 const CF_LANE_COUNTS: &str = "lane_counts";
+/// BLOCKED jobs by what they wait for: (tenant, dependency) length-prefixed, then the
+/// dependent's id.
+const CF_DEPENDENTS: &str = "dependents";
+/// Ended jobs whose dependents are being told (job id -> tenant and how it ended).
+const CF_SETTLING: &str = "settling";
 /// Every column family, in a fixed order.
 pub const CFS: &[&str] = &[
     CF_META,
@@ -159,6 +170,8 @@ pub const CFS: &[&str] = &[
     CF_WAITS,
     CF_RESIDENT,
     CF_LANE_COUNTS,
+    CF_DEPENDENTS,
+    CF_SETTLING,
 ];
 
 const META_FORMAT: &[u8] = b"format";
@@ -575,6 +588,44 @@ impl Store {
         Ok(out)
     }
 
+    /// The prefix of a dependency's entries in `dependents`: its tenant and id,
+    /// length-prefixed (no dependency's prefix begins another's).
+    fn dependents_prefix(&self, tenant: &str, dependency: &str) -> Vec<u8> {
+        let mut k = Vec::new();
+        self.key_into(&mut k, &[&encode(&(tenant, dependency))]);
+        k
+    }
+
+    /// A blocked job's entry in `dependents`: its dependency's prefix, then its id.
+    fn dependent_key(&self, (tenant, dependency, id): &DependentKey) -> Vec<u8> {
+        let mut k = self.dependents_prefix(tenant, dependency);
+        k.extend_from_slice(id.as_bytes());
+        k
+    }
+
+    /// The blocked jobs waiting for `dependency` of `tenant` after `after` (from the first
+    /// with None), in id order, at most `limit`.
+    pub fn dependents_after(
+        &self,
+        tenant: &str,
+        dependency: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<String>> {
+        let prefix = self.dependents_prefix(tenant, dependency);
+        let start = after.map(|id| {
+            let mut k = prefix.clone();
+            k.extend_from_slice(id.as_bytes());
+            k
+        });
+        let mut out = Vec::new();
+        self.each_key_after(CF_DEPENDENTS, &prefix, start.as_deref(), limit, |rest| {
+            out.push(utf8(rest.to_vec()));
+            true
+        })?;
+        Ok(out)
+    }
+
     /// The prefix of a lane's keys in `lanes`: the pool and the lane, length-prefixed (no
     /// lane's prefix begins another's).
     fn lane_prefix(&self, pool: &str, lane: &Lane) -> Vec<u8> {
@@ -753,6 +804,11 @@ impl Store {
         // tells the rebuild there is nothing to compare with (a start writes no timer again;
         // the store holds them all).
         state.waits = ksched_core::state::Waits::unknown();
+        // Blocked jobs are read by what they wait for as their dependencies end.
+        state.dependents = ksched_core::state::Dependents::stored();
+        for (_, (id, s)) in self.scan::<(String, Settling)>(CF_SETTLING)? {
+            state.settling.insert(id, s);
+        }
         state.clock = self.get_meta(META_CLOCK)?.unwrap_or(0);
         state.entries = self.get_meta(META_ENTRIES)?.unwrap_or(0);
         state.last_idempotency_prune = self.get_meta(META_LAST_PRUNE)?.unwrap_or(0);
@@ -895,6 +951,10 @@ impl Store {
                     if let Some(due) = job.delayed_until.filter(|_| job.state.is_parked()) {
                         b.put_cf(self.cf(CF_DELAYS), self.delay_key(due, id), encode(&()));
                     }
+                    // A blocked job's entries under what it waits for, likewise.
+                    for k in dependent_keys_of(id, job) {
+                        b.put_cf(self.cf(CF_DEPENDENTS), self.dependent_key(&k), []);
+                    }
                     if job.state.is_cold() {
                         // A job accepted since the last set was taken was in no earlier
                         // batch: it has no marker to delete (a replay's jobs mostly start
@@ -977,6 +1037,20 @@ impl Store {
                 } else {
                     b.put_cf(self.cf(CF_LANE_COUNTS), k, encode(&(pool, lane, len)));
                 }
+            }
+        }
+        for k in &dirty.dependents_removed {
+            let again =
+                (state.jobs.get(&k.2)).is_some_and(|j| dependent_keys_of(&k.2, j).contains(k));
+            if !again {
+                b.delete_cf(self.cf(CF_DEPENDENTS), self.dependent_key(k));
+            }
+        }
+        for id in &dirty.settling {
+            let k = self.key(id.as_bytes());
+            match state.settling.get(id) {
+                Some(x) => b.put_cf(self.cf(CF_SETTLING), k, encode(&(id, x))),
+                None => b.delete_cf(self.cf(CF_SETTLING), k),
             }
         }
         for (due, id) in &dirty.delays_removed {
@@ -1492,6 +1566,16 @@ impl ColdStore for Store {
         limit: usize,
     ) -> Result<Vec<QueueKey>> {
         Store::lane_after(self, pool, lane, after, limit)
+    }
+
+    fn dependents_after(
+        &self,
+        tenant: &str,
+        dependency: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<String>> {
+        Store::dependents_after(self, tenant, dependency, after, limit)
     }
 
     fn waits_after(

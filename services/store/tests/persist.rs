@@ -731,6 +731,199 @@ fn delayed_jobs_wait_in_the_store_and_are_read_back_as_they_come_due() {
     assert!(released(ev).is_empty(), "each once");
 }
 
+/// Blocked jobs are kept by the store under what they wait for, not loaded at start: their
+/// entries in `dependents` go when they stop waiting, and a job that ends is settling until
+/// every job waiting for it is told, across a restart.
+#[test]
+fn blocked_jobs_wait_in_the_store_by_what_they_wait_for_and_settle_across_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), 0).unwrap();
+    let t = 1_700_000_000_000;
+    let policy = AllowAll;
+    let ctx = Ctx { policy: &policy };
+    let mut r = rules();
+    // Two dependents told per entry: settling spans continuations.
+    r.limits.max_work_per_entry = 2;
+    let reconf = Reconfigure {
+        rules_json: r.to_canonical_json(),
+        policy_snapshot: "s".into(),
+        ..Default::default()
+    };
+    let mut offset = 0;
+    let mut feed = |state: &mut State, at: i64, topic: &str, input: Input| {
+        let mut events = Vec::new();
+        let mut input = Some(input);
+        while let Some(i) = input.take() {
+            state.load_for_input(&i, &store).unwrap();
+            let p = process(
+                state,
+                &ctx,
+                Cause {
+                    topic: topic.into(),
+                    partition: 0,
+                    offset,
+                },
+                at,
+                i,
+            );
+            offset += 1;
+            let dirty = state.take_dirty();
+            store.persist(state, dirty, Some(offset)).unwrap();
+            state.evict_cold();
+            events.extend(p.entry.events);
+            // Work cut at the per-entry bound goes on at once, as the processor does, but
+            // not past the point this test stops at.
+            if p.more && topic != "stop" {
+                input = Some(ksched_core::decide::continuation(state));
+            }
+        }
+        events
+    };
+    let job = |id: &str, deps: &[&str]| JobRequest {
+        job_id: id.into(),
+        topic: "job.default".into(),
+        tenant_id: "acme".into(),
+        submitted_at: t,
+        depends_on: deps.iter().map(|d| (*d).to_owned()).collect(),
+        ..Default::default()
+    };
+    let mut state = State::tracking_changes();
+    feed(&mut state, t, "ksched.control", Input::Reconfigure(reconf));
+    feed(
+        &mut state,
+        t,
+        "job.default",
+        Input::Submit(job("root", &[])),
+    );
+    for i in (0..7).rev() {
+        let id = format!("d{i}");
+        feed(
+            &mut state,
+            t,
+            "job.default",
+            Input::Submit(job(&id, &["root", "other"])),
+        );
+    }
+    assert!(
+        !state
+            .jobs
+            .iter_any_order()
+            .any(|(id, _)| id.starts_with('d')),
+        "blocked jobs left memory once written"
+    );
+    let waiting = store.dependents_after("acme", "root", None, 100).unwrap();
+    assert_eq!(waiting, ["d0", "d1", "d2", "d3", "d4", "d5", "d6"]);
+    assert_eq!(
+        store
+            .dependents_after("acme", "root", Some("d4"), 100)
+            .unwrap(),
+        ["d5", "d6"]
+    );
+    assert_eq!(
+        store.dependents_after("acme", "other", None, 3).unwrap(),
+        ["d0", "d1", "d2"]
+    );
+    assert!(
+        store
+            .dependents_after("initech", "root", None, 100)
+            .unwrap()
+            .is_empty()
+    );
+    feed(
+        &mut state,
+        t + 1,
+        "ksched.control",
+        Input::Cancel(CancelJob {
+            job_id: "d3".into(),
+            principal_id: "op".into(),
+            ..Default::default()
+        }),
+    );
+    assert_eq!(
+        store
+            .dependents_after("acme", "root", None, 100)
+            .unwrap()
+            .len(),
+        6
+    );
+    assert_eq!(
+        store
+            .dependents_after("acme", "other", None, 100)
+            .unwrap()
+            .len(),
+        6
+    );
+
+    // root ends (cancelled: every dependent fails); the entry after it tells two of them,
+    // and this test stops there, as a crash would.
+    feed(
+        &mut state,
+        t + 2,
+        "stop",
+        Input::Cancel(CancelJob {
+            job_id: "root".into(),
+            principal_id: "op".into(),
+            ..Default::default()
+        }),
+    );
+    let tick = |at: i64| {
+        Input::Tick(Tick {
+            source: "t".into(),
+            issued_at: at,
+            watermark: Some(at),
+        })
+    };
+    let told = |events: &[ksched_core::events::Event]| -> Vec<String> {
+        (events.iter())
+            .filter_map(|e| match e {
+                ksched_core::events::Event::DependencyResolved(r) => Some(r.job_id.clone()),
+                _ => None,
+            })
+            .collect()
+    };
+    let ev = feed(&mut state, t + 3, "stop", tick(t + 3));
+    assert_eq!(told(&ev), ["d0", "d1"]);
+    assert_eq!(state.settling.len(), 1);
+
+    // A restart: the store has the settling job and the dependents not told yet.
+    drop(state);
+    let mut state = store.load_state().unwrap();
+    assert_eq!(state.settling.keys().collect::<Vec<_>>(), ["root"]);
+    assert!(
+        state
+            .jobs
+            .iter_any_order()
+            .all(|(id, _)| !id.starts_with('d'))
+    );
+    let ev = feed(&mut state, t + 4, "ksched.control", tick(t + 4));
+    assert_eq!(
+        told(&ev),
+        ["d2", "d4", "d5", "d6"],
+        "d3 was cancelled; each once"
+    );
+    assert!(state.settling.is_empty());
+    assert!(
+        store
+            .dependents_after("acme", "root", None, 100)
+            .unwrap()
+            .is_empty()
+    );
+    assert!(
+        store
+            .dependents_after("acme", "other", None, 100)
+            .unwrap()
+            .is_empty(),
+        "a failed job waits for nothing"
+    );
+    for i in [0, 1, 2, 4, 5, 6] {
+        let j = store.job(&format!("d{i}")).unwrap().unwrap();
+        assert_eq!(j.state, ksched_core::events::JobState::Failed, "d{i}");
+        assert_eq!(j.dlq_reason.as_deref(), Some("dependency_failed"));
+    }
+    let ev = feed(&mut state, t + 5, "ksched.control", tick(t + 5));
+    assert!(told(&ev).is_empty());
+}
+
 #[test]
 fn debounce_windows_survive_a_restart_and_leave_the_store_when_they_close() {
     let dir = tempfile::tempdir().unwrap();

@@ -54,6 +54,9 @@ pub(crate) fn job_request() -> JobRequest {
         submitted_at: 1_700_000_000_123,
         traceparent: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
         not_before: Some(1_764_000_000_000),
+        depends_on: vec!["job-0".into(), "job-00".into()],
+        dependency_condition: ksched_core::records::DependencyCondition::AllTerminal,
+        dependency_timeout_ms: Some(3_600_000),
     }
 }
 
@@ -200,6 +203,7 @@ pub(crate) fn dead_letter() -> DeadLetter {
         cause_partition: 0,
         cause_offset: 99,
         at: 1_700_000_002_000,
+        related_job_id: Some("job-0".into()),
     }
 }
 
@@ -494,6 +498,30 @@ pub(crate) fn every_event() -> Vec<Event> {
             existing_job_id: "job-3".into(),
             kind: DuplicateKind::UniqueKey,
             idempotency_key: Some("payload:00ff".into()),
+        }),
+        Event::JobBlocked(JobBlocked {
+            job_id: "job-6".into(),
+            waiting_on: vec!["job-4".into(), "job-5".into()],
+            succeeded: 1,
+            failed: 0,
+            until: 1_700_604_800_000,
+        }),
+        Event::JobAwaited(JobAwaited {
+            job_id: "job-4".into(),
+            dependent: "job-6".into(),
+        }),
+        Event::DependencyResolved(DependencyResolved {
+            job_id: "job-6".into(),
+            dependency: "job-4".into(),
+            state: JobState::Cancelled,
+        }),
+        Event::JobUnblocked(JobUnblocked {
+            job_id: "job-6".into(),
+            succeeded: 1,
+            failed: 1,
+        }),
+        Event::DependentsSettled(DependentsSettled {
+            job_id: "job-4".into(),
         }),
     ]
 }

@@ -27,6 +27,8 @@ pub(crate) struct Decider<'s, 'c> {
     more: bool,
     /// The watermark before this entry (a Tick's jump from it may be a gap).
     previous_watermark: Millis,
+    /// The job the next dead letter names as the one that caused it (`dependency_failed`).
+    related_job_id: Option<String>,
 }
 
 impl<'s, 'c> Decider<'s, 'c> {
@@ -50,6 +52,7 @@ impl<'s, 'c> Decider<'s, 'c> {
             budget,
             more: false,
             previous_watermark,
+            related_job_id: None,
         }
     }
 
@@ -122,6 +125,11 @@ impl<'s, 'c> Decider<'s, 'c> {
     /// loaded to decide on is done, and more of the same waits in storage.
     pub(crate) fn continue_later(&mut self) {
         self.more = true;
+    }
+
+    /// Names `job_id` in the next dead letter as the job that caused it.
+    pub(crate) fn relate_next_dead_letter(&mut self, job_id: &str) {
+        self.related_job_id = Some(job_id.to_owned());
     }
 
     /// Units of work this entry may still do.
@@ -247,6 +255,7 @@ impl<'s, 'c> Decider<'s, 'c> {
             cause_partition: self.cause.partition,
             cause_offset: self.cause.offset,
             at: self.now,
+            related_job_id: self.related_job_id.take(),
         };
         self.emit(Event::DeadLettered(DeadLettered {
             dead_letter: Box::new(dl),

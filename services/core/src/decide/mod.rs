@@ -15,6 +15,7 @@
 mod breaker;
 mod control;
 mod decider;
+mod dependencies;
 mod placement;
 mod reports;
 mod retry;
@@ -135,6 +136,11 @@ impl Decider<'_, '_> {
                 break;
             }
             self.schedule_pools(woken);
+        }
+        // A job that is waited for ended: a continuation tells its dependents now (its load
+        // reads them), not a Tick later.
+        if self.state().settling_began() {
+            self.continue_later();
         }
     }
 

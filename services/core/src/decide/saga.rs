@@ -335,6 +335,7 @@ impl Decider<'_, '_> {
             // a decision may not depend on what is).
             traceparent: None,
             not_before: None,
+            ..JobRequest::default()
         }
     }
 

@@ -492,6 +492,7 @@ pub(crate) fn firing_request(
         submitted_at: now,
         traceparent: None,
         not_before: None,
+        ..JobRequest::default()
     }
 }
 

@@ -158,6 +158,15 @@ impl Decider<'_, '_> {
             );
             return;
         }
+        if let Some(why) = blocked_refused(self.state(), &config.rules, &request) {
+            self.dead_letter_input(
+                &request.job_id,
+                &request.tenant_id,
+                DlqReason::QueueFull,
+                why,
+            );
+            return;
+        }
         if let Some((code, why)) = delay_refused(self.state(), &config.rules, &request, self.now())
         {
             self.dead_letter_input(&request.job_id, &request.tenant_id, code, why);
@@ -177,6 +186,7 @@ impl Decider<'_, '_> {
     ) {
         let job_id = request.job_id.clone();
         let notes = self.record_accepted(request, journal_request, unique_key);
+        self.mark_awaited(&job_id);
         self.route_and_judge(&job_id, notes);
     }
 
@@ -264,8 +274,11 @@ impl Decider<'_, '_> {
         request.job_id = new_id.to_owned();
         request.submitted_at = self.now();
         request.meta.idempotency_key = None;
-        // Submitted now: a time it was to wait for has passed, or it would not have ended.
+        // Submitted now: a time it was to wait for has passed, or it would not have ended;
+        // so have its dependencies (an operator redriving it runs it whatever they did).
         request.not_before = None;
+        request.depends_on.clear();
+        request.dependency_timeout_ms = None;
         let config = self.rules();
         // A tenant-bound topic's job ids stay in their tenant's namespace.
         if let Some(why) =
@@ -282,6 +295,7 @@ impl Decider<'_, '_> {
             return;
         }
         let notes = self.record_accepted(request, true, None);
+        self.mark_awaited(new_id);
         self.emit(Event::JobRedriven(JobRedriven {
             job_id: r.job_id.clone(),
             new_job_id: new_id.to_owned(),
@@ -354,6 +368,9 @@ impl Decider<'_, '_> {
     /// (SPEC §9), or its debounce window is open (SPEC §10), and goes to its queues
     /// otherwise.
     pub(super) fn admit(&mut self, job_id: &str) {
+        if self.block(job_id) {
+            return;
+        }
         let debounced = match self.debounce(job_id) {
             Debounced::No => None,
             Debounced::Until(due) => Some(due),
@@ -501,9 +518,12 @@ pub(super) struct Judged {
 }
 
 /// Whether a job may be debounced (SPEC §10): not a saga's step or compensation (a saga
-/// waits for each of them), nor a schedule's firing (its overlap policy governs it).
+/// waits for each of them), nor a schedule's firing (its overlap policy governs it), nor a
+/// job with dependencies (it runs when they let it, not when a window closes).
 pub(crate) fn debounceable(r: &JobRequest) -> bool {
-    super::saga::workflow_of(r).is_none() && !crate::schedule::is_firing_job_id(&r.job_id)
+    super::saga::workflow_of(r).is_none()
+        && !crate::schedule::is_firing_job_id(&r.job_id)
+        && r.depends_on.is_empty()
 }
 
 /// The unique key a submission on its topic takes (SPEC §10), if the topic has a unique
@@ -568,6 +588,9 @@ pub(super) fn invalid_request(r: &JobRequest, limits: &Limits) -> Option<(DlqRea
             r.not_before.unwrap_or(0)
         ));
     }
+    if let Some(why) = invalid_dependencies(r, limits) {
+        return Some((DlqReason::InvalidDependencies, why));
+    }
     if r.budget.deadline_ms.is_some_and(|d| d <= 0) {
         return malformed(format!(
             "job {}: budget.deadline_ms must be positive",
@@ -610,6 +633,52 @@ pub(super) fn invalid_request(r: &JobRequest, limits: &Limits) -> Option<(DlqRea
                 limits.max_entry_bytes
             ));
         }
+    }
+    None
+}
+
+/// Why a request's dependencies cannot be waited for (SPEC §11), if they cannot.
+fn invalid_dependencies(r: &JobRequest, limits: &Limits) -> Option<String> {
+    let max = usize::try_from(limits.max_dependencies).unwrap_or(usize::MAX);
+    if r.depends_on.len() > max {
+        return Some(format!(
+            "job {}: depends on {} jobs, more than limits.max_dependencies {max}",
+            r.job_id,
+            r.depends_on.len()
+        ));
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for id in &r.depends_on {
+        let shown = crate::records::truncate_for_display(id, 64);
+        if id.trim().is_empty() || id.len() > MAX_ID_BYTES || id.chars().any(char::is_control) {
+            return Some(format!(
+                "job {}: dependency {shown:?} must be 1 to {MAX_ID_BYTES} bytes without control characters",
+                r.job_id
+            ));
+        }
+        if *id == r.job_id {
+            return Some(format!("job {}: a job cannot depend on itself", r.job_id));
+        }
+        // Their jobs are accepted by other inputs than a submission, which do not look for
+        // jobs waiting for them.
+        if crate::schedule::is_firing_job_id(id) || id.contains(super::saga::COMPENSATION_MARKER) {
+            return Some(format!(
+                "job {}: dependency {shown:?} is a schedule firing's or a saga compensation's id, which cannot be waited for",
+                r.job_id
+            ));
+        }
+        if !seen.insert(id.as_str()) {
+            return Some(format!("job {}: depends on {shown:?} twice", r.job_id));
+        }
+    }
+    let max_wait = limits.max_dependency_wait_ms;
+    if let Some(t) = r.dependency_timeout_ms
+        && (t <= 0 || t > max_wait)
+    {
+        return Some(format!(
+            "job {}: dependency_timeout_ms {t} must be positive and at most limits.max_dependency_wait_ms {max_wait}",
+            r.job_id
+        ));
     }
     None
 }
@@ -790,6 +859,22 @@ fn effective_constraints(
         deadline_ms,
         labels: policy.labels.clone(),
     }
+}
+
+/// Why a job with dependencies may not wait for them (`queue_full`), if it may not: the
+/// shard holds `limits.max_blocked_jobs` already.
+fn blocked_refused(state: &State, rules: &Rules, r: &JobRequest) -> Option<String> {
+    if r.depends_on.is_empty() {
+        return None;
+    }
+    let blocked = (state.jobs_by_state.get(&crate::events::JobState::Blocked)).map_or(0, |n| *n);
+    let max = rules.limits.max_blocked_jobs;
+    (i64::try_from(blocked).unwrap_or(i64::MAX) >= max).then(|| {
+        format!(
+            "job {}: the shard holds {blocked} blocked jobs, limits.max_blocked_jobs {max}",
+            r.job_id
+        )
+    })
 }
 
 /// Why a job that would wait DELAYED may not (`delay_too_long`, `queue_full`), if it may not:

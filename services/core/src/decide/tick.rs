@@ -46,10 +46,11 @@ impl Decider<'_, '_> {
             self.maybe_half_open(&pool);
         }
         self.fire_due_timers(judged);
-        let released = self.release_due(judged);
+        let mut released = self.release_due(judged);
         self.close_debounces(judged);
         self.fire_due_schedules(judged);
         self.resume_sagas();
+        released.extend(self.settle_dependents());
         self.forget_lost_workers(judged);
         self.prune_idempotency();
         let pools: Vec<String> = self.state().queued.keys().cloned().collect();
@@ -74,19 +75,31 @@ impl Decider<'_, '_> {
 
     /// DELAYED jobs due by the watermark go to their queues (SPEC §9), earliest first, one
     /// unit of work each; the scheduling pass that ends the Tick places them. Returns them.
+    /// BLOCKED jobs whose dependency timeout is due fail (SPEC §11), in the same order.
     fn release_due(&mut self, judged: Millis) -> Vec<String> {
         let due = self.state().delays.due(judged, self.budget_left());
         let mut released = Vec::with_capacity(due.len());
+        let mut timed_out = 0;
         for (not_before, job_id) in due {
             if !self.may_work() {
                 break;
             }
-            if self.state().jobs.get(&job_id).map(|j| j.state) != Some(JobState::Delayed) {
-                debug_assert!(
-                    false,
-                    "the delay window holds {job_id}, which does not wait"
-                );
-                continue;
+            match self.state().jobs.get(&job_id).map(|j| j.state) {
+                Some(JobState::Delayed) => {}
+                // Its dependency timeout passed (SPEC §11).
+                Some(JobState::Blocked) => {
+                    self.spend();
+                    self.dependency_timed_out(&job_id);
+                    timed_out += 1;
+                    continue;
+                }
+                _ => {
+                    debug_assert!(
+                        false,
+                        "the delay window holds {job_id}, which does not wait"
+                    );
+                    continue;
+                }
             }
             self.spend();
             self.emit(Event::JobReleased(JobReleased {
@@ -99,7 +112,7 @@ impl Decider<'_, '_> {
         }
         // The entry loaded as many due jobs as its work bound reaches; more may be due, in
         // the window or in storage: a continuation releases them now, not a Tick later.
-        if !released.is_empty() && self.state().delays.may_hold_due(judged) {
+        if released.len() + timed_out > 0 && self.state().delays.may_hold_due(judged) {
             self.continue_later();
         }
         released

@@ -273,21 +273,23 @@ impl State {
             }
         }
         if self.delays.coverage == Coverage::Everything {
-            let delayed = self.jobs_by_state.get(&JobState::Delayed).copied();
+            // Blocked jobs wait in it too, until their dependency timeout.
+            let count = |s| self.jobs_by_state.get(&s).copied().unwrap_or(0);
+            let waiting = count(JobState::Delayed) + count(JobState::Blocked);
             let filed = self.delays.window.len() as u64;
-            if delayed.unwrap_or(0) != filed {
+            if waiting != filed {
                 problems.push(format!(
-                    "{} jobs counted DELAYED, the complete delay window holds {filed}",
-                    delayed.unwrap_or(0)
+                    "{waiting} jobs counted DELAYED or BLOCKED, the complete delay window holds {filed}"
                 ));
             }
         }
     }
 }
 
-/// The key a job waits under, if it is DELAYED.
+/// The key a job waits under, if it is DELAYED (its time) or BLOCKED (its dependency
+/// timeout).
 pub fn delay_key_of(id: &str, job: &Job) -> Option<DelayKey> {
-    (job.state == JobState::Delayed)
+    (job.state.is_parked())
         .then_some(job.delayed_until)
         .flatten()
         .map(|due| (due, id.to_owned()))

@@ -788,6 +788,7 @@ impl State {
         let job = jobs.get_mut(id)?;
         let before_state = job.state;
         let before_delay = super::delay_key_of(id, job);
+        let before_dependents = super::dependent_keys_of(id, job);
         let pool = job.pool.clone().filter(|_| before_state.is_active());
         let before = Entries::of(id, job, rules, floor, ix.workers);
         #[cfg(debug_assertions)]
@@ -812,6 +813,11 @@ impl State {
         }
         let after_state = job.state;
         let after_delay = super::delay_key_of(id, job);
+        let after_dependents = super::dependent_keys_of(id, job);
+        // An ended job that is waited for settles; one that ends otherwise before its
+        // dependents are told (SUCCEEDED, then OUTPUT_QUARANTINED) tells them that.
+        let settles = (job.awaited && after_state.is_terminal() && after_state != before_state)
+            .then(|| job.request.tenant_id.clone());
         if let Some(line) = line {
             let seq = next_history_seq(job, line.event.name());
             self.push_line(id, seq, line);
@@ -824,6 +830,12 @@ impl State {
             if let Some(key) = after_delay {
                 self.delay_insert(key);
             }
+        }
+        if before_dependents != after_dependents {
+            self.move_dependents(before_dependents, after_dependents);
+        }
+        if let Some(tenant) = settles {
+            self.begin_settling(id, &tenant, after_state);
         }
         if after_state != before_state {
             self.count_state(before_state, -1);
@@ -944,6 +956,10 @@ impl State {
         let Some(job) = jobs.get(id) else { return };
         let entries = Entries::of(id, job, rules, floor, ix.workers);
         ix.change(id, job, &Entries::none(), &entries);
+        let keys = super::dependent_keys_of(id, job);
+        for key in keys {
+            self.dependents.insert(key);
+        }
     }
 
     pub(crate) fn unindex_job(&mut self, id: &str) {
@@ -951,6 +967,10 @@ impl State {
         let Some(job) = jobs.get(id) else { return };
         let entries = Entries::of(id, job, rules, floor, ix.workers);
         ix.change(id, job, &entries, &Entries::none());
+        let keys = super::dependent_keys_of(id, job);
+        for key in &keys {
+            self.dependents.remove(key);
+        }
     }
 
     /// After new rules that index queued jobs as `old` did ([`Rules::reindex_queued`]): each
@@ -1027,6 +1047,9 @@ impl State {
             .filter(|(_, j)| j.state.is_cold())
             .map(|(id, _)| id.to_owned())
             .collect();
+        self.dependents.reset(
+            (self.jobs.iter_any_order()).flat_map(|(id, j)| super::dependent_keys_of(id, j)),
+        );
         // Each job's index entries go into ordered sets and counts: the order does not show.
         let (jobs, mut ix, rules, floor) = self.split();
         ix.seeding = false;

@@ -35,6 +35,15 @@ pub trait ColdStore {
         after: Option<&super::TimerAt>,
         limit: usize,
     ) -> Result<Vec<super::TimerAt>, Self::Error>;
+    /// The BLOCKED jobs waiting for `dependency` of `tenant` after `after` (from the first
+    /// with None), in id order, at most `limit` ([`crate::state::Dependents`]).
+    fn dependents_after(
+        &self,
+        tenant: &str,
+        dependency: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<String>, Self::Error>;
     /// The saga under `key` ([`crate::state::saga_key`]).
     fn saga(&self, key: &str) -> Result<Option<Saga>, Self::Error>;
     fn idempotency(&self, tenant: &str, key: &str)
@@ -148,6 +157,39 @@ impl State {
         self.refill_windows(store)?;
         let pre = self.prerequisites(input);
         self.load_jobs(&pre.job_ids, store)?;
+        // A job admitted (submitted, approved) may wait for its dependencies, which count
+        // at once when they ended: their records (no more than a request may name). A job
+        // submitted may be waited for already: the first job waiting for it.
+        if matches!(input, Input::Submit(_) | Input::Approve(_)) {
+            let request = match input {
+                Input::Submit(r) => Some(r),
+                other => (other.job_id().and_then(|id| self.jobs.get(id))).map(|j| &j.request),
+            };
+            // A submission naming more than it may is refused unread; an accepted job's
+            // were bounded when it was submitted (whatever the limit is now).
+            let max = match input {
+                Input::Submit(_) => {
+                    (self.rules()).map_or(0, |r| r.limits.max_dependencies as usize)
+                }
+                _ => usize::MAX,
+            };
+            let deps = (request.filter(|r| r.depends_on.len() <= max))
+                .map(|r| r.depends_on.clone())
+                .unwrap_or_default();
+            self.load_jobs(&deps, store)?;
+        }
+        if let Input::Submit(r) = input {
+            self.list_dependents(&r.tenant_id, &r.job_id, None, 1, store)?;
+        }
+        // A redrive's new job may be waited for already, as a submission may.
+        if let Input::Redrive(r) = input
+            && let Some(tenant) = self
+                .jobs
+                .get(&r.job_id)
+                .map(|j| j.request.tenant_id.clone())
+        {
+            self.list_dependents(&tenant, &r.new_job_id, None, 1, store)?;
+        }
         // A job admitted (submitted, redriven, approved) may replace the job waiting under
         // its debounce key.
         if let Some(waiting) = self.debounced_by(input) {
@@ -185,6 +227,8 @@ impl State {
                 .map(|(_, id)| id)
                 .collect();
             self.load_jobs(&due, store)?;
+            // The first dependents of the jobs settling (SPEC §11).
+            self.load_dependents(store, reach)?;
             // The jobs of the timers it may fire: as many as the entry's work, and aging
             // steps apart (see `fire_due_timers`).
             // (A Tick of an older format is judged at its log time, not known here.)
@@ -351,8 +395,13 @@ impl State {
         let Some(job) = self.jobs.get(id).filter(|j| j.state.is_cold()) else {
             return;
         };
+        let blocked = job.state == crate::events::JobState::Blocked;
         if let Some(key) = super::delay_key_of(id, job) {
             self.delay_left_memory(&key);
+        }
+        // A blocked job's entries are in storage only from here.
+        if blocked {
+            self.dependents.left_memory();
         }
         self.unindex_job(id);
         self.jobs.remove(id);

@@ -19,6 +19,7 @@ use crate::rules::Rules;
 
 mod backlog;
 mod delays;
+mod dependents;
 mod index;
 mod jobs;
 mod lanes;
@@ -31,6 +32,7 @@ mod waits;
 
 pub use backlog::{Backlog, QueuedCounts, is_queued, is_resident, window_of};
 pub use delays::{Coverage, DEFAULT_WINDOW, DelayKey, Delays, REFILL_CHUNK, delay_key_of};
+pub use dependents::{DependentKey, Dependents, Settling, dependent_keys_of};
 pub(crate) use index::Line;
 pub use jobs::JobMap;
 pub use lanes::{JobKey, LaneJobs, Stored, lane_keys_of};
@@ -137,6 +139,15 @@ pub struct State {
     /// Derived: DELAYED jobs by due time, those the window reaches ([`Delays`]); the rest
     /// are in storage. A cache of what the jobs say: not part of the projection's equality.
     pub delays: Delays,
+    /// Derived: BLOCKED jobs by the jobs they wait for, those whose records memory holds
+    /// ([`Dependents`]); the rest are in storage. A cache of what the jobs say: not part of
+    /// the projection's equality.
+    pub dependents: Dependents,
+    /// Ended jobs that are waited for, until every job waiting for them has been told of
+    /// their end (SPEC §11).
+    pub settling: BTreeMap<String, Settling>,
+    /// Jobs that began settling in the entry being decided (bookkeeping of one entry).
+    pub fresh_settling: BTreeSet<String>,
     /// Schedules by [`crate::schedule::schedule_key`] (all in memory: at most
     /// `limits.max_schedules` a shard).
     pub schedules: BTreeMap<String, Schedule>,
@@ -185,6 +196,7 @@ impl PartialEq for State {
             && self.shares == other.shares
             && self.debounces == other.debounces
             && self.debounces_due == other.debounces_due
+            && self.settling == other.settling
             && self.dead_letters_by_reason == other.dead_letters_by_reason
             && self.jobs_by_state == other.jobs_by_state
             && self.queued == other.queued

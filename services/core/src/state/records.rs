@@ -307,6 +307,22 @@ pub struct Job {
     /// Priorities gained by aging (SPEC §10) while queued, since it was last queued: it
     /// stands in its queues at [`Job::queue_rank`].
     pub aged: u8,
+    /// Since it was BLOCKED (SPEC §11): how its dependencies stand.
+    pub awaiting: Option<Box<Awaiting>>,
+    /// A job waits (or waited) for this one: its end is told to its dependents
+    /// ([`State::settling`](super::State::settling)).
+    pub awaited: bool,
+}
+
+/// How a BLOCKED job's dependencies stand (SPEC §11).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Awaiting {
+    /// The dependencies not ended yet, in id order.
+    pub open: Vec<String>,
+    /// Dependencies that SUCCEEDED.
+    pub succeeded: i32,
+    /// Dependencies that ended otherwise.
+    pub failed: i32,
 }
 
 impl Job {

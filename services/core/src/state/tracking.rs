@@ -30,6 +30,11 @@ pub struct Dirty {
     /// Keys under which jobs no longer wait (released, cancelled, rescheduled): the store's
     /// delay index drops them, unless the job waits under the same key again.
     pub delays_removed: Vec<super::DelayKey>,
+    /// Entries BLOCKED jobs left (a dependency ended, or the job stopped waiting): the
+    /// store's index drops them, unless the job waits under the same entry again.
+    pub dependents_removed: Vec<super::DependentKey>,
+    /// Jobs that began or ended settling ([`State::settling`]).
+    pub settling: BTreeSet<String>,
     /// (pool, lane, key) entries jobs left in their queues: the store's lane index drops
     /// them, unless the job waits under the same entry again ([`super::lane_keys_of`]).
     pub lanes_removed: Vec<(String, super::Lane, super::QueueKey)>,

@@ -13,8 +13,9 @@ use ksched_core::policy::{OutputDecision, PolicyDecision, PolicyEngine};
 use ksched_core::records::*;
 use ksched_core::rules::{PoolRules, Rules, StrategyKind};
 use ksched_core::state::{
-    ColdStore, DelayKey, Dirty, HistoryItem, HistoryLines, IdempotencyEntry, Job, Lane, QueueKey,
-    QueuedCounts, Saga, State, TimerAt, TimerKind, is_resident, lane_keys_of, wait_keys_of,
+    ColdStore, DelayKey, DependentKey, Dirty, HistoryItem, HistoryLines, IdempotencyEntry, Job,
+    Lane, QueueKey, QueuedCounts, Saga, State, TimerAt, TimerKind, dependent_keys_of, is_resident,
+    lane_keys_of, wait_keys_of,
 };
 use serde_json::Value;
 
@@ -56,6 +57,8 @@ pub(crate) struct ColdMap {
     pub payloads: BTreeMap<String, Vec<u8>>,
     /// The delayed jobs by due time, as the store indexes them.
     pub delays: BTreeSet<DelayKey>,
+    /// Blocked jobs by (tenant, dependency, dependent), as the store indexes them.
+    pub dependents: BTreeSet<DependentKey>,
     /// The queued jobs by (pool, lane, queue key), as the store indexes them.
     pub lanes: BTreeSet<(String, Lane, QueueKey)>,
     /// Lane keys read so far.
@@ -96,6 +99,21 @@ impl ColdStore for ColdMap {
             Some(a) => keys.filter(|k| *k > a).take(limit).cloned().collect(),
             None => keys.take(limit).cloned().collect(),
         })
+    }
+    fn dependents_after(
+        &self,
+        tenant: &str,
+        dependency: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<String>, Self::Error> {
+        Ok((self.dependents.iter())
+            .filter(|(t, d, id)| {
+                t == tenant && d == dependency && after.is_none_or(|a| id.as_str() > a)
+            })
+            .take(limit)
+            .map(|(_, _, id)| id.clone())
+            .collect())
     }
     fn lane_after(
         &self,
@@ -139,6 +157,8 @@ pub(crate) struct Batch {
     payloads: BTreeMap<String, Vec<u8>>,
     delays_put: Vec<DelayKey>,
     delays_deleted: Vec<DelayKey>,
+    dependents_put: Vec<DependentKey>,
+    dependents_deleted: Vec<DependentKey>,
     lanes_put: Vec<(String, Lane, QueueKey)>,
     lanes_deleted: Vec<(String, Lane, QueueKey)>,
     waits_put: Vec<(TimerKind, TimerAt)>,
@@ -162,6 +182,16 @@ impl ColdMap {
                     .jobs
                     .get(id)
                     .is_some_and(|j| j.state.is_parked() && j.delayed_until == Some(*due))
+            })
+            .cloned()
+            .collect();
+        let dependents_put = (dirty.jobs.iter())
+            .filter_map(|id| Some(dependent_keys_of(id, state.jobs.get(id)?)))
+            .flatten()
+            .collect();
+        let dependents_deleted = (dirty.dependents_removed.iter())
+            .filter(|k| {
+                !(state.jobs.get(&k.2)).is_some_and(|j| dependent_keys_of(&k.2, j).contains(k))
             })
             .cloned()
             .collect();
@@ -226,6 +256,8 @@ impl ColdMap {
             queued_counts: state.queued_counts(),
             delays_put,
             delays_deleted,
+            dependents_put,
+            dependents_deleted,
             lanes_put,
             lanes_deleted,
             waits_put,
@@ -262,6 +294,10 @@ impl ColdMap {
         for k in &b.delays_deleted {
             self.delays.remove(k);
         }
+        self.dependents.extend(b.dependents_put);
+        for k in &b.dependents_deleted {
+            self.dependents.remove(k);
+        }
         self.lanes.extend(b.lanes_put);
         for k in &b.lanes_deleted {
             self.lanes.remove(k);
@@ -293,6 +329,8 @@ impl ColdMap {
         s.delays = ksched_core::state::Delays::unknown(was.delays.limit);
         s.backlog = ksched_core::state::Backlog::evicting();
         s.waits = ksched_core::state::Waits::unknown();
+        s.dependents = ksched_core::state::Dependents::stored();
+        s.settling = was.settling.clone();
         s.clock = was.clock;
         s.entries = was.entries;
         s.config = was.config.clone();
@@ -548,6 +586,7 @@ impl Sim {
         for state in [&mut sim.partial, &mut sim.behind, &mut sim.folded] {
             state.delays.limit = 2;
             state.backlog = ksched_core::state::Backlog::evicting();
+            state.dependents = ksched_core::state::Dependents::stored();
         }
         sim.reconfigure(&rules, "snap-1");
         sim
@@ -838,6 +877,27 @@ impl Sim {
         ] {
             let problems = state.wait_problems(&self.state);
             assert!(problems.is_empty(), "{what} queued timers: {problems:?}");
+        }
+        // Blocked jobs by what they wait for: memory and storage together hold every entry
+        // the whole state has (a stored key whose job in memory left it does not count).
+        let whole: BTreeSet<DependentKey> = (self.state.jobs.iter_any_order())
+            .flat_map(|(id, j)| dependent_keys_of(id, j))
+            .collect();
+        assert_eq!(self.state.dependents.keys(), &whole, "dependents in memory");
+        for (what, state, cold) in [
+            ("partial", &self.partial, &self.cold),
+            ("behind", &self.behind, &self.behind_cold),
+            ("folded", &self.folded, &self.folded_cold),
+        ] {
+            let mut seen: BTreeSet<DependentKey> = (cold.dependents.iter())
+                .filter(|k| {
+                    (state.jobs.get(&k.2)).is_none_or(|j| dependent_keys_of(&k.2, j).contains(k))
+                })
+                .cloned()
+                .collect();
+            seen.extend(state.dependents.keys().iter().cloned());
+            assert_eq!(seen, whole, "{what} dependents");
+            assert_eq!(state.settling, self.state.settling, "{what} settling");
         }
         assert_eq!(self.partial.breakers, self.state.breakers);
         assert_eq!(self.partial.buckets, self.state.buckets);

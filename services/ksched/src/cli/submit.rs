@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
-use ksched_core::records::{Budget, JobMeta, JobRequest, Priority};
+use ksched_core::records::{Budget, DependencyCondition, JobMeta, JobRequest, Priority};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde::Deserialize;
@@ -85,6 +85,18 @@ pub(crate) struct SubmitArgs {
     /// Run no earlier than this long from now (`90s`, `10m`, `1h30m`, `2 days`).
     #[arg(long, value_name = "DURATION")]
     pub delay: Option<String>,
+    /// Run after this job (repeatable): the job waits BLOCKED until its dependencies'
+    /// condition holds (--when), and fails `dependency_failed` when it no longer can.
+    #[arg(long = "after", value_name = "JOB_ID")]
+    pub after: Vec<String>,
+    /// When the jobs named by --after let it run: all-succeeded (default), all-terminal or
+    /// any-succeeded.
+    #[arg(long = "when", value_name = "CONDITION")]
+    pub when: Option<String>,
+    /// Longest it waits for them (`30m`, `2h`, `1 day`); the default and the most are
+    /// limits.max_dependency_wait_ms.
+    #[arg(long, value_name = "DURATION")]
+    pub dependency_timeout: Option<String>,
 }
 
 /// The JSON file format: every field optional.
@@ -105,6 +117,9 @@ struct JobFile {
     step_index: Option<i32>,
     /// Epoch milliseconds.
     not_before: Option<i64>,
+    depends_on: Vec<String>,
+    dependency_condition: Option<String>,
+    dependency_timeout_ms: Option<i64>,
 }
 
 pub(super) fn pairs(items: &[String], what: &str) -> Result<BTreeMap<String, String>, Failure> {
@@ -196,6 +211,27 @@ pub(crate) fn build(args: &SubmitArgs, now_ms: i64) -> Result<JobRequest, Failur
         (None, Some(delay)) => Some(now_ms.saturating_add(delay_ms(delay)?)),
         (None, None) => file.not_before,
     };
+    let mut depends_on = file.depends_on;
+    depends_on.extend(args.after.iter().cloned());
+    let dependency_condition = match args.when.as_ref().or(file.dependency_condition.as_ref()) {
+        None => DependencyCondition::AllSucceeded,
+        Some(w) => DependencyCondition::parse(&w.replace('-', "_")).ok_or_else(|| {
+            Failure::new(
+                EXIT_BAD_INPUT,
+                format!("--when {w:?} is not all-succeeded, all-terminal or any-succeeded"),
+            )
+        })?,
+    };
+    let dependency_timeout_ms = match &args.dependency_timeout {
+        Some(d) => Some(delay_ms(d)?),
+        None => file.dependency_timeout_ms,
+    };
+    if depends_on.is_empty() && (args.when.is_some() || args.dependency_timeout.is_some()) {
+        return Err(Failure::new(
+            EXIT_BAD_INPUT,
+            "--when and --dependency-timeout need dependencies (--after, or depends_on in --file)",
+        ));
+    }
     Ok(JobRequest {
         job_id,
         topic: args
@@ -231,6 +267,9 @@ pub(crate) fn build(args: &SubmitArgs, now_ms: i64) -> Result<JobRequest, Failur
             })?),
         },
         not_before,
+        depends_on,
+        dependency_condition,
+        dependency_timeout_ms,
     })
 }
 
@@ -357,6 +396,23 @@ mod tests {
         let cli = Cli::try_parse_from(std::iter::once("submit").chain(flags.iter().copied()))
             .map_err(|e| Failure::new(EXIT_BAD_INPUT, e.to_string()))?;
         build(&cli.args, 1_000_000)
+    }
+
+    #[test]
+    fn a_job_runs_after_others_under_a_condition_and_a_timeout() {
+        let r = built(&[]).unwrap();
+        assert!(r.depends_on.is_empty() && r.dependency_timeout_ms.is_none());
+        let r = built(&["--after", "a", "--after", "b", "--when", "any-succeeded"]).unwrap();
+        assert_eq!(r.depends_on, ["a", "b"]);
+        assert_eq!(r.dependency_condition, DependencyCondition::AnySucceeded);
+        let r = built(&["--after", "a", "--dependency-timeout", "2h"]).unwrap();
+        assert_eq!(r.dependency_condition, DependencyCondition::AllSucceeded);
+        assert_eq!(r.dependency_timeout_ms, Some(7_200_000));
+        assert!(built(&["--after", "a", "--when", "sometimes"]).is_err());
+        assert!(
+            built(&["--when", "all-terminal"]).is_err(),
+            "--when needs --after"
+        );
     }
 
     #[test]
