@@ -164,9 +164,21 @@ pub(super) async fn get_job(
     Extension(caller): Extension<Identity>,
     Path(id): Path<String>,
 ) -> ApiResult {
-    let job = load_job(&api, &caller, &id)?;
-    Ok(axum::Json(job_view(&id, &job)))
+    let (store, job) = find_job(&api, &caller, &id)?;
+    let mut view = job_view(&id, &job);
+    // The blocked jobs waiting for it (of its tenant, as the store has written them).
+    let mut waiting =
+        (store.dependents_after(&job.request.tenant_id, &id, None, MAX_DEPENDENTS + 1))
+            .map_err(internal)?;
+    let more = waiting.len() > MAX_DEPENDENTS;
+    waiting.truncate(MAX_DEPENDENTS);
+    view["dependents"] = json!(waiting);
+    view["dependents_more"] = json!(more);
+    Ok(axum::Json(view))
 }
+
+/// Most blocked jobs waiting for it that one job's view lists.
+const MAX_DEPENDENTS: usize = 100;
 
 pub(super) async fn job_history(
     AxState(api): AxState<Arc<Api>>,

@@ -59,6 +59,15 @@ pub fn job_view(id: &str, j: &Job) -> Value {
         "delayed_until": j.delayed_until,
         "released_at": j.released_at,
         "deadline_at": j.deadline_at,
+        // What it waits for (SPEC §11): its request's dependencies, and how they stand since
+        // it was blocked (`waiting_on`: those not ended yet).
+        "depends_on": r.depends_on,
+        "dependency_condition": r.dependency_condition.as_str(),
+        "dependency_timeout_ms": r.dependency_timeout_ms,
+        "waiting_on": j.awaiting.as_ref().map(|a| &a.open),
+        "dependencies_succeeded": j.awaiting.as_ref().map(|a| a.succeeded),
+        "dependencies_failed": j.awaiting.as_ref().map(|a| a.failed),
+        "awaited": j.awaited,
         "retry_at": j.retry_at,
         "wait_reason": j.wait_reason,
         "progress": j.progress,
@@ -101,5 +110,6 @@ pub fn dead_letter_view(d: &DeadLetter) -> Value {
         "attempts": d.attempts,
         "cause": { "topic": d.cause_topic, "partition": d.cause_partition, "offset": d.cause_offset },
         "at": d.at,
+        "related_job_id": d.related_job_id,
     })
 }

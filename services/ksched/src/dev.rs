@@ -197,6 +197,26 @@ pub(crate) fn demo_jobs() -> Vec<(JobRequest, &'static str)> {
         broken,
         "fails fatally: dead-lettered with the worker's error code",
     ));
+    // Dependencies are kept per shard: these wait for jobs of their own (cpu) shard.
+    let mut after = job("demo-after-two", CPU_TOPIC);
+    after.depends_on = vec!["demo-hello-1".into(), "demo-flaky-1".into()];
+    out.push((
+        after,
+        "waits BLOCKED until demo-hello-1 and demo-flaky-1 succeeded, then runs",
+    ));
+    let mut cleanup = job("demo-cleanup", CPU_TOPIC);
+    cleanup.depends_on = vec!["demo-broken-1".into(), "demo-hello-3".into()];
+    cleanup.dependency_condition = ksched_core::records::DependencyCondition::AllTerminal;
+    out.push((
+        cleanup,
+        "runs once demo-broken-1 and demo-hello-3 ended, however they ended",
+    ));
+    let mut doomed = job("demo-doomed", CPU_TOPIC);
+    doomed.depends_on = vec!["demo-broken-1".into()];
+    out.push((
+        doomed,
+        "needs demo-broken-1 to succeed: fails dependency_failed when it does not",
+    ));
     out
 }
 

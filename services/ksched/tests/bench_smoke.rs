@@ -126,6 +126,15 @@ fn the_timers_benchmark_releases_and_fires_everything() {
 }
 
 #[test]
+fn the_fan_out_benchmark_releases_every_dependent_in_bounded_entries() {
+    let (_, r) = bench(&["--fan-out".as_ref(), "1500".as_ref()]);
+    // The bench itself fails unless every dependent was released.
+    assert_eq!(r["released"], 1500);
+    // 100 dependents told an entry at most: the release is cut into continuations.
+    assert!(r["entries"].as_u64().is_some_and(|n| n >= 15), "{r}");
+}
+
+#[test]
 fn the_timers_dispatch_benchmark_runs_every_delayed_job_and_none_early() {
     let (_, r) = bench(&[
         "--timers-dispatch".as_ref(),

@@ -64,6 +64,10 @@ fn ksched_dev_runs_the_demo_to_its_expected_outcomes() {
         ("demo-deploy-prod", "SUCCEEDED"),
         ("demo-wipe-prod", "DENIED"),
         ("demo-broken-1", "FAILED"),
+        // Dependencies: after two successes, after two ends, and one a failure ends.
+        ("demo-after-two", "SUCCEEDED"),
+        ("demo-cleanup", "SUCCEEDED"),
+        ("demo-doomed", "FAILED"),
         // Sealed by `ksched dev` with its keyring, opened by the demo worker.
         ("demo-secret-1", "SUCCEEDED"),
         // Submitted with a time 30 s ahead.

@@ -60,7 +60,7 @@ th{background:#eef1f5}td.num{text-align:right;font-variant-numeric:tabular-nums}
 .card b{display:block;font-size:1.5em}.muted{color:#6b7488}
 .state{padding:0 .4em;border-radius:3px;font-size:12px;font-weight:600;background:#e3e7ee}
 .SUCCEEDED{background:#d7f0dc}.FAILED,.TIMEOUT,.DENIED{background:#f6d6d6}.RUNNING,.DISPATCHED,.SCHEDULED{background:#dbe7fb}
-.APPROVAL_REQUIRED{background:#fbeccb}.CANCELLED{background:#e6e6e6}
+.APPROVAL_REQUIRED,.BLOCKED{background:#fbeccb}.CANCELLED{background:#e6e6e6}
 form.inline{display:inline-block;margin:0 .4em .4em 0;background:#fff;border:1px solid #dde1e8;padding:.4em}
 input,button,select{font:inherit}button{cursor:pointer}
 .flash{background:#fff6d6;border:1px solid #e9d48b;padding:.5em .8em;margin-bottom:1em}

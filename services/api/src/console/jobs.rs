@@ -237,6 +237,27 @@ pub(super) async fn job(
         }
         Err(e) => flash(&format!("the journal could not be read: {e}"), true),
     };
+    // What it waits for (their states as this shard has them; another tenant's job, or one
+    // of another shard, shows as not known), and what waits for it.
+    let graph = if j.request.depends_on.is_empty() && !j.awaited {
+        String::new()
+    } else {
+        let waits_for: Vec<(String, Option<String>)> = (j.request.depends_on.iter())
+            .take(plot::GRAPH_SIDE + 1)
+            .map(|dep| {
+                let state = (store.job(dep).ok().flatten())
+                    .filter(|d| d.request.tenant_id == j.request.tenant_id)
+                    .map(|d| d.state.as_str().to_owned());
+                (dep.clone(), state)
+            })
+            .collect();
+        let limit = plot::GRAPH_SIDE + 1;
+        let mut waited_by =
+            (store.dependents_after(&j.request.tenant_id, &id, None, limit)).unwrap_or_default();
+        let more = waited_by.len() > plot::GRAPH_SIDE;
+        waited_by.truncate(plot::GRAPH_SIDE);
+        plot::dependencies((&id, j.state.as_str()), &waits_for, &waited_by, more)
+    };
     let view = job_view(&id, &j);
     let fields: Vec<Vec<String>> = view
         .as_object()
@@ -271,7 +292,7 @@ pub(super) async fn job(
     let err = q.get("err").map_or("", String::as_str);
     let body = format!(
         "<h1>Job {} {}</h1>{}{}<div id=\"actions\">{}</div>{}\
-         <h2>History</h2>{}<h2>Decisions (journal)</h2>{decisions}<h2>Job</h2>{}",
+         {graph}<h2>History</h2>{}<h2>Decisions (journal)</h2>{decisions}<h2>Job</h2>{}",
         esc(&id),
         state(j.state.as_str()),
         flash(msg, false),

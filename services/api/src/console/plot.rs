@@ -142,6 +142,94 @@ fn short(v: f64) -> String {
     }
 }
 
+/// Most jobs a side of the dependency graph draws; the rest are counted.
+pub(super) const GRAPH_SIDE: usize = 12;
+
+/// A job's dependencies as a graph: what it waits for (left, with their states as the store
+/// has them; `None` when unknown to this shard or another tenant's), the job (middle), what
+/// waits for it (right). Each box links to its job's page.
+pub(super) fn dependencies(
+    job: (&str, &str),
+    waits_for: &[(String, Option<String>)],
+    waited_by: &[String],
+    more_waited_by: bool,
+) -> String {
+    const BOX_W: f64 = 250.0;
+    const BOX_H: f64 = 22.0;
+    const GAP: f64 = 8.0;
+    let rows = waits_for
+        .len()
+        .max(waited_by.len())
+        .clamp(1, GRAPH_SIDE + 1);
+    let height = rows as f64 * (BOX_H + GAP) + 24.0;
+    let mut svg = format!(
+        "<figure><figcaption>Dependencies</figcaption><svg role=\"img\" aria-label=\"job dependencies\" width=\"{W}\" height=\"{height}\" viewBox=\"0 0 {W} {height}\" font-size=\"11\">"
+    );
+    let fill = |state: Option<&str>| match state {
+        Some("SUCCEEDED") => "#d7f0dc",
+        Some("FAILED" | "TIMEOUT" | "DENIED" | "OUTPUT_QUARANTINED") => "#f6d6d6",
+        Some("CANCELLED") => "#e6e6e6",
+        Some("BLOCKED" | "APPROVAL_REQUIRED" | "DELAYED") => "#fbeccb",
+        Some(_) => "#dbe7fb",
+        None => "#ffffff",
+    };
+    let node = |svg: &mut String, x: f64, y: f64, id: &str, state: Option<&str>| {
+        let label = format!("{} {}", id, state.unwrap_or("(not known here)"));
+        let shown: String = label.chars().take(40).collect();
+        let _ = write!(
+            svg,
+            "<a href=\"/ui/jobs/{}\"><rect x=\"{x}\" y=\"{y}\" width=\"{BOX_W}\" height=\"{BOX_H}\" rx=\"3\" fill=\"{}\" stroke=\"#9aa6bd\"/><text x=\"{}\" y=\"{}\">{}</text></a>",
+            super::html::url(id),
+            fill(state),
+            x + 6.0,
+            y + 15.0,
+            esc(&shown)
+        );
+    };
+    let y_of = |i: usize| 12.0 + i as f64 * (BOX_H + GAP);
+    let (left, mid, right) = (10.0, (W - BOX_W) / 2.0, W - BOX_W - 10.0);
+    let y_mid = y_of((rows - 1) / 2);
+    let side = |svg: &mut String, x: f64, items: Vec<(&str, Option<&str>)>, more: usize| {
+        for (i, (id, state)) in items.iter().take(GRAPH_SIDE).enumerate() {
+            let y = y_of(i);
+            let (x1, x2) = if x < mid {
+                (x + BOX_W, mid)
+            } else {
+                (mid + BOX_W, x)
+            };
+            let _ = write!(
+                svg,
+                "<line x1=\"{x1}\" y1=\"{}\" x2=\"{x2}\" y2=\"{}\" stroke=\"#9aa6bd\"/>",
+                y + BOX_H / 2.0,
+                y_mid + BOX_H / 2.0
+            );
+            node(svg, x, y, id, *state);
+        }
+        let hidden = items.len().saturating_sub(GRAPH_SIDE) + more;
+        if hidden > 0 {
+            let _ = write!(
+                svg,
+                "<text x=\"{}\" y=\"{}\">and {hidden}{} more</text>",
+                x + 6.0,
+                y_of(GRAPH_SIDE) + 15.0,
+                if more > 0 { "+" } else { "" }
+            );
+        }
+    };
+    let deps: Vec<(&str, Option<&str>)> = (waits_for.iter())
+        .map(|(id, s)| (id.as_str(), s.as_deref()))
+        .collect();
+    side(&mut svg, left, deps, 0);
+    let dependents: Vec<(&str, Option<&str>)> = waited_by
+        .iter()
+        .map(|id| (id.as_str(), Some("BLOCKED")))
+        .collect();
+    side(&mut svg, right, dependents, usize::from(more_waited_by));
+    node(&mut svg, mid, y_mid, job.0, Some(job.1));
+    svg.push_str("</svg></figure>");
+    svg
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -162,5 +250,24 @@ mod tests {
         ]);
         assert_eq!(tl.matches("<circle").count(), 2, "{tl}");
         assert!(tl.contains("&lt;x&gt;"), "{tl}");
+    }
+
+    #[test]
+    fn a_dependency_graph_links_each_job_escapes_ids_and_counts_what_it_leaves_out() {
+        let deps: Vec<(String, Option<String>)> = (0..15)
+            .map(|i| (format!("a<{i}>"), (i == 0).then(|| "SUCCEEDED".to_owned())))
+            .collect();
+        let svg = super::dependencies(("job:1", "BLOCKED"), &deps, &["w".to_owned()], true);
+        assert!(svg.contains("href=\"/ui/jobs/job%3A1\""), "{svg}");
+        assert!(
+            svg.contains("a&lt;0&gt; SUCCEEDED") && !svg.contains("a<0>"),
+            "{svg}"
+        );
+        assert!(svg.contains("a&lt;1&gt; (not known here)"), "{svg}");
+        assert_eq!(svg.matches("<rect").count(), super::GRAPH_SIDE + 2);
+        assert!(
+            svg.contains("and 3 more") && svg.contains("and 1+ more"),
+            "{svg}"
+        );
     }
 }

@@ -3,6 +3,7 @@
 //! docs/performance.md explains the method and records results.
 
 mod baseline;
+mod dependencies;
 mod e2e;
 mod failover;
 mod flow;
@@ -135,6 +136,11 @@ pub(crate) struct BenchArgs {
     /// release decision and due -> dispatch committed, p50/p99/p999.
     #[arg(long, value_name = "JOBS", conflicts_with = "timers")]
     pub timers_dispatch: Option<u64>,
+    /// Only measure a fan-out (no broker needed): this many jobs BLOCKED on one job, then
+    /// that job ends and every one is released; memory while they wait, and the entries the
+    /// release takes.
+    #[arg(long, value_name = "JOBS", conflicts_with_all = ["timers", "timers_dispatch", "memory"])]
+    pub fan_out: Option<u64>,
     /// `processor.tick_interval_ms` (how often scheduler time moves), to compare. Default:
     /// the setting's default (1000).
     #[arg(long, value_name = "MS")]
@@ -443,6 +449,9 @@ fn bench(args: BenchArgs) -> Result<()> {
     }
     if let Some(jobs) = args.timers_dispatch {
         return timers::dispatch_only(&args, jobs);
+    }
+    if let Some(jobs) = args.fan_out {
+        return dependencies::fan_out_only(&args, jobs);
     }
     if let Some(counts) = &args.shards {
         return shards_only(&args, counts);

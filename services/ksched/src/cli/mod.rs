@@ -308,8 +308,8 @@ pub(crate) enum JobsCommand {
     Get { job_id: String },
     /// List jobs (filters combine).
     List {
-        /// DELAYED, PENDING, APPROVAL_REQUIRED, SCHEDULED, DISPATCHED, RUNNING, SUCCEEDED,
-        /// FAILED, CANCELLED, TIMEOUT, DENIED or OUTPUT_QUARANTINED.
+        /// DELAYED, BLOCKED, PENDING, APPROVAL_REQUIRED, SCHEDULED, DISPATCHED, RUNNING,
+        /// SUCCEEDED, FAILED, CANCELLED, TIMEOUT, DENIED or OUTPUT_QUARANTINED.
         #[arg(long)]
         state: Option<String>,
         #[arg(long)]
@@ -401,6 +401,13 @@ pub(crate) fn jobs(t: &Target, cmd: JobsCommand) -> CliResult {
                         "env",
                         "payload_size",
                         "constraints",
+                        // What it waits for, and what waits for it (SPEC §11).
+                        "depends_on",
+                        "dependency_condition",
+                        "waiting_on",
+                        "dependencies_succeeded",
+                        "dependencies_failed",
+                        "dependents",
                     ];
                     let mut rows: Vec<Vec<String>> = fields
                         .iter()
