@@ -21,6 +21,7 @@ use ksched_store::Store;
 use serde::Serialize;
 
 use super::memory::{backlog_rules, rss_bytes};
+use super::timers::percentile_f as percentile;
 use super::{BenchArgs, bench_config, phase};
 
 const T0: Millis = 1_767_225_600_000;
@@ -48,14 +49,6 @@ pub(super) struct FanOut {
     pub checkpoint_ms_max: f64,
     /// Every dependent released (PENDING: no worker takes them here).
     pub rss_released_mib: f64,
-}
-
-fn percentile(v: &mut [f64], p: f64) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    v.sort_by(f64::total_cmp);
-    v[((v.len() - 1) as f64 * p).round() as usize]
 }
 
 pub(super) fn run(config: &Config, jobs: u64, dir: &Path) -> Result<FanOut> {

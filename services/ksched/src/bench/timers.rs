@@ -75,7 +75,7 @@ fn percentile_i(v: &mut [i64], p: f64) -> i64 {
     v[((v.len() - 1) as f64 * p).round() as usize]
 }
 
-fn percentile_f(v: &mut [f64], p: f64) -> f64 {
+pub(super) fn percentile_f(v: &mut [f64], p: f64) -> f64 {
     if v.is_empty() {
         return 0.0;
     }
