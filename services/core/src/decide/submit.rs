@@ -149,16 +149,9 @@ impl Decider<'_, '_> {
 
         let config = self.rules();
         let (pools, _) = route(&config.rules, &request);
-        if let Some(why) = queue_full(self.state(), &config.rules, &request, &pools) {
-            self.dead_letter_input(
-                &request.job_id,
-                &request.tenant_id,
-                DlqReason::QueueFull,
-                why,
-            );
-            return;
-        }
-        if let Some(why) = blocked_refused(self.state(), &config.rules, &request) {
+        if let Some(why) = queue_full(self.state(), &config.rules, &request, &pools)
+            .or_else(|| blocked_refused(self.state(), &config.rules, &request))
+        {
             self.dead_letter_input(
                 &request.job_id,
                 &request.tenant_id,
