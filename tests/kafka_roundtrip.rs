@@ -38,6 +38,14 @@ fn request(job_id: &str) -> JobRequest {
         depends_on: vec!["acme-1".into(), "acme-2".into()],
         dependency_condition: ksched_core::records::DependencyCondition::AnySucceeded,
         dependency_timeout_ms: Some(60_000),
+        batch_id: Some("nightly".into()),
+        batch_size: Some(3),
+        after_batch: None,
+        batch_outcome: Some(ksched_core::records::BatchOutcome {
+            batch_id: "hourly".into(),
+            succeeded: 2,
+            failed: 1,
+        }),
     }
 }
 

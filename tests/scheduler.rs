@@ -271,6 +271,7 @@ async fn cancelling_a_running_job_cancels_it_on_its_worker() {
             principal_id: "alice".into(),
             reason: Some("not needed".into()),
             requested_at: now_ms(),
+            batch_id: None,
         },
     );
     s.wait_job("job-cancel", "CANCELLED", |j| {

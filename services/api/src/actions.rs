@@ -20,7 +20,7 @@ use crate::auth::{Action, Identity};
 use crate::jobs::{find_job, load_job};
 use crate::{Api, ApiError, ApiResult, bad_request, forbidden, internal, not_found, require};
 
-async fn send_control<T: ksched_codec::Record>(
+pub(super) async fn send_control<T: ksched_codec::Record>(
     api: &Api,
     job_id: &str,
     record: &T,
@@ -240,6 +240,7 @@ pub(super) async fn cancel_job(
         principal_id: principal,
         reason: b.reason,
         requested_at: wall_clock_ms(),
+        batch_id: None,
     };
     send_control(api, id, &record).await?;
     Ok(json!({ "job_id": id, "status": "cancel sent" }))

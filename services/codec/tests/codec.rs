@@ -56,7 +56,7 @@ fn every_top_level_record_round_trips() {
 #[test]
 fn every_input_and_every_event_round_trips_in_a_journal_entry() {
     let events = samples::every_event();
-    assert_eq!(events.len(), 49, "a new event needs a sample here");
+    assert_eq!(events.len(), 53, "a new event needs a sample here");
     for (i, input) in samples::every_input().into_iter().enumerate() {
         round_trip(JournalEntry {
             cause: Cause {

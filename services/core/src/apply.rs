@@ -182,7 +182,11 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
                 awaiting: None,
                 awaited: false,
             };
+            let batch = (job.request.batch_id.clone()).map(|b| (job.request.tenant_id.clone(), b));
             state.insert_job(e.job_id.clone(), job, Some(line(event, at)));
+            if let Some(key) = batch {
+                state.join_batch(key);
+            }
             if let Some(d) = state.dirty.as_mut()
                 && !payload.is_empty()
             {
@@ -767,6 +771,14 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
         Event::JobUnblocked(e) => {
             state.update_job_logged(&e.job_id, Some(line(event, at)), |j| {
                 enter(j, JobState::Pending);
+                // A batch's callback runs with the batch's counts in its request.
+                if let Some(batch_id) = j.request.after_batch.clone() {
+                    j.request.batch_outcome = Some(crate::records::BatchOutcome {
+                        batch_id,
+                        succeeded: e.succeeded,
+                        failed: e.failed,
+                    });
+                }
                 j.delayed_until = None;
                 j.released_at = Some(now);
                 // As if submitted now (SPEC §11): the deadline counts from here.
@@ -780,6 +792,21 @@ pub fn apply(state: &mut State, event: &Event, at: &Applying<'_>) {
             });
         }
         Event::DependentsSettled(e) => state.end_settling(&e.job_id),
+        Event::BatchOpened(e) => {
+            let key = (e.tenant_id.clone(), e.batch_id.clone());
+            state.open_batch(key, e.expected, now, e.until);
+        }
+        Event::BatchClosed(e) => {
+            let key = (e.tenant_id.clone(), e.batch_id.clone());
+            state.close_batch(key, e.state, &e.principal_id);
+        }
+        Event::BatchMembersCancelled(e) => {
+            let members = crate::state::batch_members(&e.tenant_id, &e.batch_id);
+            state.told(&members, &e.through);
+        }
+        Event::BatchForgotten(e) => {
+            state.forget_batch(&(e.tenant_id.clone(), e.batch_id.clone()));
+        }
         Event::ScheduleChanged(e) => apply_schedule_changed(state, e, now),
         Event::ScheduleFired(e) => apply_schedule_fired(state, e, at),
     }

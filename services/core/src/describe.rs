@@ -364,7 +364,10 @@ impl Event {
             }
             Event::JobBlocked(b) => {
                 out.push_str("blocked until its dependencies let it run: waits for [");
-                join(out, &b.waiting_on, ", ");
+                let shown: Vec<String> = (b.waiting_on.iter())
+                    .map(|d| crate::state::display_dependency(d).into_owned())
+                    .collect();
+                join(out, &shown, ", ");
                 write!(
                     out,
                     "] ({} succeeded, {} ended otherwise already), at most until ",
@@ -373,18 +376,65 @@ impl Event {
                 time(out, b.until);
             }
             Event::JobAwaited(a) => push(out, &["awaited: job ", &a.dependent, " waits for it"]),
-            Event::DependencyResolved(r) => push(
-                out,
-                &["dependency ", &r.dependency, " ended ", r.state.as_str()],
-            ),
+            Event::DependencyResolved(r) => match crate::state::parse_batch_name(&r.dependency) {
+                Some((_, _, batch)) if r.state == JobState::Succeeded => {
+                    push(out, &["its batch ", batch, " completed"])
+                }
+                Some((_, _, batch)) => push(
+                    out,
+                    &[
+                        "its batch ",
+                        batch,
+                        " ended before its members (",
+                        r.state.as_str(),
+                        ")",
+                    ],
+                ),
+                None => push(
+                    out,
+                    &["dependency ", &r.dependency, " ended ", r.state.as_str()],
+                ),
+            },
             Event::JobUnblocked(u) => write!(
                 out,
                 "unblocked: its dependencies let it run ({} succeeded, {} ended otherwise)",
                 u.succeeded, u.failed
             )?,
-            Event::DependentsSettled(_) => {
-                out.push_str("every job waiting for it was told of its end")
+            Event::DependentsSettled(d) => match crate::state::parse_batch_name(&d.job_id) {
+                Some(("members", _, batch)) => push(
+                    out,
+                    &["every member of cancelled batch ", batch, " was reached"],
+                ),
+                Some((_, _, batch)) => push(out, &["every callback of batch ", batch, " was told"]),
+                None => out.push_str("every job waiting for it was told of its end"),
+            },
+            Event::BatchOpened(b) => {
+                write!(
+                    out,
+                    "batch {} of tenant {} opened: {} members, until ",
+                    b.batch_id, b.tenant_id, b.expected
+                )?;
+                time(out, b.until);
             }
+            Event::BatchClosed(b) => write!(
+                out,
+                "batch {} of tenant {} ended {} by {}: {}",
+                b.batch_id,
+                b.tenant_id,
+                b.state.as_str(),
+                b.principal_id,
+                b.reason
+            )?,
+            Event::BatchMembersCancelled(b) => write!(
+                out,
+                "batch {} of tenant {}: members through {} reached, those not started cancelled",
+                b.batch_id, b.tenant_id, b.through
+            )?,
+            Event::BatchForgotten(b) => write!(
+                out,
+                "batch {} of tenant {} forgotten after its retention",
+                b.batch_id, b.tenant_id
+            )?,
             Event::JobRescheduled(r) => {
                 out.push_str("rescheduled from ");
                 time(out, r.previous);

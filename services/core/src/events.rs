@@ -261,6 +261,32 @@ impl std::fmt::Display for JobState {
     }
 }
 
+/// Where a batch stands (SPEC §11).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum BatchState {
+    /// Members missing or unfinished.
+    Open,
+    /// Every member ended: its callbacks run.
+    Complete,
+    /// Its time passed first: its callbacks fail.
+    Expired,
+    /// An operator cancelled it: its members that had not started were cancelled, and its
+    /// callbacks fail.
+    Cancelled,
+}
+
+impl BatchState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BatchState::Open => "OPEN",
+            BatchState::Complete => "COMPLETE",
+            BatchState::Expired => "EXPIRED",
+            BatchState::Cancelled => "CANCELLED",
+        }
+    }
+}
+
 /// How a duplicate submission was recognised.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
@@ -746,6 +772,44 @@ pub struct DependentsSettled {
     pub job_id: String,
 }
 
+/// A batch's first member was accepted (SPEC §11): the batch expects `expected` members,
+/// and expires at `until` unless all of them ended by then.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BatchOpened {
+    pub tenant_id: String,
+    pub batch_id: String,
+    pub expected: i32,
+    pub until: Millis,
+}
+
+/// A batch ended before all its members did: EXPIRED at its `until`, or CANCELLED by
+/// `principal_id`. Its callbacks fail; a cancelled batch's members that have not started are
+/// cancelled ([`BatchMembersCancelled`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BatchClosed {
+    pub tenant_id: String,
+    pub batch_id: String,
+    pub state: BatchState,
+    pub principal_id: String,
+    pub reason: String,
+}
+
+/// A cancelled batch's members up to `through`, in id order, were reached: those that had
+/// not started were cancelled (each by its own JobCancelled).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BatchMembersCancelled {
+    pub tenant_id: String,
+    pub batch_id: String,
+    pub through: String,
+}
+
+/// An ended batch's record was dropped, `limits.batch_retention_ms` after it ended.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BatchForgotten {
+    pub tenant_id: String,
+    pub batch_id: String,
+}
+
 /// A DELAYED job's time was changed ([`crate::records::RescheduleJob`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct JobRescheduled {
@@ -905,6 +969,10 @@ pub enum Event {
     DependencyResolved(DependencyResolved),
     JobUnblocked(JobUnblocked),
     DependentsSettled(DependentsSettled),
+    BatchOpened(BatchOpened),
+    BatchClosed(BatchClosed),
+    BatchMembersCancelled(BatchMembersCancelled),
+    BatchForgotten(BatchForgotten),
 }
 
 impl Event {
@@ -959,6 +1027,10 @@ impl Event {
             Event::DependencyResolved(_) => "DependencyResolved",
             Event::JobUnblocked(_) => "JobUnblocked",
             Event::DependentsSettled(_) => "DependentsSettled",
+            Event::BatchOpened(_) => "BatchOpened",
+            Event::BatchClosed(_) => "BatchClosed",
+            Event::BatchMembersCancelled(_) => "BatchMembersCancelled",
+            Event::BatchForgotten(_) => "BatchForgotten",
         }
     }
 
@@ -1001,6 +1073,10 @@ impl Event {
             Event::JobAwaited(e) => &e.job_id,
             Event::DependencyResolved(e) => &e.job_id,
             Event::JobUnblocked(e) => &e.job_id,
+            // A batch's callbacks or members told is no job's event.
+            Event::DependentsSettled(e) if crate::state::parse_batch_name(&e.job_id).is_some() => {
+                return None;
+            }
             Event::DependentsSettled(e) => &e.job_id,
             Event::ScheduleFired(e) => match &e.job_id {
                 Some(id) => id,
@@ -1015,7 +1091,11 @@ impl Event {
             | Event::DebouncesClosed(_)
             | Event::ConfigApplied(_)
             | Event::ClockGap(_)
-            | Event::WorkerForgotten(_) => return None,
+            | Event::WorkerForgotten(_)
+            | Event::BatchOpened(_)
+            | Event::BatchClosed(_)
+            | Event::BatchMembersCancelled(_)
+            | Event::BatchForgotten(_) => return None,
         };
         if id.is_empty() { None } else { Some(id) }
     }

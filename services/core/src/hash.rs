@@ -54,6 +54,11 @@ impl serde::Serialize for Hashed<'_> {
             depends_on,
             dependency_condition,
             dependency_timeout_ms,
+            batch_id,
+            batch_size,
+            after_batch,
+            // Set by the scheduler when a callback is released, after any approval.
+            batch_outcome: _,
         } = self.0;
         let mut st = s.serialize_struct("JobRequest", 14)?;
         st.serialize_field("job_id", job_id)?;
@@ -80,6 +85,14 @@ impl serde::Serialize for Hashed<'_> {
         }
         if dependency_timeout_ms.is_some() {
             st.serialize_field("dependency_timeout_ms", dependency_timeout_ms)?;
+        }
+        // Likewise its batch.
+        if batch_id.is_some() || batch_size.is_some() {
+            st.serialize_field("batch_id", batch_id)?;
+            st.serialize_field("batch_size", batch_size)?;
+        }
+        if after_batch.is_some() {
+            st.serialize_field("after_batch", after_batch)?;
         }
         st.end()
     }
@@ -206,7 +219,11 @@ mod tests {
         assert!(r.depends_on.is_empty() && r.dependency_timeout_ms.is_none());
         let mut json = serde_json::to_vec(&r).unwrap();
         for member in [
-            &b",\"dependency_timeout_ms\":null"[..],
+            &b",\"batch_outcome\":null"[..],
+            b",\"after_batch\":null",
+            b",\"batch_size\":null",
+            b",\"batch_id\":null",
+            b",\"dependency_timeout_ms\":null",
             b",\"dependency_condition\":\"ALL_SUCCEEDED\"",
             b",\"depends_on\":[]",
             b",\"not_before\":null",

@@ -115,6 +115,13 @@ codes! {
         /// Its dependencies' condition can no longer hold, or its dependency timeout passed
         /// first (SPEC §11). The dead letter's `related_job_id` names the dependency.
         DependencyFailed = "dependency_failed",
+        /// Its batch fields do not fit (SPEC §11): `batch_id` without `batch_size` or the
+        /// reverse, a blank, over-long or control-character batch id (`batch_id`,
+        /// `after_batch`), a size that is not positive or exceeds `limits.max_batch_size`, a
+        /// size other than the batch's, a batch that has all its members already or has
+        /// ended, a callback that is a member of its own batch or also names `depends_on`;
+        /// or it sets `batch_outcome`, which only the scheduler sets.
+        InvalidBatch = "invalid_batch",
     }
 }
 

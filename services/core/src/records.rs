@@ -108,6 +108,31 @@ pub struct JobRequest {
     /// Longest it waits BLOCKED, from its acceptance; None: `limits.max_dependency_wait_ms`.
     #[serde(default)]
     pub dependency_timeout_ms: Option<i64>,
+    /// The batch the job belongs to (SPEC §11): jobs of its tenant submitted with the same
+    /// id, `batch_size` of them, whose ends its callbacks wait for.
+    #[serde(default)]
+    pub batch_id: Option<String>,
+    /// How many jobs the batch has: every member names the same count.
+    #[serde(default)]
+    pub batch_size: Option<i32>,
+    /// The job is a callback of this batch of its tenant: it waits BLOCKED until every
+    /// member ended, then runs with the counts in `batch_outcome`.
+    #[serde(default)]
+    pub after_batch: Option<String>,
+    /// Set by the scheduler when a callback is released: how its batch ended. A producer
+    /// may not set it.
+    #[serde(default)]
+    pub batch_outcome: Option<BatchOutcome>,
+}
+
+/// How a batch's members ended, as its callback is told (SPEC §11).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+pub struct BatchOutcome {
+    pub batch_id: String,
+    /// Members that ended SUCCEEDED.
+    pub succeeded: i32,
+    /// Members that ended otherwise (failed, cancelled, timed out, denied, quarantined).
+    pub failed: i32,
 }
 
 /// When a job's dependencies let it run (SPEC §11).
@@ -218,6 +243,10 @@ impl fmt::Debug for JobRequest {
             .field("depends_on", &self.depends_on)
             .field("dependency_condition", &self.dependency_condition)
             .field("dependency_timeout_ms", &self.dependency_timeout_ms)
+            .field("batch_id", &self.batch_id)
+            .field("batch_size", &self.batch_size)
+            .field("after_batch", &self.after_batch)
+            .field("batch_outcome", &self.batch_outcome)
             .finish()
     }
 }
@@ -374,6 +403,11 @@ pub struct CancelJob {
     pub principal_id: String,
     pub reason: Option<String>,
     pub requested_at: Millis,
+    /// Cancel this batch of the tenant instead (`job_id` is then empty): its members that
+    /// have not started are cancelled and its callbacks fail (SPEC §11). `tenant_id` names
+    /// the batch's tenant.
+    #[serde(default)]
+    pub batch_id: Option<String>,
 }
 
 /// Approve a job waiting in APPROVAL_REQUIRED (topic `ksched.control`).

@@ -317,6 +317,16 @@ pub struct Limits {
     /// Most BLOCKED jobs one shard holds (they are kept in storage, not in memory); a job
     /// that would wait beyond it is dead-lettered `queue_full`. Default 10000000.
     pub max_blocked_jobs: i64,
+    /// Most batches one shard holds, open or ended within `batch_retention_ms` (they are
+    /// kept in memory, a record of counts each); a member that would open one more is
+    /// dead-lettered `queue_full`. Default 100000.
+    pub max_batches: u32,
+    /// Most members one batch may have (`batch_size`); more is dead-lettered
+    /// `invalid_batch`. Default 1000000.
+    pub max_batch_size: i32,
+    /// How long an ended batch stays queryable (and refuses late members), in ms.
+    /// Default 604800000 (7 days).
+    pub batch_retention_ms: i64,
 }
 
 impl Default for Limits {
@@ -344,6 +354,9 @@ impl Default for Limits {
             max_dependencies: 100,
             max_dependency_wait_ms: 7 * 24 * 3_600_000,
             max_blocked_jobs: 10_000_000,
+            max_batches: 100_000,
+            max_batch_size: 1_000_000,
+            batch_retention_ms: 7 * 24 * 3_600_000,
         }
     }
 }
@@ -934,6 +947,12 @@ impl Rules {
             return err(format!(
                 "limits.max_dependency_wait_ms must be positive and limits.max_blocked_jobs not negative, got {} and {}",
                 l.max_dependency_wait_ms, l.max_blocked_jobs
+            ));
+        }
+        if l.max_batch_size < 1 || l.batch_retention_ms < 0 {
+            return err(format!(
+                "limits.max_batch_size must be at least 1 and limits.batch_retention_ms not negative, got {} and {}",
+                l.max_batch_size, l.batch_retention_ms
             ));
         }
         if self.timing.schedule_grace_ms < 0 {

@@ -37,6 +37,9 @@ enum Op {
         fkey: Option<u8>,
         /// What it depends on (SPEC §11): one or two jobs, a condition, a timeout in seconds.
         deps: Option<(u8, u8, u8, u8)>,
+        /// Its batch (SPEC §11): one of two batches of three, as a member (role 0 or 1) or a
+        /// callback (role 2).
+        batch: Option<(u8, u8)>,
     },
     Heartbeat {
         worker: u8,
@@ -109,12 +112,16 @@ enum Op {
     /// The processor stops and starts again from its storage: it reads the jobs that are
     /// not queued, and the queued ones' counts only.
     Restart,
+    /// An operator cancels one of the two batches.
+    CancelBatch {
+        batch: u8,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        3 => (0..12u8, 0..4u8, 0..3u8, 0..6u8, proptest::option::of(0..3u8), proptest::option::of(1..600u16), proptest::option::of(0..600u16), proptest::option::of(0..3u8), 0..3u8, proptest::option::of(0..2u8), proptest::option::weighted(0.3, (0..12u8, 0..12u8, 0..3u8, 1..60u8)))
-            .prop_map(|(job, topic, priority, risk, key, deadline, delay, ckey, tenant, fkey, deps)| Op::Submit { job, topic, priority, risk, key, deadline, delay, ckey, tenant, fkey, deps }),
+        3 => (0..12u8, 0..4u8, 0..3u8, 0..6u8, proptest::option::of(0..3u8), proptest::option::of(1..600u16), proptest::option::of(0..600u16), proptest::option::of(0..3u8), 0..3u8, proptest::option::of(0..2u8), proptest::option::weighted(0.3, (0..12u8, 0..12u8, 0..3u8, 1..60u8)), proptest::option::weighted(0.3, (0..2u8, 0..3u8)))
+            .prop_map(|(job, topic, priority, risk, key, deadline, delay, ckey, tenant, fkey, deps, batch)| Op::Submit { job, topic, priority, risk, key, deadline, delay, ckey, tenant, fkey, deps, batch }),
         2 => (0..4u8, 0..4u8, 0..100u8, 0..4u8, any::<bool>())
             .prop_map(|(worker, pool, cpu, max, draining)| Op::Heartbeat { worker, pool, cpu, max, draining: draining && worker == 3 }),
         2 => (0..12u8, 0..4u8, -1..2i8).prop_map(|(job, worker, attempt_delta)| Op::Started { job, worker, attempt_delta }),
@@ -130,6 +137,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Malformed),
         1 => (0..4u8, 0..3u8).prop_map(|(limit, rate)| Op::Limit { limit, rate }),
         1 => Just(Op::Restart),
+        1 => (0..2u8).prop_map(|batch| Op::CancelBatch { batch }),
         1 => (0..4u8).prop_map(|tune| Op::Tune { tune }),
     ]
 }
@@ -278,8 +286,17 @@ fn run(ops: &[Op]) -> Sim {
                 tenant,
                 fkey,
                 deps,
+                batch,
             } => {
                 let mut req = job(&format!("j{j}"));
+                match batch {
+                    Some((b, 2)) => req.after_batch = Some(format!("b{b}")),
+                    Some((b, _)) => {
+                        req.batch_id = Some(format!("b{b}"));
+                        req.batch_size = Some(3);
+                    }
+                    None => {}
+                }
                 if let Some((a, b, condition, timeout)) = deps {
                     req.depends_on = vec![format!("j{a}")];
                     if b != a {
@@ -512,6 +529,9 @@ fn run(ops: &[Op]) -> Sim {
                 sim.reconfigure(&run_rules(limit, rate, tune), "snap-1");
             }
             Op::Restart => sim.restart(),
+            Op::CancelBatch { batch } => {
+                sim.cancel_batch("acme", &format!("b{batch}"));
+            }
             Op::Malformed => {
                 sim.input(
                     "job.default",

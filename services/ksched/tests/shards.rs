@@ -450,6 +450,7 @@ fn misdirected_and_hostile_inputs_change_nothing_on_other_shards() {
         principal_id: "mallory".into(),
         reason: None,
         requested_at: 1,
+        batch_id: None,
     };
     for c in [
         cancel(ghost, None),

@@ -42,6 +42,8 @@ pub enum Takes {
     IfItHolds(String),
     /// Only if this shard holds the schedule (by [`ksched_core::schedule::schedule_key`]).
     IfItHoldsSchedule(String),
+    /// Only if this shard holds the batch (tenant, batch id).
+    IfItHoldsBatch(String, String),
 }
 
 impl Shard {
@@ -135,7 +137,14 @@ impl Shard {
                     Takes::No
                 }
             }
-            Input::Cancel(c) => Takes::IfItHolds(c.job_id.clone()),
+            // A batch lives on the shard of its members: that shard holds its record. A cancel
+            // naming no tenant is refused by one shard.
+            Input::Cancel(c) => match (&c.batch_id, &c.tenant_id) {
+                (Some(b), Some(t)) => Takes::IfItHoldsBatch(t.clone(), b.clone()),
+                (Some(_), None) if self.id == 0 => Takes::Yes,
+                (Some(_), None) => Takes::No,
+                (None, _) => Takes::IfItHolds(c.job_id.clone()),
+            },
             Input::Approve(a) => Takes::IfItHolds(a.job_id.clone()),
             Input::Reject(r) => Takes::IfItHolds(r.job_id.clone()),
             Input::Redrive(r) => Takes::IfItHolds(r.job_id.clone()),

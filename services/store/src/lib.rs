@@ -31,10 +31,10 @@ use ksched_core::events::Reconfigure;
 use ksched_core::records::{DeadLetter, Millis};
 use ksched_core::rules::Rules;
 use ksched_core::state::{
-    ActiveConfig, Breaker, Bucket, BucketKey, ColdStore, Debounce, DebounceKey, DependentKey,
-    Dirty, HistoryItem, HistoryLines, IdempotencyEntry, Job, Lane, PoolShare, QueueKey,
-    QueuedCounts, Saga, Settling, ShareKey, State, TimerAt, TimerKind, Worker, dependent_keys_of,
-    is_resident, lane_keys_of, wait_keys_of,
+    ActiveConfig, Batch, BatchKey, Breaker, Bucket, BucketKey, ColdStore, Debounce, DebounceKey,
+    DependentKey, Dirty, HistoryItem, HistoryLines, IdempotencyEntry, Job, Lane, PoolShare,
+    QueueKey, QueuedCounts, Saga, Settling, ShareKey, State, TimerAt, TimerKind, Worker,
+    dependent_keys_of, is_resident, lane_keys_of, wait_keys_of,
 };
 use rocksdb::{
     ColumnFamily, ColumnFamilyDescriptor, DB, Direction, IteratorMode, Options, WriteBatch,
@@ -115,7 +115,9 @@ pub struct Scanned {
 /// 16: BLOCKED jobs (SPEC §11): a job keeps how its dependencies stand and whether it is
 /// waited for; blocked jobs by what they wait for (`dependents`), and the ended jobs whose
 /// dependents are being told (`settling`).
-pub const FORMAT_VERSION: u32 = 16;
+/// 17: batches (SPEC §11): their counts and states (`batches`); a batch's unfinished
+/// members are indexed in `dependents` under the batch.
+pub const FORMAT_VERSION: u32 = 17;
 
 /// Most idempotency keys one write deletes when their retention passed; the rest follow in
 /// the next writes, so a prune never becomes one huge batch.
@@ -148,6 +150,8 @@ const CF_LANE_COUNTS: &str = "lane_counts";
 const CF_DEPENDENTS: &str = "dependents";
 /// Ended jobs whose dependents are being told (job id -> tenant and how it ended).
 const CF_SETTLING: &str = "settling";
+/// Batches open or within their retention: (tenant, batch id) -> counts and state.
+const CF_BATCHES: &str = "batches";
 /// Every column family, in a fixed order.
 pub const CFS: &[&str] = &[
     CF_META,
@@ -172,6 +176,7 @@ pub const CFS: &[&str] = &[
     CF_LANE_COUNTS,
     CF_DEPENDENTS,
     CF_SETTLING,
+    CF_BATCHES,
 ];
 
 const META_FORMAT: &[u8] = b"format";
@@ -321,6 +326,14 @@ const SCANNED_ONLY: &[&str] = &[
     CF_RESIDENT,
     CF_LANE_COUNTS,
 ];
+
+/// A batch's key in `batches`: its tenant, a byte no id holds, its id.
+fn batch_key(tenant: &str, batch_id: &str) -> Vec<u8> {
+    let mut k = tenant.as_bytes().to_vec();
+    k.push(1);
+    k.extend_from_slice(batch_id.as_bytes());
+    k
+}
 
 /// The first key after every key that starts with `prefix` (None: there is none).
 fn successor(prefix: &[u8]) -> Option<Vec<u8>> {
@@ -809,6 +822,10 @@ impl Store {
         for (_, (id, s)) in self.scan::<(String, Settling)>(CF_SETTLING)? {
             state.settling.insert(id, s);
         }
+        for (_, (key, b)) in self.scan::<(BatchKey, Batch)>(CF_BATCHES)? {
+            state.batches.insert(key, b);
+        }
+        state.index_batches();
         state.clock = self.get_meta(META_CLOCK)?.unwrap_or(0);
         state.entries = self.get_meta(META_ENTRIES)?.unwrap_or(0);
         state.last_idempotency_prune = self.get_meta(META_LAST_PRUNE)?.unwrap_or(0);
@@ -890,6 +907,49 @@ impl Store {
             .into_iter()
             .map(|(k, s)| (utf8(k), s))
             .collect())
+    }
+
+    /// Batch `batch_id` of `tenant`, while it is open or within its retention.
+    pub fn batch(&self, tenant: &str, batch_id: &str) -> Result<Option<Batch>> {
+        let got: Option<(BatchKey, Batch)> = self.get(CF_BATCHES, &batch_key(tenant, batch_id))?;
+        Ok(got.map(|(_, b)| b))
+    }
+
+    /// The batches held (of `tenant`, or of all), in (tenant, id) order, those `keep`
+    /// takes, at most `limit`: a tenant's are read from where its keys begin.
+    pub fn batches(
+        &self,
+        tenant: Option<&str>,
+        keep: impl Fn(&BatchKey) -> bool,
+        limit: usize,
+    ) -> Result<Vec<(BatchKey, Batch)>> {
+        let prefix = match tenant {
+            Some(t) => {
+                let mut k = t.as_bytes().to_vec();
+                k.push(1);
+                self.key(&k)
+            }
+            None => self.partition.to_be_bytes().to_vec(),
+        };
+        let mut out = Vec::new();
+        let iter = (self.db).iterator_cf(
+            self.cf(CF_BATCHES),
+            IteratorMode::From(&prefix, Direction::Forward),
+        );
+        for item in iter {
+            if out.len() >= limit {
+                break;
+            }
+            let (k, v) = item?;
+            if !k.starts_with(&prefix) {
+                break;
+            }
+            let (key, b): (BatchKey, Batch) = decode(CF_BATCHES, &v)?;
+            if keep(&key) {
+                out.push((key, b));
+            }
+        }
+        Ok(out)
     }
 
     pub fn schedule(&self, key: &str) -> Result<Option<ksched_core::state::Schedule>> {
@@ -1044,6 +1104,13 @@ impl Store {
                 (state.jobs.get(&k.2)).is_some_and(|j| dependent_keys_of(&k.2, j).contains(k));
             if !again {
                 b.delete_cf(self.cf(CF_DEPENDENTS), self.dependent_key(k));
+            }
+        }
+        for key in &dirty.batches {
+            let k = self.key(&batch_key(&key.0, &key.1));
+            match state.batches.get(key) {
+                Some(x) => b.put_cf(self.cf(CF_BATCHES), k, encode(&(key, x))),
+                None => b.delete_cf(self.cf(CF_BATCHES), k),
             }
         }
         for id in &dirty.settling {

@@ -924,6 +924,146 @@ fn blocked_jobs_wait_in_the_store_by_what_they_wait_for_and_settle_across_a_rest
     assert!(told(&ev).is_empty());
 }
 
+/// A batch is kept by the store with its counts, its unfinished members under the batch,
+/// and its callbacks under it as a dependency; a cancel cut short by a crash goes on after
+/// the restart from what the store holds.
+#[test]
+fn batches_keep_their_counts_members_and_callbacks_across_a_restart_mid_cancel() {
+    use ksched_core::events::{BatchState, JobState};
+    use ksched_core::state::{batch_dependency, batch_members};
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), 0).unwrap();
+    let t = 1_700_000_000_000;
+    let policy = AllowAll;
+    let ctx = Ctx { policy: &policy };
+    let mut r = rules();
+    r.limits.max_work_per_entry = 2;
+    let reconf = Reconfigure {
+        rules_json: r.to_canonical_json(),
+        policy_snapshot: "s".into(),
+        ..Default::default()
+    };
+    let mut offset = 0;
+    let mut feed = |state: &mut State, at: i64, topic: &str, input: Input| {
+        let mut events = Vec::new();
+        let mut input = Some(input);
+        while let Some(i) = input.take() {
+            state.load_for_input(&i, &store).unwrap();
+            let p = process(
+                state,
+                &ctx,
+                Cause {
+                    topic: topic.into(),
+                    partition: 0,
+                    offset,
+                },
+                at,
+                i,
+            );
+            offset += 1;
+            let dirty = state.take_dirty();
+            store.persist(state, dirty, Some(offset)).unwrap();
+            state.evict_cold();
+            events.extend(p.entry.events);
+            if p.more && topic != "stop" {
+                input = Some(ksched_core::decide::continuation(state));
+            }
+        }
+        events
+    };
+    let job = |id: &str| JobRequest {
+        job_id: id.into(),
+        topic: "job.default".into(),
+        tenant_id: "acme".into(),
+        submitted_at: t,
+        ..Default::default()
+    };
+    let mut state = State::tracking_changes();
+    feed(&mut state, t, "ksched.control", Input::Reconfigure(reconf));
+    let callback = JobRequest {
+        after_batch: Some("b".into()),
+        ..job("done")
+    };
+    feed(&mut state, t, "job.default", Input::Submit(callback));
+    for i in 0..6 {
+        let member = JobRequest {
+            batch_id: Some("b".into()),
+            batch_size: Some(6),
+            ..job(&format!("m{i}"))
+        };
+        feed(&mut state, t, "job.default", Input::Submit(member));
+    }
+    let b = store.batch("acme", "b").unwrap().expect("written");
+    assert_eq!((b.state, b.joined, b.expected), (BatchState::Open, 6, 6));
+    assert!(store.batch("initech", "b").unwrap().is_none());
+    assert_eq!(store.batches(Some("acme"), |_| true, 10).unwrap().len(), 1);
+    assert!(store.batches(Some("acm"), |_| true, 10).unwrap().is_empty());
+    assert!(store.batches(None, |_| false, 10).unwrap().is_empty());
+    let members = batch_members("acme", "b");
+    assert_eq!(
+        store.dependents_after("acme", &members, None, 100).unwrap(),
+        ["m0", "m1", "m2", "m3", "m4", "m5"]
+    );
+    let callbacks = batch_dependency("acme", "b");
+    assert_eq!(
+        store
+            .dependents_after("acme", &callbacks, None, 100)
+            .unwrap(),
+        ["done"]
+    );
+
+    // Cancelled; the processor stops before any member is reached, as a crash would.
+    let cancel = Input::Cancel(CancelJob {
+        tenant_id: Some("acme".into()),
+        principal_id: "op".into(),
+        batch_id: Some("b".into()),
+        ..Default::default()
+    });
+    feed(&mut state, t + 1, "stop", cancel);
+    // Two continuations: its callback told, then the first two members reached.
+    for _ in 0..2 {
+        let next = ksched_core::decide::continuation(&state);
+        feed(&mut state, t + 1, "stop", next);
+    }
+    let cut = |s: &State| {
+        s.settling
+            .get(&members)
+            .and_then(|x| x.told_through.clone())
+    };
+    assert_eq!(cut(&state).as_deref(), Some("m1"));
+    drop(state);
+    let mut state = store.load_state().unwrap();
+    let key = ("acme".to_owned(), "b".to_owned());
+    assert_eq!(state.batches[&key].state, BatchState::Cancelled);
+    assert_eq!(state.settling.len(), 1, "its members, its callbacks told");
+    assert_eq!(cut(&state).as_deref(), Some("m1"), "the cursor was written");
+    assert_eq!(store.job("m1").unwrap().unwrap().state, JobState::Cancelled);
+    assert_eq!(store.job("m2").unwrap().unwrap().state, JobState::Pending);
+    let tick = Input::Tick(Tick {
+        source: "t".into(),
+        issued_at: t + 2,
+        watermark: Some(t + 2),
+    });
+    feed(&mut state, t + 2, "ksched.control", tick);
+    assert!(state.settling.is_empty());
+    for i in 0..6 {
+        let j = store.job(&format!("m{i}")).unwrap().unwrap();
+        assert_eq!(j.state, JobState::Cancelled, "m{i}");
+    }
+    assert_eq!(store.job("done").unwrap().unwrap().state, JobState::Failed);
+    assert!(
+        store
+            .dependents_after("acme", &members, None, 100)
+            .unwrap()
+            .is_empty()
+    );
+    let b = store.batch("acme", "b").unwrap().unwrap();
+    assert_eq!(
+        (b.state, b.succeeded, b.failed),
+        (BatchState::Cancelled, 0, 6)
+    );
+}
+
 #[test]
 fn debounce_windows_survive_a_restart_and_leave_the_store_when_they_close() {
     let dir = tempfile::tempdir().unwrap();

@@ -57,6 +57,14 @@ pub(crate) fn job_request() -> JobRequest {
         depends_on: vec!["job-0".into(), "job-00".into()],
         dependency_condition: ksched_core::records::DependencyCondition::AllTerminal,
         dependency_timeout_ms: Some(3_600_000),
+        batch_id: Some("nightly".into()),
+        batch_size: Some(100_000),
+        after_batch: Some("hourly".into()),
+        batch_outcome: Some(ksched_core::records::BatchOutcome {
+            batch_id: "hourly".into(),
+            succeeded: 7,
+            failed: 2,
+        }),
     }
 }
 
@@ -125,6 +133,7 @@ pub(crate) fn cancel_job() -> CancelJob {
         principal_id: "alice".into(),
         reason: Some("changed my mind".into()),
         requested_at: 1_700_000_000_800,
+        batch_id: Some("nightly".into()),
     }
 }
 
@@ -522,6 +531,28 @@ pub(crate) fn every_event() -> Vec<Event> {
         }),
         Event::DependentsSettled(DependentsSettled {
             job_id: "job-4".into(),
+        }),
+        Event::BatchOpened(BatchOpened {
+            tenant_id: "acme".into(),
+            batch_id: "nightly".into(),
+            expected: 100_000,
+            until: 1_700_604_800_000,
+        }),
+        Event::BatchClosed(BatchClosed {
+            tenant_id: "acme".into(),
+            batch_id: "nightly".into(),
+            state: BatchState::Cancelled,
+            principal_id: "op".into(),
+            reason: "wrong input".into(),
+        }),
+        Event::BatchMembersCancelled(BatchMembersCancelled {
+            tenant_id: "acme".into(),
+            batch_id: "nightly".into(),
+            through: "job-9".into(),
+        }),
+        Event::BatchForgotten(BatchForgotten {
+            tenant_id: "acme".into(),
+            batch_id: "nightly".into(),
         }),
     ]
 }

@@ -33,6 +33,9 @@ impl Decider<'_, '_> {
     }
 
     pub(super) fn cancel(&mut self, c: &CancelJob) {
+        if let Some(batch) = &c.batch_id {
+            return self.cancel_batch(c, batch);
+        }
         if !self.commanded(&c.job_id, c.tenant_id.as_deref(), &c.principal_id, "cancel") {
             return;
         }

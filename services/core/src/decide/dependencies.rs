@@ -16,7 +16,8 @@
 use crate::decide::Decider;
 use crate::events::*;
 use crate::reason::DlqReason;
-use crate::records::DependencyCondition;
+use crate::records::{DependencyCondition, Millis};
+use crate::state::{batch_dependency, display_dependency, parse_batch_name};
 
 /// Most dependencies a `dependency_failed` reason lists by id.
 const LISTED: usize = 5;
@@ -27,7 +28,8 @@ impl Decider<'_, '_> {
     /// stopped here: blocked, or failed.
     pub(super) fn block(&mut self, job_id: &str) -> bool {
         let job = &self.state().jobs[job_id];
-        if job.request.depends_on.is_empty() || job.awaiting.is_some() {
+        let waits = !job.request.depends_on.is_empty() || job.request.after_batch.is_some();
+        if !waits || job.awaiting.is_some() {
             return false;
         }
         let tenant = job.request.tenant_id.clone();
@@ -44,6 +46,9 @@ impl Decider<'_, '_> {
         }
         let timeout = (job.request.dependency_timeout_ms).unwrap_or(limits.max_dependency_wait_ms);
         let until = job.accepted_at.saturating_add(timeout);
+        if let Some(batch) = job.request.after_batch.clone() {
+            return self.block_on_batch(job_id, &tenant, &batch, until);
+        }
         let mut deps = job.request.depends_on.clone();
         deps.sort_unstable();
         let (mut waiting_on, mut awaited) = (Vec::new(), Vec::new());
@@ -107,6 +112,32 @@ impl Decider<'_, '_> {
         }
     }
 
+    /// A batch's callback waits for its batch: BLOCKED until it completes, which may be at
+    /// once; failed when it ended otherwise. Returns whether it stopped here.
+    fn block_on_batch(&mut self, job_id: &str, tenant: &str, batch: &str, until: Millis) -> bool {
+        let key = (tenant.to_owned(), batch.to_owned());
+        let ended = (self.state().batches.get(&key)).map(|b| b.state);
+        let (waiting_on, succeeded, failed) = match ended {
+            Some(BatchState::Complete) => (vec![], 1, 0),
+            Some(BatchState::Expired | BatchState::Cancelled) => (vec![], 0, 1),
+            Some(BatchState::Open) | None => (vec![batch_dependency(tenant, batch)], 0, 0),
+        };
+        self.emit(Event::JobBlocked(JobBlocked {
+            job_id: job_id.to_owned(),
+            waiting_on,
+            succeeded,
+            failed,
+            until,
+        }));
+        match self.judge_dependencies(job_id, None) {
+            Judgement::Met => {
+                self.unblock(job_id);
+                false
+            }
+            Judgement::Failed | Judgement::Waits => true,
+        }
+    }
+
     /// A job just submitted that jobs already wait for (submitted before it) is marked
     /// waited for.
     pub(super) fn mark_awaited(&mut self, job_id: &str) {
@@ -132,8 +163,15 @@ impl Decider<'_, '_> {
         else {
             return Judgement::Waits;
         };
-        let total = i32::try_from(job.request.depends_on.len()).unwrap_or(i32::MAX);
-        let condition = job.request.dependency_condition;
+        let callback = job.request.after_batch.clone();
+        // A callback waits for its batch alone, to complete.
+        let (total, condition) = match &callback {
+            Some(_) => (1, DependencyCondition::AllSucceeded),
+            None => (
+                i32::try_from(job.request.depends_on.len()).unwrap_or(i32::MAX),
+                job.request.dependency_condition,
+            ),
+        };
         let (met, failed) = match condition {
             DependencyCondition::AllSucceeded => (a.succeeded == total, a.failed > 0),
             DependencyCondition::AllTerminal => (a.open.is_empty(), false),
@@ -144,6 +182,19 @@ impl Decider<'_, '_> {
         }
         if !failed {
             return Judgement::Waits;
+        }
+        if let Some(batch) = callback {
+            let key = (job.request.tenant_id.clone(), batch.clone());
+            let reason = match self.state().batches.get(&key) {
+                Some(b) => format!(
+                    "its batch {batch} ended {} before every member did",
+                    b.state.as_str()
+                ),
+                None => format!("its batch {batch} is not known (forgotten after its retention)"),
+            };
+            let code = DlqReason::DependencyFailed.as_str();
+            self.fail_for_good(job_id, code, None, reason);
+            return Judgement::Failed;
         }
         let reason = format!(
             "dependency {} did not succeed, so {} can no longer hold ({} of {total} dependencies failed)",
@@ -161,13 +212,23 @@ impl Decider<'_, '_> {
 
     /// A BLOCKED job whose condition holds goes on: PENDING from here, then its time or its
     /// queues.
+    /// A callback is given its batch's counts instead (they go into its request).
     fn unblock(&mut self, job_id: &str) {
-        let a = self.state().jobs[job_id].awaiting.as_deref().cloned();
-        let a = a.unwrap_or_default();
+        let job = &self.state().jobs[job_id];
+        let a = job.awaiting.as_deref().cloned().unwrap_or_default();
+        let batch = (job.request.after_batch.clone()).and_then(|b| {
+            self.state()
+                .batches
+                .get(&(job.request.tenant_id.clone(), b))
+        });
+        let (succeeded, failed) = match batch {
+            Some(b) => (b.succeeded, b.failed),
+            None => (a.succeeded, a.failed),
+        };
         self.emit(Event::JobUnblocked(JobUnblocked {
             job_id: job_id.to_owned(),
-            succeeded: a.succeeded,
-            failed: a.failed,
+            succeeded,
+            failed,
         }));
     }
 
@@ -200,7 +261,7 @@ impl Decider<'_, '_> {
             .unwrap_or_default();
         let waited = (job.delayed_until.unwrap_or(job.accepted_at)).saturating_sub(job.accepted_at);
         let shown: Vec<String> = (open.iter().take(LISTED))
-            .map(|id| crate::records::truncate_for_display(id, 64))
+            .map(|id| crate::records::truncate_for_display(&display_dependency(id), 64))
             .collect();
         let more = open.len().saturating_sub(LISTED);
         let reason = format!(
@@ -212,7 +273,7 @@ impl Decider<'_, '_> {
                 String::new()
             }
         );
-        if let Some(first) = open.first() {
+        if let Some(first) = open.first().filter(|d| parse_batch_name(d).is_none()) {
             self.relate_next_dead_letter(first);
         }
         self.fail_for_good(job_id, DlqReason::DependencyFailed.as_str(), None, reason);
@@ -225,7 +286,22 @@ impl Decider<'_, '_> {
     pub(super) fn settle_dependents(&mut self) -> Vec<String> {
         let mut queued = Vec::new();
         for (dep, s) in self.state().settling_now(self.budget_left()) {
-            let dependents: Vec<String> = (self.state().dependents.of(&s.tenant_id, &dep))
+            // A cancelled batch's members.
+            if let Some(("members", tenant, batch)) = parse_batch_name(&dep) {
+                let (tenant, batch) = (tenant.to_owned(), batch.to_owned());
+                if !self.cancel_members(&dep, &tenant, &batch) {
+                    self.continue_later();
+                    return queued;
+                }
+                if !self.may_work() {
+                    return queued;
+                }
+                self.spend();
+                self.emit(Event::DependentsSettled(DependentsSettled { job_id: dep }));
+                continue;
+            }
+            let dependents: Vec<String> = (self.state().dependents)
+                .after(&s.tenant_id, &dep, s.told_through.as_deref())
                 .take(self.budget_left())
                 .map(str::to_owned)
                 .collect();
@@ -253,10 +329,9 @@ impl Decider<'_, '_> {
             if !self.may_work() {
                 return queued;
             }
-            let more = self
-                .state()
-                .dependents
-                .of(&s.tenant_id, &dep)
+            let told = (self.state().settling.get(&dep)).and_then(|s| s.told_through.clone());
+            let more = (self.state().dependents)
+                .after(&s.tenant_id, &dep, told.as_deref())
                 .next()
                 .is_some();
             if more || !self.state().dependents.complete(&s.tenant_id, &dep) {

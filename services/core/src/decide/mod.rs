@@ -12,6 +12,7 @@
 //! workers) stops at a safe point and says so ([`Processed::more`]); the processor then
 //! journals a continuation (a Tick at the same watermark) that picks up where it stopped.
 
+mod batches;
 mod breaker;
 mod control;
 mod decider;

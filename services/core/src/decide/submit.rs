@@ -161,10 +161,12 @@ impl Decider<'_, '_> {
             return;
         }
         if let Some((code, why)) = delay_refused(self.state(), &config.rules, &request, self.now())
+            .or_else(|| super::batches::batch_refused(self.state(), &config.rules, &request))
         {
             self.dead_letter_input(&request.job_id, &request.tenant_id, code, why);
             return;
         }
+        self.open_batch_of(&request);
         self.accept(request, journal_request, unique_key);
     }
 
@@ -272,6 +274,11 @@ impl Decider<'_, '_> {
         request.not_before = None;
         request.depends_on.clear();
         request.dependency_timeout_ms = None;
+        // Nor does it join its batch again (which counted its end), nor wait for one.
+        request.batch_id = None;
+        request.batch_size = None;
+        request.after_batch = None;
+        request.batch_outcome = None;
         let config = self.rules();
         // A tenant-bound topic's job ids stay in their tenant's namespace.
         if let Some(why) =
@@ -517,6 +524,7 @@ pub(crate) fn debounceable(r: &JobRequest) -> bool {
     super::saga::workflow_of(r).is_none()
         && !crate::schedule::is_firing_job_id(&r.job_id)
         && r.depends_on.is_empty()
+        && r.after_batch.is_none()
 }
 
 /// The unique key a submission on its topic takes (SPEC §10), if the topic has a unique
@@ -583,6 +591,9 @@ pub(super) fn invalid_request(r: &JobRequest, limits: &Limits) -> Option<(DlqRea
     }
     if let Some(why) = invalid_dependencies(r, limits) {
         return Some((DlqReason::InvalidDependencies, why));
+    }
+    if let Some(why) = super::batches::invalid_batch(r, limits) {
+        return Some((DlqReason::InvalidBatch, why));
     }
     if r.budget.deadline_ms.is_some_and(|d| d <= 0) {
         return malformed(format!(
@@ -749,11 +760,13 @@ fn same_submission(existing: &Job, new: &JobRequest) -> bool {
         return false;
     }
     let a = &existing.request;
-    // The same job, whoever traced this submission of it.
+    // The same job, whoever traced this submission of it (and a callback's counts are
+    // the scheduler's, set once it was released).
     let b = JobRequest {
         topic: a.topic.clone(),
         payload: Vec::new(),
         traceparent: a.traceparent.clone(),
+        batch_outcome: a.batch_outcome.clone(),
         ..new.clone()
     };
     *a == b
@@ -857,7 +870,7 @@ fn effective_constraints(
 /// Why a job with dependencies may not wait for them (`queue_full`), if it may not: the
 /// shard holds `limits.max_blocked_jobs` already.
 fn blocked_refused(state: &State, rules: &Rules, r: &JobRequest) -> Option<String> {
-    if r.depends_on.is_empty() {
+    if r.depends_on.is_empty() && r.after_batch.is_none() {
         return None;
     }
     let blocked = (state.jobs_by_state.get(&crate::events::JobState::Blocked)).map_or(0, |n| *n);

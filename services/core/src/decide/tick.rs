@@ -50,6 +50,7 @@ impl Decider<'_, '_> {
         self.close_debounces(judged);
         self.fire_due_schedules(judged);
         self.resume_sagas();
+        self.batches_due(judged);
         released.extend(self.settle_dependents());
         self.forget_lost_workers(judged);
         self.prune_idempotency();

@@ -297,6 +297,10 @@ impl State {
                 && let Some(job) = store.job(&id)?
             {
                 if self.indexed_while_stored(&job) {
+                    // Its batch entry left memory with it.
+                    for key in super::dependent_keys_of(&id, &job) {
+                        self.dependents.insert(key);
+                    }
                     self.jobs.insert(id, Box::new(job));
                 } else {
                     self.hydrate_job(id, job);
@@ -501,6 +505,14 @@ impl State {
                     if let Some(keys) = self.waits.of_mut(kind) {
                         keys.left_memory(&key);
                     }
+                }
+                // A batch member's entry is in storage only from here.
+                let entries = super::dependent_keys_of(&id, job);
+                if !entries.is_empty() {
+                    for key in &entries {
+                        self.dependents.remove(key);
+                    }
+                    self.dependents.left_memory();
                 }
                 self.jobs.remove(&id);
             }

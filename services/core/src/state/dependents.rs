@@ -26,14 +26,23 @@ use super::{ColdStore, Job, State};
 pub type DependentKey = (String, String, String);
 
 /// The entries of job `id` ([`DependentKey`]): one per dependency it still waits for, while
-/// it is BLOCKED.
+/// it is BLOCKED, and one under its batch's members while it has not ended.
 pub fn dependent_keys_of(id: &str, job: &Job) -> Vec<DependentKey> {
-    match (&job.awaiting, job.state) {
+    let tenant = &job.request.tenant_id;
+    let mut keys: Vec<DependentKey> = match (&job.awaiting, job.state) {
         (Some(a), JobState::Blocked) => (a.open.iter())
-            .map(|d| (job.request.tenant_id.clone(), d.clone(), id.to_owned()))
+            .map(|d| (tenant.clone(), d.clone(), id.to_owned()))
             .collect(),
         _ => Vec::new(),
+    };
+    // An unfinished batch member, under its batch's members (a cancel reads them).
+    if let Some(batch) = &job.request.batch_id
+        && !job.state.is_terminal()
+    {
+        let members = super::batch_members(tenant, batch);
+        keys.push((tenant.clone(), members, id.to_owned()));
     }
+    keys
 }
 
 /// An ended job whose dependents are being told of its end: its tenant, and how it ended.
@@ -86,6 +95,30 @@ impl Dependents {
         let (tenant, dependency) = (tenant.to_owned(), dependency.to_owned());
         self.keys
             .range(from..)
+            .take_while(move |(t, d, _)| *t == tenant && *d == dependency)
+            .map(|(_, _, id)| id.as_str())
+    }
+
+    /// [`Dependents::of`] past `after` (the last told, when some were).
+    pub fn after<'a>(
+        &'a self,
+        tenant: &str,
+        dependency: &str,
+        after: Option<&str>,
+    ) -> impl Iterator<Item = &'a str> {
+        use std::ops::Bound;
+        let from = (
+            tenant.to_owned(),
+            dependency.to_owned(),
+            after.unwrap_or("").to_owned(),
+        );
+        let lower = match after {
+            Some(_) => Bound::Excluded(from),
+            None => Bound::Included(from),
+        };
+        let (tenant, dependency) = (tenant.to_owned(), dependency.to_owned());
+        self.keys
+            .range((lower, Bound::Unbounded))
             .take_while(move |(t, d, _)| *t == tenant && *d == dependency)
             .map(|(_, _, id)| id.as_str())
     }
@@ -213,13 +246,17 @@ impl State {
                 break;
             }
             let want = reach - counted;
-            let all = self.list_dependents(&tenant, &dependency, after, want, store)?;
+            let all = self.list_dependents(&tenant, &dependency, after.clone(), want, store)?;
             if all {
                 self.dependents
                     .listed
                     .insert((tenant.clone(), dependency.clone()));
             }
-            counted += self.dependents.of(&tenant, &dependency).count().max(1);
+            let held = (self.dependents)
+                .after(&tenant, &dependency, after.as_deref())
+                .take(want.max(1))
+                .count();
+            counted += held.max(1);
         }
         Ok(())
     }

@@ -818,6 +818,10 @@ impl State {
         // dependents are told (SUCCEEDED, then OUTPUT_QUARANTINED) tells them that.
         let settles = (job.awaited && after_state.is_terminal() && after_state != before_state)
             .then(|| job.request.tenant_id.clone());
+        // A batch member's end counts in its batch.
+        let batch_end = (job.request.batch_id.clone())
+            .filter(|_| after_state.is_terminal() && after_state != before_state)
+            .map(|b| ((job.request.tenant_id.clone(), b), job.accepted_at));
         if let Some(line) = line {
             let seq = next_history_seq(job, line.event.name());
             self.push_line(id, seq, line);
@@ -836,6 +840,9 @@ impl State {
         }
         if let Some(tenant) = settles {
             self.begin_settling(id, &tenant, after_state);
+        }
+        if let Some((key, accepted_at)) = batch_end {
+            self.count_batch_member(key, accepted_at, before_state, after_state);
         }
         if after_state != before_state {
             self.count_state(before_state, -1);
@@ -945,6 +952,10 @@ impl State {
             self.push_line(&id, seq, line);
         }
         self.mark_job(&id);
+        // A batch member is indexed under its batch from its acceptance.
+        for key in super::dependent_keys_of(&id, &job) {
+            self.dependents.insert(key);
+        }
         let (jobs, mut ix, rules, floor) = self.split();
         let entries = Entries::of(&id, &job, rules, floor, ix.workers);
         ix.change(&id, &job, &Entries::none(), &entries);
@@ -1065,6 +1076,9 @@ impl State {
             }
             if job.state.is_cold() {
                 self.cold.insert(id.clone());
+            }
+            for key in super::dependent_keys_of(&id, &job) {
+                self.dependents.insert(key);
             }
             let (jobs, mut ix, rules, floor) = self.split();
             ix.seeding = false;

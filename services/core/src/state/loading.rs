@@ -373,6 +373,10 @@ impl State {
         // A queued job's index entries stayed when its record left memory.
         if self.indexed_while_stored(&job) {
             self.backlog.spare(&job_id);
+            // Its batch entry left memory with it.
+            for key in super::dependent_keys_of(&job_id, &job) {
+                self.dependents.insert(key);
+            }
             self.jobs.insert(job_id, Box::new(job));
             return;
         }
@@ -395,12 +399,13 @@ impl State {
         let Some(job) = self.jobs.get(id).filter(|j| j.state.is_cold()) else {
             return;
         };
-        let blocked = job.state == crate::events::JobState::Blocked;
+        let indexed = !super::dependent_keys_of(id, job).is_empty();
         if let Some(key) = super::delay_key_of(id, job) {
             self.delay_left_memory(&key);
         }
-        // A blocked job's entries are in storage only from here.
-        if blocked {
+        // A blocked job's (or unfinished batch member's) entries are in storage only from
+        // here.
+        if indexed {
             self.dependents.left_memory();
         }
         self.unindex_job(id);

@@ -18,6 +18,7 @@ use crate::records::Millis;
 use crate::rules::Rules;
 
 mod backlog;
+mod batches;
 mod delays;
 mod dependents;
 mod index;
@@ -31,6 +32,9 @@ mod tracking;
 mod waits;
 
 pub use backlog::{Backlog, QueuedCounts, is_queued, is_resident, window_of};
+pub use batches::{
+    Batch, BatchKey, batch_dependency, batch_members, display_dependency, parse_batch_name,
+};
 pub use delays::{Coverage, DEFAULT_WINDOW, DelayKey, Delays, REFILL_CHUNK, delay_key_of};
 pub use dependents::{DependentKey, Dependents, Settling, dependent_keys_of};
 pub(crate) use index::Line;
@@ -148,6 +152,11 @@ pub struct State {
     pub settling: BTreeMap<String, Settling>,
     /// Jobs that began settling in the entry being decided (bookkeeping of one entry).
     pub fresh_settling: BTreeSet<String>,
+    /// Batches open, or ended within `limits.batch_retention_ms` (SPEC §11): all in memory,
+    /// at most `limits.max_batches` a shard.
+    pub batches: BTreeMap<BatchKey, Batch>,
+    /// Derived: batches by when a Tick next acts on them ([`Batch::due`]).
+    pub batches_due: BTreeSet<(Millis, BatchKey)>,
     /// Schedules by [`crate::schedule::schedule_key`] (all in memory: at most
     /// `limits.max_schedules` a shard).
     pub schedules: BTreeMap<String, Schedule>,
@@ -197,6 +206,8 @@ impl PartialEq for State {
             && self.debounces == other.debounces
             && self.debounces_due == other.debounces_due
             && self.settling == other.settling
+            && self.batches == other.batches
+            && self.batches_due == other.batches_due
             && self.dead_letters_by_reason == other.dead_letters_by_reason
             && self.jobs_by_state == other.jobs_by_state
             && self.queued == other.queued

@@ -35,6 +35,8 @@ pub struct Dirty {
     pub dependents_removed: Vec<super::DependentKey>,
     /// Jobs that began or ended settling ([`State::settling`]).
     pub settling: BTreeSet<String>,
+    /// Batches changed or forgotten (a key the state no longer holds was forgotten).
+    pub batches: BTreeSet<super::BatchKey>,
     /// (pool, lane, key) entries jobs left in their queues: the store's lane index drops
     /// them, unless the job waits under the same entry again ([`super::lane_keys_of`]).
     pub lanes_removed: Vec<(String, super::Lane, super::QueueKey)>,

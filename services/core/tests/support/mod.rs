@@ -331,6 +331,8 @@ impl ColdMap {
         s.waits = ksched_core::state::Waits::unknown();
         s.dependents = ksched_core::state::Dependents::stored();
         s.settling = was.settling.clone();
+        s.batches = was.batches.clone();
+        s.index_batches();
         s.clock = was.clock;
         s.entries = was.entries;
         s.config = was.config.clone();
@@ -535,6 +537,9 @@ pub(crate) struct Sim {
     pub last: usize,
     /// Continuation entries journaled so far (work cut at the per-entry bound).
     pub continuations: usize,
+    /// Leave work cut at the per-entry bound undone, as a processor that stops right after
+    /// an input would (a restart goes on with it).
+    pub halt_continuations: bool,
     /// Workers that heartbeat while time passes.
     pub alive: Vec<(String, String)>,
     /// Whether every input is followed by [`Sim::check`] (a replay of the whole journal):
@@ -575,6 +580,7 @@ impl Sim {
             outputs: Vec::new(),
             last: 0,
             continuations: 0,
+            halt_continuations: false,
             alive: Vec::new(),
             checking: true,
             last_tick: T0,
@@ -616,7 +622,7 @@ impl Sim {
         }
         let mut events = p.entry.events;
         // Work cut at the per-entry bound continues at once, as the processor does.
-        let mut more = p.more;
+        let mut more = p.more && !self.halt_continuations;
         while more {
             let next = ksched_core::decide::continuation(&self.state);
             let p = self.decide(&cause, next);
@@ -898,6 +904,38 @@ impl Sim {
             seen.extend(state.dependents.keys().iter().cloned());
             assert_eq!(seen, whole, "{what} dependents");
             assert_eq!(state.settling, self.state.settling, "{what} settling");
+            assert_eq!(state.batches, self.state.batches, "{what} batches");
+            assert_eq!(
+                state.batches_due, self.state.batches_due,
+                "{what} batches due"
+            );
+        }
+        // Each batch counts its own members: accepted since it opened, and their ends (a
+        // complete batch's counts are frozen as its callbacks were given them).
+        for ((tenant, id), b) in &self.state.batches {
+            let members: Vec<&Job> = (self.state.jobs.iter_any_order())
+                .map(|(_, j)| j)
+                .filter(|j| {
+                    j.request.tenant_id == *tenant
+                        && j.request.batch_id.as_deref() == Some(id.as_str())
+                        && j.accepted_at >= b.opened_at
+                })
+                .collect();
+            assert_eq!(b.joined as usize, members.len(), "batch {id} joined");
+            assert!(b.joined <= b.expected, "batch {id}: {b:?}");
+            let ended =
+                |s: &dyn Fn(JobState) -> bool| members.iter().filter(|j| s(j.state)).count() as i32;
+            if b.state == BatchState::Complete {
+                assert_eq!(b.succeeded + b.failed, b.expected, "batch {id}: {b:?}");
+            } else {
+                let succeeded = ended(&|s| s == JobState::Succeeded);
+                let failed = ended(&|s| s.is_terminal() && s != JobState::Succeeded);
+                assert_eq!(
+                    (b.succeeded, b.failed),
+                    (succeeded, failed),
+                    "batch {id}: {b:?}"
+                );
+            }
         }
         assert_eq!(self.partial.breakers, self.state.breakers);
         assert_eq!(self.partial.buckets, self.state.buckets);
@@ -1056,6 +1094,22 @@ impl Sim {
                 principal_id: "op".into(),
                 reason: None,
                 requested_at: self.now,
+                batch_id: None,
+            }),
+        )
+    }
+
+    /// An operator's cancel of batch `batch_id` of `tenant`.
+    pub(crate) fn cancel_batch(&mut self, tenant: &str, batch_id: &str) -> Vec<Event> {
+        self.input(
+            "ksched.control",
+            Input::Cancel(CancelJob {
+                job_id: String::new(),
+                tenant_id: Some(tenant.to_owned()),
+                principal_id: "op".into(),
+                reason: None,
+                requested_at: self.now,
+                batch_id: Some(batch_id.to_owned()),
             }),
         )
     }

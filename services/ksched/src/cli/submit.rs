@@ -97,6 +97,17 @@ pub(crate) struct SubmitArgs {
     /// limits.max_dependency_wait_ms.
     #[arg(long, value_name = "DURATION")]
     pub dependency_timeout: Option<String>,
+    /// Make the job a member of this batch of its tenant (needs --batch-size): the batch's
+    /// callbacks run once all its members ended.
+    #[arg(long, value_name = "BATCH_ID", requires = "batch_size")]
+    pub batch: Option<String>,
+    /// How many members the batch has (every member names the same count).
+    #[arg(long, value_name = "N", requires = "batch")]
+    pub batch_size: Option<i32>,
+    /// Make the job a callback of this batch of its tenant: it waits BLOCKED until every
+    /// member ended, then runs with the counts in its request (`batch_outcome`).
+    #[arg(long, value_name = "BATCH_ID", conflicts_with = "after")]
+    pub after_batch: Option<String>,
 }
 
 /// The JSON file format: every field optional.
@@ -120,6 +131,9 @@ struct JobFile {
     depends_on: Vec<String>,
     dependency_condition: Option<String>,
     dependency_timeout_ms: Option<i64>,
+    batch_id: Option<String>,
+    batch_size: Option<i32>,
+    after_batch: Option<String>,
 }
 
 pub(super) fn pairs(items: &[String], what: &str) -> Result<BTreeMap<String, String>, Failure> {
@@ -270,6 +284,10 @@ pub(crate) fn build(args: &SubmitArgs, now_ms: i64) -> Result<JobRequest, Failur
         depends_on,
         dependency_condition,
         dependency_timeout_ms,
+        batch_id: args.batch.clone().or(file.batch_id),
+        batch_size: args.batch_size.or(file.batch_size),
+        after_batch: args.after_batch.clone().or(file.after_batch),
+        batch_outcome: None,
     })
 }
 
@@ -413,6 +431,16 @@ mod tests {
             built(&["--when", "all-terminal"]).is_err(),
             "--when needs --after"
         );
+    }
+
+    #[test]
+    fn a_job_joins_a_batch_or_waits_for_one() {
+        let r = built(&["--batch", "nightly", "--batch-size", "3"]).unwrap();
+        assert_eq!(r.batch_id.as_deref(), Some("nightly"));
+        assert_eq!(r.batch_size, Some(3));
+        let r = built(&["--after-batch", "nightly"]).unwrap();
+        assert_eq!(r.after_batch.as_deref(), Some("nightly"));
+        assert!(r.batch_id.is_none() && r.batch_outcome.is_none());
     }
 
     #[test]

@@ -258,6 +258,11 @@ impl Processor {
                     return Ok(());
                 }
             }
+            Takes::IfItHoldsBatch(tenant, batch) => {
+                if !self.engine.state().batches.contains_key(&(tenant, batch)) {
+                    return Ok(());
+                }
+            }
         }
         // A new job while the disk is short of its reserve: refused, with its id. A job the
         // state holds already is decided as ever (a duplicate of it).
