@@ -11,6 +11,7 @@
 
 mod actions;
 pub mod auth;
+mod batches;
 mod console;
 mod fleet;
 mod jobs;

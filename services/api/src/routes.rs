@@ -45,6 +45,15 @@ pub fn router(api: Arc<Api>) -> Router {
             "/api/v1/schedules/{tenant}/{id}/{action}",
             post(schedules::act_on_schedule),
         )
+        .route("/api/v1/batches", get(crate::batches::list_batches))
+        .route(
+            "/api/v1/batches/{tenant}/{id}",
+            get(crate::batches::get_batch),
+        )
+        .route(
+            "/api/v1/batches/{tenant}/{id}/cancel",
+            post(crate::batches::cancel_batch),
+        )
         .route("/api/v1/workers", get(workers))
         .route("/api/v1/dlq", get(dlq))
         .route("/api/v1/tenants", get(tenants))

@@ -19,7 +19,7 @@ pub const JOB_COLUMNS: [&str; 7] = [
 /// A job as the API and the CLI show it (secret env values hidden, payload as its size).
 pub fn job_view(id: &str, j: &Job) -> Value {
     let r = &j.request;
-    json!({
+    let mut view = json!({
         "job_id": id,
         "state": j.state.as_str(),
         "tenant_id": r.tenant_id,
@@ -64,7 +64,11 @@ pub fn job_view(id: &str, j: &Job) -> Value {
         "depends_on": r.depends_on,
         "dependency_condition": r.dependency_condition.as_str(),
         "dependency_timeout_ms": r.dependency_timeout_ms,
-        "waiting_on": j.awaiting.as_ref().map(|a| &a.open),
+        "waiting_on": j.awaiting.as_ref().map(|a| {
+            (a.open.iter())
+                .map(|d| ksched_core::state::display_dependency(d).into_owned())
+                .collect::<Vec<_>>()
+        }),
         "dependencies_succeeded": j.awaiting.as_ref().map(|a| a.succeeded),
         "dependencies_failed": j.awaiting.as_ref().map(|a| a.failed),
         "awaited": j.awaited,
@@ -75,7 +79,14 @@ pub fn job_view(id: &str, j: &Job) -> Value {
         "result_ptr": j.result_ptr,
         "execution_ms": j.execution_ms,
         "dlq_reason": j.dlq_reason,
-    })
+    });
+    // Its batch (SPEC §11): the one it belongs to, the one it is a callback of, and how
+    // that one ended, once it ran.
+    view["batch_id"] = json!(r.batch_id);
+    view["batch_size"] = json!(r.batch_size);
+    view["after_batch"] = json!(r.after_batch);
+    view["batch_outcome"] = json!(r.batch_outcome);
+    view
 }
 
 pub fn worker_view(id: &str, w: &Worker) -> Value {

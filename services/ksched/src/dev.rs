@@ -217,6 +217,23 @@ pub(crate) fn demo_jobs() -> Vec<(JobRequest, &'static str)> {
         doomed,
         "needs demo-broken-1 to succeed: fails dependency_failed when it does not",
     ));
+    // A batch of five (one fails) and its callback, submitted first, which runs once all
+    // five ended, with their counts.
+    let mut report = job("demo-batch-report", CPU_TOPIC);
+    report.after_batch = Some("demo-batch".into());
+    out.push((
+        report,
+        "callback of batch demo-batch: runs once its 5 members ended, with 4 succeeded, 1 failed",
+    ));
+    for i in 1..=5 {
+        let mut m = job(&format!("demo-batch-{i}"), CPU_TOPIC);
+        m.batch_id = Some("demo-batch".into());
+        m.batch_size = Some(5);
+        if i == 5 {
+            m.labels.insert("demo.fatal".into(), "true".into());
+        }
+        out.push((m, "member of batch demo-batch"));
+    }
     out
 }
 

@@ -58,6 +58,13 @@ enum Command {
         #[command(flatten)]
         conn: Connection,
     },
+    /// Batches: jobs submitted with one batch id, and the callbacks that wait for them.
+    Batches {
+        #[command(subcommand)]
+        command: cli::batches::BatchesCommand,
+        #[command(flatten)]
+        conn: Connection,
+    },
     /// Inspect workers.
     Workers {
         #[command(subcommand)]
@@ -196,6 +203,10 @@ fn main() -> ExitCode {
         Command::Schedules { command, conn } => finish(
             conn.resolve()
                 .and_then(|t| cli::schedules::schedules(&t, command)),
+        ),
+        Command::Batches { command, conn } => finish(
+            conn.resolve()
+                .and_then(|t| cli::batches::batches(&t, command)),
         ),
         Command::Workers {
             command: WorkersCommand::List,

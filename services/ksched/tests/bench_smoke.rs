@@ -135,6 +135,18 @@ fn the_fan_out_benchmark_releases_every_dependent_in_bounded_entries() {
 }
 
 #[test]
+fn the_fan_in_benchmark_runs_the_callback_once_with_every_members_count() {
+    let (_, r) = bench(&["--fan-in".as_ref(), "2500".as_ref()]);
+    // The bench itself fails unless the callback was dispatched with the right counts.
+    assert_eq!(r["members"], 2500, "{r}");
+    assert_eq!(r["succeeded"], 2500, "{r}");
+    assert!(
+        r["callback_entries"].as_u64().is_some_and(|n| n >= 2),
+        "{r}"
+    );
+}
+
+#[test]
 fn the_timers_dispatch_benchmark_runs_every_delayed_job_and_none_early() {
     let (_, r) = bench(&[
         "--timers-dispatch".as_ref(),

@@ -68,6 +68,10 @@ fn ksched_dev_runs_the_demo_to_its_expected_outcomes() {
         ("demo-after-two", "SUCCEEDED"),
         ("demo-cleanup", "SUCCEEDED"),
         ("demo-doomed", "FAILED"),
+        // A batch of five, one failing, and its callback.
+        ("demo-batch-4", "SUCCEEDED"),
+        ("demo-batch-5", "FAILED"),
+        ("demo-batch-report", "SUCCEEDED"),
         // Sealed by `ksched dev` with its keyring, opened by the demo worker.
         ("demo-secret-1", "SUCCEEDED"),
         // Submitted with a time 30 s ahead.
@@ -92,6 +96,11 @@ fn ksched_dev_runs_the_demo_to_its_expected_outcomes() {
         codes.contains(&"safety_denied") && codes.contains(&"demo_input_invalid"),
         "{codes:?}"
     );
+    let report = json(&format!("{api}/api/v1/jobs/demo-batch-report"));
+    assert_eq!(report["batch_outcome"]["succeeded"], 4, "{report}");
+    assert_eq!(report["batch_outcome"]["failed"], 1, "{report}");
+    let batch = json(&format!("{api}/api/v1/batches/demo/demo-batch"));
+    assert_eq!(batch["state"], "COMPLETE", "{batch}");
     let later = json(&format!("{api}/api/v1/jobs/demo-later-1"));
     assert!(
         later["released_at"].as_i64() >= later["not_before"].as_i64(),

@@ -84,6 +84,7 @@ const NAV: &[(&str, &str)] = &[
     ("/ui", "Overview"),
     ("/ui/jobs", "Jobs"),
     ("/ui/schedules", "Schedules"),
+    ("/ui/batches", "Batches"),
     ("/ui/workers", "Workers"),
     ("/ui/pools", "Pools & tenants"),
     ("/ui/dlq", "DLQ"),

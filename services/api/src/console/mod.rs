@@ -11,6 +11,7 @@
 //! `Sec-Fetch-Site`) that is this server's, so another site cannot make a signed-in browser
 //! act.
 
+mod batches;
 mod fleet;
 mod html;
 mod jobs;
@@ -58,6 +59,9 @@ pub(super) fn routes(api: Arc<Api>) -> Router<Arc<Api>> {
         .route("/ui/jobs/{id}/{action}", post(act))
         .route("/ui/schedules", get(schedules::schedules))
         .route("/ui/schedules/{tenant}/{id}/{action}", post(schedules::act))
+        .route("/ui/batches", get(batches::batches))
+        .route("/ui/batches/{tenant}/{id}", get(batches::batch))
+        .route("/ui/batches/{tenant}/{id}/cancel", post(batches::cancel))
         .route("/ui/workers", get(workers))
         .route("/ui/pools", get(pools))
         .route("/ui/dlq", get(dlq))

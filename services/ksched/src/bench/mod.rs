@@ -3,6 +3,7 @@
 //! docs/performance.md explains the method and records results.
 
 mod baseline;
+mod batches;
 mod dependencies;
 mod e2e;
 mod failover;
@@ -141,6 +142,10 @@ pub(crate) struct BenchArgs {
     /// release takes.
     #[arg(long, value_name = "JOBS", conflicts_with_all = ["timers", "timers_dispatch", "memory"])]
     pub fan_out: Option<u64>,
+    /// Only measure a fan-in (no broker needed): a batch of this many jobs, run to their
+    /// ends, into one callback; from the last member's result to the callback's dispatch.
+    #[arg(long, value_name = "JOBS", conflicts_with_all = ["timers", "timers_dispatch", "memory", "fan_out"])]
+    pub fan_in: Option<u64>,
     /// `processor.tick_interval_ms` (how often scheduler time moves), to compare. Default:
     /// the setting's default (1000).
     #[arg(long, value_name = "MS")]
@@ -452,6 +457,9 @@ fn bench(args: BenchArgs) -> Result<()> {
     }
     if let Some(jobs) = args.fan_out {
         return dependencies::fan_out_only(&args, jobs);
+    }
+    if let Some(jobs) = args.fan_in {
+        return batches::fan_in_only(&args, jobs);
     }
     if let Some(counts) = &args.shards {
         return shards_only(&args, counts);

@@ -9,6 +9,7 @@
 //! or not allowed.
 
 pub(crate) mod audit;
+pub(crate) mod batches;
 pub(crate) mod journal;
 pub(crate) mod keys;
 pub(crate) mod output;
@@ -408,6 +409,11 @@ pub(crate) fn jobs(t: &Target, cmd: JobsCommand) -> CliResult {
                         "dependencies_succeeded",
                         "dependencies_failed",
                         "dependents",
+                        // Its batch, the batch it is a callback of, and how that one ended.
+                        "batch_id",
+                        "batch_size",
+                        "after_batch",
+                        "batch_outcome",
                     ];
                     let mut rows: Vec<Vec<String>> = fields
                         .iter()
