@@ -69,7 +69,20 @@ fn the_smoke_benchmark_measures_every_phase() {
     }
     let levels = r["levels"].as_array().unwrap();
     assert_eq!(levels.len(), 3);
-    for l in levels {
+    // And at fixed rates, as users size a system: every job timed to its handler's start.
+    let rates = r["rate_levels"].as_array().unwrap();
+    let offered: Vec<f64> = (rates.iter())
+        .map(|l| l["offered_jobs_per_sec"].as_f64().unwrap())
+        .collect();
+    assert_eq!(offered, [250.0, 1_000.0, 2_500.0]);
+    assert!(stdout.contains("| at 1000 jobs/s ("), "{stdout}");
+    for l in levels.iter().chain(rates) {
+        let jobs = l["jobs"].as_u64().unwrap();
+        assert_eq!(
+            l["submit_to_handler_ms"]["samples"].as_u64(),
+            Some(jobs),
+            "{l}"
+        );
         assert!(l["submit_to_dispatch_ms"]["samples"].as_u64().unwrap() > 0);
         assert!(
             l["submit_to_completed_ms"]["p99"].as_f64().unwrap()

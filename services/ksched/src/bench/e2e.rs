@@ -29,6 +29,11 @@ pub(super) struct Percentiles {
 }
 
 impl Percentiles {
+    /// `p50 / p99 / p999 ms`.
+    pub(super) fn figures(&self) -> String {
+        format!("{:.1} / {:.1} / {:.1} ms", self.p50, self.p99, self.p999)
+    }
+
     pub(super) fn of(mut v: Vec<f64>) -> Percentiles {
         if v.is_empty() {
             return Percentiles::default();
@@ -52,6 +57,8 @@ pub(super) struct Level {
     pub achieved_jobs_per_sec: f64,
     pub jobs: u64,
     pub submit_to_dispatch_ms: Percentiles,
+    /// From the send to the first line of an SDK worker's handler (one clock).
+    pub submit_to_handler_ms: Percentiles,
     /// Where submit -> dispatch went, from the broker's and the processor's timestamps.
     pub dispatch_parts: DispatchParts,
     pub submit_to_completed_ms: Percentiles,
@@ -247,6 +254,8 @@ struct Times {
     /// journal record was created (ms on the same clock as `sent`), and whether that input
     /// was a later one than the job's submission (it waited in the queue).
     dispatch_marks: HashMap<String, (f64, f64, bool)>,
+    /// When an SDK worker's handler first began each job.
+    started: HashMap<String, f64>,
     completed: HashMap<String, f64>,
 }
 
@@ -368,14 +377,22 @@ impl Rig {
                 let worker = Worker::new(cfg)?;
                 let stop = workers_stop.clone();
                 let work = Duration::from_millis(fleet.work_ms);
+                let times = times.clone();
                 handles.push(rt.spawn(async move {
                     worker
                         .run(
-                            move |_| async move {
-                                if !work.is_zero() {
-                                    tokio::time::sleep(work).await;
+                            move |job| {
+                                // The handler's first line: submit -> handler start.
+                                let at = now_ms(epoch);
+                                if let Ok(mut t) = times.lock() {
+                                    t.started.entry(job.job_id().to_owned()).or_insert(at);
                                 }
-                                Outcome::succeeded()
+                                async move {
+                                    if !work.is_zero() {
+                                        tokio::time::sleep(work).await;
+                                    }
+                                    Outcome::succeeded()
+                                }
                             },
                             stop,
                         )
@@ -710,6 +727,12 @@ impl Rig {
     }
 
     /// An open-loop load of `load` x `saturation` jobs/s for `seconds`.
+    /// Jobs offered at `rate` a second for `seconds`, whatever the saturation (a level as
+    /// users size a system); `load` is then the fraction of `saturation` it came to.
+    pub(super) fn level_at(&mut self, rate: f64, saturation: f64, seconds: f64) -> Result<Level> {
+        self.level(rate / saturation.max(1.0), saturation, seconds)
+    }
+
     pub(super) fn level(&mut self, load: f64, saturation: f64, seconds: f64) -> Result<Level> {
         let rate = (load * saturation).max(1.0);
         let n = (rate * seconds).ceil().max(1.0) as u64;
@@ -724,9 +747,13 @@ impl Rig {
         let mut dispatch = Vec::new();
         let mut parts = Vec::new();
         let mut completed = Vec::new();
+        let mut started = Vec::new();
         let mut last = t0;
         for id in &ids {
             let sent = t.sent[id];
+            if let Some(h) = t.started.get(id) {
+                started.push(h - sent);
+            }
             if let Some(d) = t.dispatched.get(id) {
                 dispatch.push(d - sent);
                 if let Some((logged, created, queued)) = t.dispatch_marks.get(id) {
@@ -755,6 +782,7 @@ impl Rig {
             achieved_jobs_per_sec: n as f64 / ((last - t0) / 1000.0).max(1e-9),
             jobs: n,
             submit_to_dispatch_ms: Percentiles::of(dispatch),
+            submit_to_handler_ms: Percentiles::of(started),
             dispatch_parts: DispatchParts::of(&parts),
             submit_to_completed_ms: Percentiles::of(completed),
         })

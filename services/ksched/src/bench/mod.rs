@@ -37,6 +37,10 @@ use memory::memory_only;
 use report::{Large, Report, Turn, median_of, or_dash, print_table};
 use shards::shards_only;
 
+/// The fixed rates of the latency levels, jobs a second (beside the levels at fractions of
+/// the measured saturation).
+pub(super) const RATES: [f64; 3] = [250.0, 1_000.0, 2_500.0];
+
 #[derive(Debug, Args)]
 pub(crate) struct BenchArgs {
     /// The broker to measure against.
@@ -625,6 +629,23 @@ fn bench(args: BenchArgs) -> Result<()> {
         }
         levels.push(l);
     }
+    let mut rate_levels = Vec::new();
+    for rate in RATES {
+        phase(&format!("end to end: {rate:.0} jobs/s"));
+        let l = rig.level_at(rate, saturation_small.jobs_per_sec, sizes.level_seconds)?;
+        eprintln!(
+            "        submit -> dispatch {}; -> handler start {}; mean batch {:.0} records, {:.1} ms",
+            l.submit_to_dispatch_ms.figures(),
+            l.submit_to_handler_ms.figures(),
+            l.mean_batch,
+            l.mean_batch_ms
+        );
+        eprintln!(
+            "        dispatch parts p50 / p99: {}",
+            l.dispatch_parts.figures()
+        );
+        rate_levels.push(l);
+    }
     phase("an idle fleet: no jobs, the workers heartbeating");
     let idle = rig.idle(sizes.idle_seconds)?;
     rig.stop()?;
@@ -652,6 +673,7 @@ fn bench(args: BenchArgs) -> Result<()> {
         history_small,
         saturation_small_history: saturation_small,
         levels,
+        rate_levels,
         idle,
         large,
         ratio,

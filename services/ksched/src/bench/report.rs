@@ -14,6 +14,8 @@ pub(super) struct Report {
     pub(super) history_small: history::History,
     pub(super) saturation_small_history: e2e::Saturation,
     pub(super) levels: Vec<e2e::Level>,
+    /// Levels at fixed rates ([`RATES`](super::RATES)), as users size a system.
+    pub(super) rate_levels: Vec<e2e::Level>,
     pub(super) idle: e2e::Idle,
     pub(super) large: Option<Large>,
     /// (jobs/s x Kafka records per job) / baseline I/O records/s.
@@ -259,6 +261,20 @@ pub(super) fn print_table(r: &Report) {
             l(i).submit_to_completed_ms.p50,
             l(i).submit_to_completed_ms.p99,
             l(i).submit_to_completed_ms.p999
+        );
+        println!(
+            "| submit -> handler start at {name} load (p50 / p99 / p999) | {} |",
+            l(i).submit_to_handler_ms.figures()
+        );
+    }
+    for l in &r.rate_levels {
+        println!(
+            "| at {:.0} jobs/s ({:.2} of saturation; {:.0} achieved): submit -> dispatch / -> handler start (p50 / p99 / p999) | {} / {} |",
+            l.offered_jobs_per_sec,
+            l.load,
+            l.achieved_jobs_per_sec,
+            l.submit_to_dispatch_ms.figures(),
+            l.submit_to_handler_ms.figures()
         );
     }
     if let Some(g) = &r.large {
