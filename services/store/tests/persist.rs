@@ -9,6 +9,40 @@ use ksched_core::rules::{PoolRules, Rules};
 use ksched_core::state::State;
 use ksched_store::Store;
 
+/// Decides `input` as the processor does, then persists and evicts; work cut at the
+/// per-entry bound continues at once, unless `topic` is "stop" (as if the processor stopped
+/// right after the entry). Returns the events of every entry.
+fn drive(
+    store: &Store,
+    ctx: &Ctx<'_>,
+    offset: &mut i64,
+    state: &mut State,
+    at: i64,
+    topic: &str,
+    input: Input,
+) -> Vec<ksched_core::events::Event> {
+    let mut events = Vec::new();
+    let mut input = Some(input);
+    while let Some(i) = input.take() {
+        state.load_for_input(&i, store).unwrap();
+        let cause = Cause {
+            topic: topic.into(),
+            partition: 0,
+            offset: *offset,
+        };
+        let p = process(state, ctx, cause, at, i);
+        *offset += 1;
+        let dirty = state.take_dirty();
+        store.persist(state, dirty, Some(*offset)).unwrap();
+        state.evict_cold();
+        events.extend(p.entry.events);
+        if p.more && topic != "stop" {
+            input = Some(ksched_core::decide::continuation(state));
+        }
+    }
+    events
+}
+
 fn rules() -> Rules {
     let mut r = Rules::default();
     r.topics
@@ -751,33 +785,7 @@ fn blocked_jobs_wait_in_the_store_by_what_they_wait_for_and_settle_across_a_rest
     };
     let mut offset = 0;
     let mut feed = |state: &mut State, at: i64, topic: &str, input: Input| {
-        let mut events = Vec::new();
-        let mut input = Some(input);
-        while let Some(i) = input.take() {
-            state.load_for_input(&i, &store).unwrap();
-            let p = process(
-                state,
-                &ctx,
-                Cause {
-                    topic: topic.into(),
-                    partition: 0,
-                    offset,
-                },
-                at,
-                i,
-            );
-            offset += 1;
-            let dirty = state.take_dirty();
-            store.persist(state, dirty, Some(offset)).unwrap();
-            state.evict_cold();
-            events.extend(p.entry.events);
-            // Work cut at the per-entry bound goes on at once, as the processor does, but
-            // not past the point this test stops at.
-            if p.more && topic != "stop" {
-                input = Some(ksched_core::decide::continuation(state));
-            }
-        }
-        events
+        drive(&store, &ctx, &mut offset, state, at, topic, input)
     };
     let job = |id: &str, deps: &[&str]| JobRequest {
         job_id: id.into(),
@@ -945,31 +953,7 @@ fn batches_keep_their_counts_members_and_callbacks_across_a_restart_mid_cancel()
     };
     let mut offset = 0;
     let mut feed = |state: &mut State, at: i64, topic: &str, input: Input| {
-        let mut events = Vec::new();
-        let mut input = Some(input);
-        while let Some(i) = input.take() {
-            state.load_for_input(&i, &store).unwrap();
-            let p = process(
-                state,
-                &ctx,
-                Cause {
-                    topic: topic.into(),
-                    partition: 0,
-                    offset,
-                },
-                at,
-                i,
-            );
-            offset += 1;
-            let dirty = state.take_dirty();
-            store.persist(state, dirty, Some(offset)).unwrap();
-            state.evict_cold();
-            events.extend(p.entry.events);
-            if p.more && topic != "stop" {
-                input = Some(ksched_core::decide::continuation(state));
-            }
-        }
-        events
+        drive(&store, &ctx, &mut offset, state, at, topic, input)
     };
     let job = |id: &str| JobRequest {
         job_id: id.into(),

@@ -15,13 +15,12 @@ use ksched_core::decide::Ctx;
 use ksched_core::events::{Cause, Event, Input};
 use ksched_core::policy::AllowAll;
 use ksched_core::records::{Heartbeat, JobRequest, JobResult, Tick};
-use ksched_runtime::settings::KafkaSettings;
 use ksched_runtime::{Config, Engine};
 use ksched_store::Store;
 use serde::Serialize;
 
 use super::memory::{backlog_rules, rss_bytes};
-use super::{BenchArgs, bench_config, phase};
+use super::{BenchArgs, offline_config, phase};
 
 const MIB: f64 = 1024.0 * 1024.0;
 
@@ -179,12 +178,7 @@ pub(super) fn run(config: &Config, jobs: u64, dir: &Path) -> Result<FanIn> {
 /// `ksched bench --fan-in N`: a batch of N members into one callback, through the core and
 /// the store.
 pub(super) fn fan_in_only(args: &BenchArgs, jobs: u64) -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    let kafka = KafkaSettings {
-        bootstrap_servers: args.bootstrap_servers.clone(),
-        ..KafkaSettings::default()
-    };
-    let config = bench_config(&kafka, "bench.fanin.", dir.path(), None);
+    let (dir, config) = offline_config(args, "bench.fanin.")?;
     phase(&format!(
         "fan-in: a batch of {jobs} jobs into one callback (core and store, no broker)"
     ));

@@ -15,14 +15,13 @@ use ksched_core::decide::Ctx;
 use ksched_core::events::{Cause, Event, Input};
 use ksched_core::policy::AllowAll;
 use ksched_core::records::{CancelJob, DependencyCondition, JobRequest, Millis};
-use ksched_runtime::settings::KafkaSettings;
 use ksched_runtime::{Config, Engine};
 use ksched_store::Store;
 use serde::Serialize;
 
 use super::memory::{backlog_rules, rss_bytes};
 use super::timers::percentile_f as percentile;
-use super::{BenchArgs, bench_config, phase};
+use super::{BenchArgs, offline_config, phase};
 
 const T0: Millis = 1_767_225_600_000;
 const MIB: f64 = 1024.0 * 1024.0;
@@ -166,12 +165,7 @@ pub(super) fn run(config: &Config, jobs: u64, dir: &Path) -> Result<FanOut> {
 
 /// `ksched bench --fan-out N`: one job with N dependents, through the core and the store.
 pub(super) fn fan_out_only(args: &BenchArgs, jobs: u64) -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    let kafka = KafkaSettings {
-        bootstrap_servers: args.bootstrap_servers.clone(),
-        ..KafkaSettings::default()
-    };
-    let config = bench_config(&kafka, "bench.fanout.", dir.path(), None);
+    let (dir, config) = offline_config(args, "bench.fanout.")?;
     phase(&format!(
         "fan-out: {jobs} jobs BLOCKED on one job, then that job ends (core and store, no broker)"
     ));

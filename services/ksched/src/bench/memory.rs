@@ -11,12 +11,11 @@ use ksched_core::decide::Ctx;
 use ksched_core::events::{Cause, Input};
 use ksched_core::policy::AllowAll;
 use ksched_core::records::JobRequest;
-use ksched_runtime::settings::KafkaSettings;
 use ksched_runtime::{Config, Engine};
 use ksched_store::Store;
 use serde::Serialize;
 
-use super::{BenchArgs, bench_config, phase};
+use super::{BenchArgs, offline_config, phase};
 
 #[derive(Debug, Serialize)]
 pub(super) struct Memory {
@@ -315,12 +314,7 @@ pub(super) struct Drain {
 /// leave memory) and three with every record in memory, interleaved, and each backlog is
 /// drained by a worker of 1,000 slots through the real core and store (no broker needed).
 pub(super) fn drain_only(args: &BenchArgs, jobs: u64) -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    let kafka = KafkaSettings {
-        bootstrap_servers: args.bootstrap_servers.clone(),
-        ..KafkaSettings::default()
-    };
-    let config = bench_config(&kafka, "bench.drain.", dir.path(), None);
+    let (dir, config) = offline_config(args, "bench.drain.")?;
     let (topic, rules) = backlog_rules(&config);
     let reconfigure = Config {
         rules,
@@ -388,12 +382,7 @@ pub(super) struct Beside {
 /// needed). The backlog's placement timeouts are a day: they stay pending throughout.
 pub(super) fn beside_only(args: &BenchArgs, backlog: u64) -> Result<()> {
     const DRAINED: u64 = 100_000;
-    let dir = tempfile::tempdir()?;
-    let kafka = KafkaSettings {
-        bootstrap_servers: args.bootstrap_servers.clone(),
-        ..KafkaSettings::default()
-    };
-    let config = bench_config(&kafka, "bench.beside.", dir.path(), None);
+    let (dir, config) = offline_config(args, "bench.beside.")?;
     let (topic, mut rules) = backlog_rules(&config);
     let idle_topic = format!("{topic}.idle");
     rules.topics.insert(idle_topic.clone(), vec!["idle".into()]);
@@ -543,12 +532,7 @@ fn new_timeouts(state: &mut ksched_core::state::State, store: &Store) -> Result<
 
 /// `ksched bench --memory N`: resident memory per pending job, live and after a restart.
 pub(super) fn memory_only(args: &BenchArgs, jobs: u64) -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    let kafka = KafkaSettings {
-        bootstrap_servers: args.bootstrap_servers.clone(),
-        ..KafkaSettings::default()
-    };
-    let config = bench_config(&kafka, "bench.memory.", dir.path(), None);
+    let (dir, config) = offline_config(args, "bench.memory.")?;
     phase(&format!(
         "memory: {jobs} pending jobs with {} byte payloads",
         args.memory_payload

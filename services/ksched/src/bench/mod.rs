@@ -37,6 +37,21 @@ use memory::memory_only;
 use report::{Large, Report, Turn, median_of, or_dash, print_table};
 use shards::shards_only;
 
+/// A directory and the config of a phase that runs the core and the store without a broker
+/// (`prefix` names its topics, which nothing creates).
+pub(super) fn offline_config(
+    args: &BenchArgs,
+    prefix: &str,
+) -> Result<(tempfile::TempDir, Config)> {
+    let dir = tempfile::tempdir()?;
+    let kafka = KafkaSettings {
+        bootstrap_servers: args.bootstrap_servers.clone(),
+        ..KafkaSettings::default()
+    };
+    let config = bench_config(&kafka, prefix, dir.path(), None);
+    Ok((dir, config))
+}
+
 /// The fixed rates of the latency levels, jobs a second (beside the levels at fractions of
 /// the measured saturation).
 pub(super) const RATES: [f64; 3] = [250.0, 1_000.0, 2_500.0];
