@@ -114,7 +114,24 @@ fn bad_batch_fields_are_refused_before_the_job_is_accepted() {
         ..callback("j4", "b")
     };
     let too_big = member("j5", "b", 2_000_000);
-    for r in [no_size, set_outcome, own, with_deps, too_big] {
+    // An id holding a control character could name the scheduler's internal entries.
+    let control = member("j6", "\u{1}members\u{1}acme\u{1}b", 2);
+    let blank = member("j7", "  ", 2);
+    let huge = member("j8", &"b".repeat(10_000), 2);
+    let bad_callback = callback("j9", "\u{1}batch\u{1}acme\u{1}b");
+    let zero = member("j10", "b", 0);
+    for r in [
+        no_size,
+        set_outcome,
+        own,
+        with_deps,
+        too_big,
+        control,
+        blank,
+        huge,
+        bad_callback,
+        zero,
+    ] {
         let id = r.job_id.clone();
         let ev = sim.submit(r);
         assert_eq!(refused(&ev), ["invalid_batch"], "{id}");
@@ -389,4 +406,34 @@ fn at_the_cap_an_ended_batch_makes_room_before_its_time() {
     assert_eq!(sim.state.batches.len(), 2);
     let ev = sim.submit(member("d0", "d", 1));
     assert_eq!(refused(&ev), ["queue_full"], "b open, c being told or open");
+}
+
+#[test]
+fn a_callback_naming_another_tenants_batch_waits_for_its_own_tenants_and_learns_nothing() {
+    let mut rules = rules();
+    rules.limits.max_dependency_wait_ms = 10_000;
+    let mut sim = Sim::with_rules(rules);
+    big_worker(&mut sim, "w1");
+    sim.keep_alive(&[("w1", "default")]);
+    let theirs = JobRequest {
+        tenant_id: "globex".into(),
+        ..member("g0", "shared", 1)
+    };
+    sim.submit(theirs);
+    sim.submit(callback("mine", "shared"));
+    run(&mut sim, "g0", ResultStatus::Succeeded);
+    let g = ("globex".to_owned(), "shared".to_owned());
+    assert_eq!(sim.state.batches[&g].state, BatchState::Complete);
+    assert_eq!(
+        sim.job_state("mine"),
+        JobState::Blocked,
+        "acme has no batch shared"
+    );
+    // Its own tenant's batch of that id is the one it waits for; here none comes.
+    sim.tick_after(11_000);
+    assert_eq!(sim.job_state("mine"), JobState::Failed);
+    let dl = sim.dead_letters();
+    let d = dl.iter().find(|d| d.job_id == "mine").unwrap();
+    assert!(d.reason.contains("batch shared"), "{}", d.reason);
+    assert!(!d.reason.contains("globex"), "{}", d.reason);
 }
