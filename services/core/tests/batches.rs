@@ -317,17 +317,7 @@ fn an_ended_batch_is_forgotten_after_its_retention_and_the_shard_holds_at_most_m
 
 #[test]
 fn a_quarantined_member_counts_as_failed() {
-    let mut policy = ScriptPolicy::default();
-    policy.output.push(Box::new(|doc| {
-        (doc["result"]["labels"]["contains_pii"].as_str() == Some("true")).then(|| {
-            ksched_core::policy::OutputDecision {
-                limit_exceeded: false,
-                quarantine: true,
-                reasons: vec!["output contains PII".into()],
-            }
-        })
-    }));
-    let mut sim = Sim::with_policy(rules(), policy);
+    let mut sim = Sim::with_policy(rules(), pii_quarantine());
     big_worker(&mut sim, "w1");
     sim.submit(member("m0", "b", 2));
     sim.submit(member("m1", "b", 2));
@@ -335,24 +325,7 @@ fn a_quarantined_member_counts_as_failed() {
     // The last member to end is the quarantined one: the batch completes in its entry.
     run(&mut sim, "m1", ResultStatus::Succeeded);
     let attempt = sim.job("m0").attempt;
-    sim.input(
-        "ksched.results",
-        Input::Result(ksched_core::records::JobResult {
-            job_id: "m0".into(),
-            attempt,
-            worker_id: "w1".into(),
-            status: ResultStatus::Succeeded,
-            result_meta: ksched_core::records::ResultMeta {
-                labels: [("contains_pii".to_owned(), "true".to_owned())].into(),
-                ..Default::default()
-            },
-            error_code: None,
-            error_message: None,
-            result_ptr: None,
-            execution_ms: 3,
-            finished_at: 0,
-        }),
-    );
+    sim.succeed_with_pii("m0", attempt, "w1");
     assert_eq!(sim.job_state("m0"), JobState::OutputQuarantined);
     let outcome = dispatched_outcome(&sim, "done").expect("ran");
     assert_eq!((outcome.succeeded, outcome.failed), (1, 1));

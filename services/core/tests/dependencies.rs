@@ -414,41 +414,14 @@ fn an_unblocked_job_keeps_its_time_and_its_deadline_counts_from_its_release() {
 
 #[test]
 fn a_dependency_whose_output_is_quarantined_did_not_succeed() {
-    let mut policy = ScriptPolicy::default();
-    policy.output.push(Box::new(|doc| {
-        (doc["result"]["labels"]["contains_pii"].as_str() == Some("true")).then(|| {
-            ksched_core::policy::OutputDecision {
-                limit_exceeded: false,
-                quarantine: true,
-                reasons: vec!["output contains PII".into()],
-            }
-        })
-    }));
-    let mut sim = Sim::with_policy(rules(), policy);
+    let mut sim = Sim::with_policy(rules(), pii_quarantine());
     big_worker(&mut sim, "w1");
     sim.submit(job("a"));
     sim.submit(after("needs-a", &["a"]));
     sim.submit(when(DependencyCondition::AnySucceeded, "any-a", &["a"]));
     sim.submit(when(DependencyCondition::AllTerminal, "after-a", &["a"]));
     let attempt = sim.job("a").attempt;
-    sim.input(
-        "ksched.results",
-        Input::Result(ksched_core::records::JobResult {
-            job_id: "a".into(),
-            attempt,
-            worker_id: "w1".into(),
-            status: ResultStatus::Succeeded,
-            error_code: None,
-            error_message: None,
-            result_ptr: Some("s3://out".into()),
-            result_meta: ksched_core::records::ResultMeta {
-                labels: [("contains_pii".to_owned(), "true".to_owned())].into(),
-                ..Default::default()
-            },
-            execution_ms: 3,
-            finished_at: 0,
-        }),
-    );
+    sim.succeed_with_pii("a", attempt, "w1");
     assert_eq!(sim.job_state("a"), JobState::OutputQuarantined);
     assert_eq!(
         sim.job_state("needs-a"),

@@ -490,6 +490,19 @@ pub(crate) fn reconfigure(rules: &Rules, snapshot: &str) -> Reconfigure {
     }
 }
 
+/// An output policy that quarantines results labelled `contains_pii`.
+pub(crate) fn pii_quarantine() -> ScriptPolicy {
+    let mut policy = ScriptPolicy::default();
+    policy.output.push(Box::new(|doc| {
+        (doc["result"]["labels"]["contains_pii"].as_str() == Some("true")).then(|| OutputDecision {
+            limit_exceeded: false,
+            quarantine: true,
+            reasons: vec!["output contains PII".into()],
+        })
+    }));
+    policy
+}
+
 pub(crate) fn job(id: &str) -> JobRequest {
     JobRequest {
         job_id: id.into(),
@@ -1083,6 +1096,19 @@ impl Sim {
                 finished_at: self.now,
             }),
         )
+    }
+
+    /// Attempt `attempt` of `job_id` succeeded on `worker`, its output labelled
+    /// `contains_pii` (which [`pii_quarantine`] quarantines).
+    pub(crate) fn succeed_with_pii(
+        &mut self,
+        job_id: &str,
+        attempt: i32,
+        worker: &str,
+    ) -> Vec<Event> {
+        let mut result = JobResult::succeeded(job_id, attempt, worker, 3, self.now);
+        result.result_meta.labels = [("contains_pii".to_owned(), "true".to_owned())].into();
+        self.input("ksched.results", Input::Result(result))
     }
 
     pub(crate) fn cancel(&mut self, job_id: &str, tenant: Option<&str>) -> Vec<Event> {
