@@ -49,6 +49,8 @@
 #                            a pause
 #   KAFKA_GC_OPTS            JVM garbage collector per node
 #                            [-XX:+UseG1GC -XX:MaxGCPauseMillis=20]
+#   KSCHED_KAFKA_PROPERTIES  extra server.properties lines, appended to each node's
+#                            (e.g. thread counts to compare) [none]
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -227,6 +229,7 @@ broker.heartbeat.interval.ms=1000
 # Tests create and drop many small topics; keep segments small so disk use stays bounded.
 log.segment.bytes=67108864
 log.retention.check.interval.ms=60000
+${KSCHED_KAFKA_PROPERTIES:-}
 EOF
 }
 

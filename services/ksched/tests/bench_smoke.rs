@@ -139,6 +139,22 @@ fn the_timers_benchmark_releases_and_fires_everything() {
 }
 
 #[test]
+fn the_rates_benchmark_times_every_job_of_every_rate_to_its_handler() {
+    let args = ["--smoke", "--rates", "40,120", "--submit-linger-ms", "0"];
+    let (_, r) = bench(&args.map(std::ffi::OsStr::new));
+    let levels = r.as_array().unwrap_or_else(|| panic!("{r}"));
+    assert_eq!(levels.len(), 2, "{r}");
+    for (level, rate) in levels.iter().zip([40.0, 120.0]) {
+        assert_eq!(level["offered_jobs_per_sec"], rate, "{level}");
+        // 1.5 s at the rate, rounded up: every job reached a handler and was timed there.
+        let jobs = level["jobs"].as_u64().unwrap();
+        assert_eq!(jobs, (rate * 1.5f64).ceil() as u64, "{level}");
+        assert_eq!(level["submit_to_handler_ms"]["samples"], jobs, "{level}");
+        assert_eq!(level["submit_to_dispatch_ms"]["samples"], jobs, "{level}");
+    }
+}
+
+#[test]
 fn the_fan_out_benchmark_releases_every_dependent_in_bounded_entries() {
     let (_, r) = bench(&["--fan-out".as_ref(), "1500".as_ref()]);
     // The bench itself fails unless every dependent was released.

@@ -311,13 +311,16 @@ pub(super) struct Timed {
     pub early: usize,
 }
 
-/// The SDK workers of a rig: how many, and how many jobs each runs at once.
+/// The clients of a rig: its SDK workers (how many, and how many jobs each runs at once),
+/// and how its job producer batches.
 #[derive(Debug, Clone, Copy, serde::Serialize)]
 pub(super) struct Fleet {
     pub workers: usize,
     pub slots: usize,
     /// How long each job takes at a worker (0: it succeeds at once).
     pub work_ms: u64,
+    /// `linger.ms` of the producer that submits the jobs.
+    pub submit_linger_ms: u64,
 }
 
 impl Rig {
@@ -403,7 +406,7 @@ impl Rig {
         let producer: BaseProducer = client
             .clone()
             .set("enable.idempotence", "true")
-            .set("linger.ms", "2")
+            .set("linger.ms", fleet.submit_linger_ms.to_string())
             .set("queue.buffering.max.messages", "1000000")
             .create()?;
         let rig = Rig {

@@ -88,6 +88,10 @@ pub(crate) struct BenchArgs {
     /// jobs queued for a slot at 50 % load.
     #[arg(long, default_value_t = 1024)]
     pub worker_slots: usize,
+    /// `linger.ms` of the bench's job producer: how long it holds a job to send it with
+    /// others (librdkafka's default is 5). Each ms is up to a ms more submit -> dispatch.
+    #[arg(long, default_value_t = 2, value_name = "MS")]
+    pub submit_linger_ms: u64,
     /// Only the small-history phases (baseline and saturation turns, latency levels): skip
     /// the large history, recovery and failover (minutes of set-up).
     #[arg(long)]
@@ -111,6 +115,11 @@ pub(crate) struct BenchArgs {
     /// journal carried them), to compare. Default: the setting's default.
     #[arg(long, value_name = "MS")]
     pub group_offsets_interval_ms: Option<u64>,
+    /// `processor.journal_positions_min_batch` (batches of fewer input records send their
+    /// positions to the consumer group instead of a journal header), to compare. Default:
+    /// the setting's default.
+    #[arg(long, value_name = "N")]
+    pub journal_positions_min_batch: Option<usize>,
     /// Only measure saturation throughput and CPU per job with each of these shard counts
     /// (one in-process instance holding them all, a processor thread per shard).
     #[arg(long, value_delimiter = ',', value_name = "N,N,...")]
@@ -185,6 +194,11 @@ pub(crate) struct BenchArgs {
     /// With `--fair-share`: how long each job takes at a worker.
     #[arg(long, default_value_t = 20, value_name = "MS", requires = "fair_share")]
     pub fair_share_work_ms: u64,
+    /// Only measure latency at these fixed rates (jobs a second): submit -> dispatch and
+    /// submit -> handler start, after a short warm-up, without the raw pipe, the histories
+    /// or the saturation turns (a level's `load` is then against a nominal 10,000 jobs/s).
+    #[arg(long, value_delimiter = ',', value_name = "R,R,...", conflicts_with_all = ["timers", "timers_dispatch", "memory", "shards", "flow_keys", "fair_share"])]
+    pub rates: Option<Vec<f64>>,
     #[command(flatten)]
     pub kafka: crate::kafka_args::KafkaArgs,
 }
@@ -420,6 +434,7 @@ impl BenchArgs {
             workers: self.workers,
             slots: self.worker_slots,
             work_ms: 0,
+            submit_linger_ms: self.submit_linger_ms,
         }
     }
 }
@@ -437,6 +452,9 @@ fn tune(args: &BenchArgs, config: &mut Config) {
     }
     if let Some(ms) = args.group_offsets_interval_ms {
         p.group_offsets_interval_ms = ms;
+    }
+    if let Some(n) = args.journal_positions_min_batch {
+        p.journal_positions_min_batch = n;
     }
     if let Some(ms) = args.tick_interval_ms {
         p.tick_interval_ms = ms;
@@ -488,6 +506,9 @@ fn bench(args: BenchArgs) -> Result<()> {
     }
     if let Some(jobs) = args.fair_share {
         return flow::fair_share_only(&args, jobs);
+    }
+    if let Some(rates) = &args.rates {
+        return rates_only(&args, rates);
     }
     let total = Instant::now();
     let sizes = Sizes::of(args.smoke);
@@ -646,20 +667,12 @@ fn bench(args: BenchArgs) -> Result<()> {
     }
     let mut rate_levels = Vec::new();
     for rate in RATES {
-        phase(&format!("end to end: {rate:.0} jobs/s"));
-        let l = rig.level_at(rate, saturation_small.jobs_per_sec, sizes.level_seconds)?;
-        eprintln!(
-            "        submit -> dispatch {}; -> handler start {}; mean batch {:.0} records, {:.1} ms",
-            l.submit_to_dispatch_ms.figures(),
-            l.submit_to_handler_ms.figures(),
-            l.mean_batch,
-            l.mean_batch_ms
-        );
-        eprintln!(
-            "        dispatch parts p50 / p99: {}",
-            l.dispatch_parts.figures()
-        );
-        rate_levels.push(l);
+        rate_levels.push(rate_level(
+            &mut rig,
+            rate,
+            saturation_small.jobs_per_sec,
+            sizes.level_seconds,
+        )?);
     }
     phase("an idle fleet: no jobs, the workers heartbeating");
     let idle = rig.idle(sizes.idle_seconds)?;
@@ -707,6 +720,78 @@ fn bench(args: BenchArgs) -> Result<()> {
     eprintln!("results written to {}", args.out.display());
     Ok(())
 }
+
+/// One latency level at `rate` jobs/s, its figures printed as it ends.
+fn rate_level(rig: &mut e2e::Rig, rate: f64, saturation: f64, seconds: f64) -> Result<e2e::Level> {
+    phase(&format!("end to end: {rate:.0} jobs/s"));
+    let l = rig.level_at(rate, saturation, seconds)?;
+    eprintln!(
+        "        submit -> dispatch {}; -> handler start {}; mean batch {:.0} records, {:.1} ms",
+        l.submit_to_dispatch_ms.figures(),
+        l.submit_to_handler_ms.figures(),
+        l.mean_batch,
+        l.mean_batch_ms
+    );
+    eprintln!(
+        "        dispatch parts p50 / p99: {}",
+        l.dispatch_parts.figures()
+    );
+    eprintln!(
+        "        batch phases, ms a batch: {}",
+        l.phase_ms_per_batch
+            .iter()
+            .map(|(k, v)| format!("{k} {v:.2}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    if let Some(m) = &l.machine {
+        eprintln!("        {}", m.level_figures());
+    }
+    Ok(l)
+}
+
+/// `bench --rates`: the latency levels at the given rates only, on a warmed-up rig; the
+/// levels are written to `--out` as JSON.
+fn rates_only(args: &BenchArgs, rates: &[f64]) -> Result<()> {
+    anyhow::ensure!(
+        rates
+            .iter()
+            .all(|r| r.is_finite() && *r > 0.0 && *r <= MAX_RATE),
+        "--rates takes jobs-a-second figures above 0 and at most {MAX_RATE}"
+    );
+    let sizes = Sizes::of(args.smoke);
+    let run = format!("bench-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let work = tempfile::tempdir()?;
+    let (kafka, client) = kafka_clients(args)?;
+    let prefix = format!("{run}.rates.");
+    let mut config = bench_config(&kafka, &prefix, &work.path().join("rates"), None);
+    tune(args, &mut config);
+    ensure_topics(&config)?;
+    let mut rig = e2e::Rig::start(config, client, args.fleet(), "rates")?;
+    phase("warm-up: a short run at saturation, not measured");
+    rig.saturation((sizes.saturation_jobs / 10).max(50))?;
+    let mut levels = Vec::new();
+    for rate in rates {
+        levels.push(rate_level(
+            &mut rig,
+            *rate,
+            NOMINAL_SATURATION,
+            sizes.level_seconds,
+        )?);
+    }
+    rig.stop()?;
+    std::fs::write(&args.out, serde_json::to_string_pretty(&levels)?)
+        .with_context(|| format!("writing {}", args.out.display()))?;
+    eprintln!("results written to {}", args.out.display());
+    Ok(())
+}
+
+/// The highest rate `bench --rates` offers: far past what one machine decides, and few
+/// enough jobs a level that their timings fit in memory.
+const MAX_RATE: f64 = 1_000_000.0;
+
+/// What `bench --rates` reports a level's load against: it measures no saturation.
+const NOMINAL_SATURATION: f64 = 10_000.0;
 
 /// The large history, rebuilt (the replay figure); recovery after SIGKILL; saturation on it;
 /// failover between two instances on it.
