@@ -229,8 +229,27 @@ broker.heartbeat.interval.ms=1000
 # Tests create and drop many small topics; keep segments small so disk use stays bounded.
 log.segment.bytes=67108864
 log.retention.check.interval.ms=60000
-${KSCHED_KAFKA_PROPERTIES:-}
 EOF
+  append_extra_properties
+}
+
+# KSCHED_KAFKA_PROPERTIES: `key=value` lines (blank lines and `#` comments skipped) appended to
+# the node's properties. A key this script sets itself (listeners, node id, data directory,
+# security) is refused, so the extras can only tune, never move or open the node.
+append_extra_properties() {
+  local line key
+  [ -n "${KSCHED_KAFKA_PROPERTIES:-}" ] || return 0
+  while IFS= read -r line; do
+    case "$line" in '' | '#'*) continue ;; esac
+    [[ "$line" =~ ^([A-Za-z0-9._-]+)=.*$ ]] ||
+      die "KSCHED_KAFKA_PROPERTIES: '$line' is not a key=value line"
+    key=${BASH_REMATCH[1]}
+    if grep -q "^${key//./\\.}=" "$props"; then
+      die "KSCHED_KAFKA_PROPERTIES: $key is set by deploy/kafka.sh itself"
+    fi
+    printf '%s\n' "$line" >>"$props"
+    say "node ${node_id}: extra property $line"
+  done <<<"$KSCHED_KAFKA_PROPERTIES"
 }
 
 cluster_id() {

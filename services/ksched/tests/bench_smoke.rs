@@ -140,9 +140,20 @@ fn the_timers_benchmark_releases_and_fires_everything() {
 
 #[test]
 fn the_rates_benchmark_times_every_job_of_every_rate_to_its_handler() {
-    let args = ["--smoke", "--rates", "40,120", "--submit-linger-ms", "0"];
-    let (_, r) = bench(&args.map(std::ffi::OsStr::new));
-    let levels = r.as_array().unwrap_or_else(|| panic!("{r}"));
+    let args = [
+        "--smoke",
+        "--rates",
+        "40,120",
+        "--submit-linger-ms",
+        "0",
+        "--journal-positions-min-batch",
+        "3",
+    ];
+    let (stdout, r) = bench(&args.map(std::ffi::OsStr::new));
+    // The settings it ran with are in the report.
+    assert_eq!(r["fleet"]["submit_linger_ms"], 0, "{r}");
+    assert_eq!(r["journal_positions_min_batch"], 3, "{r}");
+    let levels = r["levels"].as_array().unwrap_or_else(|| panic!("{r}"));
     assert_eq!(levels.len(), 2, "{r}");
     for (level, rate) in levels.iter().zip([40.0, 120.0]) {
         assert_eq!(level["offered_jobs_per_sec"], rate, "{level}");
@@ -151,6 +162,38 @@ fn the_rates_benchmark_times_every_job_of_every_rate_to_its_handler() {
         assert_eq!(jobs, (rate * 1.5f64).ceil() as u64, "{level}");
         assert_eq!(level["submit_to_handler_ms"]["samples"], jobs, "{level}");
         assert_eq!(level["submit_to_dispatch_ms"]["samples"], jobs, "{level}");
+        assert!(
+            level["phase_ms_per_batch"]["deliveries"]
+                .as_f64()
+                .is_some_and(|ms| ms > 0.0),
+            "{level}"
+        );
+        assert!(
+            stdout.contains(&format!("{rate:.0} jobs/s offered")),
+            "{stdout}"
+        );
+    }
+}
+
+#[test]
+fn the_rates_benchmark_refuses_rates_it_cannot_offer() {
+    for bad in ["nan", "0.5", "0", "50001", "-3"] {
+        let run = Command::new(env!("CARGO_BIN_EXE_ksched"))
+            .args([
+                "bench",
+                "--bootstrap-servers",
+                "127.0.0.1:1",
+                "--rates",
+                bad,
+            ])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&run.stderr);
+        assert!(!run.status.success(), "{bad}: {stderr}");
+        assert!(
+            stderr.contains("--rates") || stderr.contains("unexpected argument"),
+            "{bad}: {stderr}"
+        );
     }
 }
 

@@ -729,15 +729,19 @@ impl Rig {
         })
     }
 
-    /// An open-loop load of `load` x `saturation` jobs/s for `seconds`.
     /// Jobs offered at `rate` a second for `seconds`, whatever the saturation (a level as
     /// users size a system); `load` is then the fraction of `saturation` it came to.
     pub(super) fn level_at(&mut self, rate: f64, saturation: f64, seconds: f64) -> Result<Level> {
-        self.level(rate / saturation.max(1.0), saturation, seconds)
+        self.offer(rate.max(1.0), rate / saturation.max(1.0), seconds)
     }
 
+    /// An open-loop load of `load` x `saturation` jobs/s for `seconds`.
     pub(super) fn level(&mut self, load: f64, saturation: f64, seconds: f64) -> Result<Level> {
-        let rate = (load * saturation).max(1.0);
+        self.offer((load * saturation).max(1.0), load, seconds)
+    }
+
+    /// `rate` jobs a second for `seconds`, open loop; `load` is what the level reports it as.
+    fn offer(&mut self, rate: f64, load: f64, seconds: f64) -> Result<Level> {
         let n = (rate * seconds).ceil().max(1.0) as u64;
         let (b0, n0, c0, _) = self.batch_totals();
         let phases0 = self.phases();

@@ -197,7 +197,7 @@ pub(crate) struct BenchArgs {
     /// Only measure latency at these fixed rates (jobs a second): submit -> dispatch and
     /// submit -> handler start, after a short warm-up, without the raw pipe, the histories
     /// or the saturation turns (a level's `load` is then against a nominal 10,000 jobs/s).
-    #[arg(long, value_delimiter = ',', value_name = "R,R,...", conflicts_with_all = ["timers", "timers_dispatch", "memory", "shards", "flow_keys", "fair_share"])]
+    #[arg(long, value_delimiter = ',', value_name = "R,R,...", conflicts_with_all = ["timers", "timers_dispatch", "memory", "memory_load", "backlog_drain", "backlog_beside", "saturation_beside", "fan_out", "fan_in", "shards", "flow_keys", "fair_share"])]
     pub rates: Option<Vec<f64>>,
     #[command(flatten)]
     pub kafka: crate::kafka_args::KafkaArgs,
@@ -538,6 +538,7 @@ fn bench(args: BenchArgs) -> Result<()> {
     tune(&args, &mut small_cfg);
     let transactional_producers = small_cfg.settings.processor.transactional_producers;
     let group_offsets_interval_ms = small_cfg.settings.processor.group_offsets_interval_ms;
+    let journal_positions_min_batch = small_cfg.settings.processor.journal_positions_min_batch;
     rt.block_on(ksched_runtime::topics::ensure_topics(
         &small_cfg.settings,
         &ksched_runtime::topics_of(&small_cfg),
@@ -712,6 +713,7 @@ fn bench(args: BenchArgs) -> Result<()> {
         coalesce_heartbeats: !args.keep_heartbeats,
         transactional_producers,
         group_offsets_interval_ms,
+        journal_positions_min_batch,
         total_seconds: total.elapsed().as_secs_f64(),
     };
     print_table(&report);
@@ -751,44 +753,91 @@ fn rate_level(rig: &mut e2e::Rig, rate: f64, saturation: f64, seconds: f64) -> R
 }
 
 /// `bench --rates`: the latency levels at the given rates only, on a warmed-up rig; the
-/// levels are written to `--out` as JSON.
+/// settings and the levels so far are written to `--out` as JSON after each level, and a
+/// line per level is printed on stdout at the end.
 fn rates_only(args: &BenchArgs, rates: &[f64]) -> Result<()> {
     anyhow::ensure!(
         rates
             .iter()
-            .all(|r| r.is_finite() && *r > 0.0 && *r <= MAX_RATE),
-        "--rates takes jobs-a-second figures above 0 and at most {MAX_RATE}"
+            .all(|r| r.is_finite() && (MIN_RATE..=MAX_RATE).contains(r)),
+        "--rates takes jobs-a-second figures from {MIN_RATE} to {MAX_RATE}"
+    );
+    anyhow::ensure!(
+        rates.len() <= MAX_RATES,
+        "--rates takes at most {MAX_RATES} rates"
     );
     let sizes = Sizes::of(args.smoke);
     let run = format!("bench-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
-    let work = tempfile::tempdir()?;
+    let scratch = tempfile::tempdir()?;
+    let work = args.work_dir.as_deref().unwrap_or(scratch.path());
     let (kafka, client) = kafka_clients(args)?;
     let prefix = format!("{run}.rates.");
-    let mut config = bench_config(&kafka, &prefix, &work.path().join("rates"), None);
+    let mut config = bench_config(&kafka, &prefix, &work.join(&run), None);
     tune(args, &mut config);
+    let p = &config.settings.processor;
+    let mut report = RatesReport {
+        machine: machine(),
+        build: if cfg!(debug_assertions) {
+            "debug"
+        } else {
+            "release"
+        },
+        fleet: args.fleet(),
+        pipelined: p.pipelined,
+        max_batch: p.max_batch,
+        coalesce_heartbeats: p.coalesce_heartbeats,
+        transactional_producers: p.transactional_producers,
+        group_offsets_interval_ms: p.group_offsets_interval_ms,
+        journal_positions_min_batch: p.journal_positions_min_batch,
+        kafka_properties: kafka.masked_properties(),
+        levels: Vec::new(),
+    };
     ensure_topics(&config)?;
     let mut rig = e2e::Rig::start(config, client, args.fleet(), "rates")?;
     phase("warm-up: a short run at saturation, not measured");
     rig.saturation((sizes.saturation_jobs / 10).max(50))?;
-    let mut levels = Vec::new();
     for rate in rates {
-        levels.push(rate_level(
-            &mut rig,
-            *rate,
-            NOMINAL_SATURATION,
-            sizes.level_seconds,
-        )?);
+        let level = rate_level(&mut rig, *rate, NOMINAL_SATURATION, sizes.level_seconds)?;
+        report.levels.push(level);
+        std::fs::write(&args.out, serde_json::to_string_pretty(&report)?)
+            .with_context(|| format!("writing {}", args.out.display()))?;
     }
     rig.stop()?;
-    std::fs::write(&args.out, serde_json::to_string_pretty(&levels)?)
-        .with_context(|| format!("writing {}", args.out.display()))?;
+    for l in &report.levels {
+        println!(
+            "{:>8.0} jobs/s offered: submit -> dispatch {}; submit -> handler start {}",
+            l.offered_jobs_per_sec,
+            l.submit_to_dispatch_ms.figures(),
+            l.submit_to_handler_ms.figures()
+        );
+    }
     eprintln!("results written to {}", args.out.display());
     Ok(())
 }
 
-/// The highest rate `bench --rates` offers: far past what one machine decides, and few
-/// enough jobs a level that their timings fit in memory.
-const MAX_RATE: f64 = 1_000_000.0;
+/// What `bench --rates` writes: the settings it ran with, and its levels.
+#[derive(Debug, serde::Serialize)]
+struct RatesReport {
+    machine: String,
+    build: &'static str,
+    fleet: e2e::Fleet,
+    pipelined: bool,
+    max_batch: usize,
+    coalesce_heartbeats: bool,
+    transactional_producers: u8,
+    group_offsets_interval_ms: u64,
+    journal_positions_min_batch: usize,
+    /// The librdkafka properties given (`-X`, `--command-config`), secrets masked.
+    kafka_properties: std::collections::BTreeMap<String, String>,
+    levels: Vec<e2e::Level>,
+}
+
+/// The rates `bench --rates` offers: at least a job a second, and at most what keeps a
+/// level to 400,000 jobs (their timings are held until the run ends).
+const MIN_RATE: f64 = 1.0;
+const MAX_RATE: f64 = 50_000.0;
+/// Most levels one `bench --rates` runs.
+const MAX_RATES: usize = 20;
 
 /// What `bench --rates` reports a level's load against: it measures no saturation.
 const NOMINAL_SATURATION: f64 = 10_000.0;

@@ -35,6 +35,7 @@ pub(super) struct Report {
     pub(super) coalesce_heartbeats: bool,
     pub(super) transactional_producers: u8,
     pub(super) group_offsets_interval_ms: u64,
+    pub(super) journal_positions_min_batch: usize,
     pub(super) total_seconds: f64,
 }
 
