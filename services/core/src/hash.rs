@@ -146,11 +146,13 @@ pub fn sha256_parts<'a>(parts: impl IntoIterator<Item = &'a [u8]>) -> String {
     hex(&h.finalize())
 }
 
-fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write;
+/// Lowercase hex, two digits a byte (what every journaled digest is written as).
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut s = String::with_capacity(bytes.len() * 2);
     for b in bytes {
-        let _ = write!(s, "{b:02x}");
+        s.push(char::from(DIGITS[usize::from(b >> 4)]));
+        s.push(char::from(DIGITS[usize::from(b & 0x0f)]));
     }
     s
 }
@@ -172,6 +174,14 @@ pub fn fnv1a64(parts: &[&[u8]]) -> u64 {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn hex_writes_every_byte_as_two_lowercase_digits() {
+        let all: Vec<u8> = (0..=255).collect();
+        let expected: String = all.iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(super::hex(&all), expected);
+        assert_eq!(super::hex(&[]), "");
+    }
+
     use super::*;
 
     #[test]

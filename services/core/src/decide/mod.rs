@@ -32,7 +32,7 @@ use crate::outputs::Output;
 use crate::policy::PolicyEngine;
 use crate::reason::{DlqReason, Rejection};
 use crate::records::{Millis, Tick};
-use crate::rules::Rules;
+use crate::rules::{Limits, Rules};
 use crate::state::State;
 pub(crate) use decider::Decider;
 pub(crate) use placement::lane_of;
@@ -90,11 +90,10 @@ pub fn process(
     let now = state.clock.max(log_time);
     let previous_watermark = state.watermark;
     begin_entry(state, now, &input);
-    let budget = state
-        .rules()
-        .map_or(Rules::default().limits.max_work_per_entry, |r| {
-            r.limits.max_work_per_entry
-        });
+    let budget = state.rules().map_or_else(
+        || Limits::default().max_work_per_entry,
+        |r| r.limits.max_work_per_entry,
+    );
     let mut d = Decider::new(state, ctx, now, &cause, &input, budget, previous_watermark);
     d.handle();
     let (events, outputs, more) = d.finish();

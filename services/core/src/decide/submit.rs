@@ -532,10 +532,7 @@ pub(crate) fn debounceable(r: &JobRequest) -> bool {
 pub(crate) fn unique_key_of(rules: &Rules, r: &JobRequest) -> Option<String> {
     let rule = rules.topic_unique.get(&r.topic)?;
     rule.key_of(&r.labels, || {
-        crate::apply::payload_digest(&r.payload)
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect()
+        crate::hash::hex(&crate::apply::payload_digest(&r.payload))
     })
 }
 

@@ -25,7 +25,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 use crate::events::JobState;
-use crate::rules::Rules;
+use crate::rules::{Limits, Rules};
 
 use super::{ColdStore, Job, Lane, LaneJobs, QueueKey, State, Stored, WAIT_KINDS};
 use crate::records::Millis;
@@ -136,9 +136,10 @@ impl Backlog {
 /// How many of a lane's first jobs decisions may read under `rules`: one entry places at
 /// most `max_work_per_entry` jobs and then looks at the next head.
 pub fn window_of(rules: Option<&Rules>) -> usize {
-    let work = rules.map_or(Rules::default().limits.max_work_per_entry, |r| {
-        r.limits.max_work_per_entry
-    });
+    let work = rules.map_or_else(
+        || Limits::default().max_work_per_entry,
+        |r| r.limits.max_work_per_entry,
+    );
     usize::try_from(work)
         .unwrap_or(usize::MAX)
         .saturating_add(1)
@@ -148,9 +149,10 @@ pub fn window_of(rules: Option<&Rules>) -> usize {
 /// (`limits.lane_keys_in_memory`, at least the window and one more): a lane is read back
 /// once per so many jobs that leave it, not at every one.
 pub(super) fn keep_of(rules: Option<&Rules>) -> usize {
-    let kept = rules.map_or(Rules::default().limits.lane_keys_in_memory, |r| {
-        r.limits.lane_keys_in_memory
-    });
+    let kept = rules.map_or_else(
+        || Limits::default().lane_keys_in_memory,
+        |r| r.limits.lane_keys_in_memory,
+    );
     usize::try_from(kept)
         .unwrap_or(usize::MAX)
         .max(window_of(rules).saturating_add(1))

@@ -286,9 +286,10 @@ impl State {
     /// `Decider::tick` judges by): the liveness floor it raises timeouts to.
     fn clock_gap_ahead(&self, t: &crate::records::Tick) -> Option<Millis> {
         let watermark = t.watermark?;
-        let gap = (self.rules()).map_or(crate::rules::Rules::default().timing.clock_gap_ms, |r| {
-            r.timing.clock_gap_ms
-        });
+        let gap = (self.rules()).map_or_else(
+            || crate::rules::Timing::default().clock_gap_ms,
+            |r| r.timing.clock_gap_ms,
+        );
         let judged = watermark.max(self.watermark);
         (self.watermark > 0 && judged - self.watermark > gap).then_some(judged)
     }
