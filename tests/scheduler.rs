@@ -3,6 +3,7 @@
 
 mod support;
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
@@ -103,6 +104,55 @@ async fn submit_dispatch_start_result_succeeded() {
         ("job-ok", 1)
     );
     assert!(s.dead_letters().is_empty());
+    w.stop().await;
+}
+
+/// A worker's reports to one shard go to one results partition, whatever its jobs' ids: the
+/// scheduler names it in every Dispatch (one shard too) and the SDK writes there, so a
+/// worker's flush is one produce request, not one per partition its jobs' ids hash to.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_answers_on_the_one_results_partition_its_dispatches_name() {
+    let s = Scheduler::start(vec![]).await;
+    let w = s.worker("w1", |_| async move { Outcome::succeeded() });
+    s.wait_worker("w1").await;
+    let ids: Vec<String> = (0..8).map(|i| format!("job-reply-{i}")).collect();
+    for id in &ids {
+        s.submit(&request(&s, id));
+    }
+    for id in &ids {
+        s.wait_job(id, "SUCCEEDED", |j| j.state == JobState::Succeeded)
+            .await;
+    }
+    let named: BTreeSet<Option<i32>> = s
+        .dispatch_records()
+        .into_iter()
+        .filter_map(|r| match r {
+            AnyRecord::Dispatch(d) if ids.contains(&d.job.job_id) => Some(d.reply_partition),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        named.len(),
+        1,
+        "one partition for every dispatch to w1: {named:?}"
+    );
+    let reply = named
+        .into_iter()
+        .next()
+        .flatten()
+        .expect("a partition named");
+    let answered: BTreeSet<(String, i32)> = s
+        .journal()
+        .into_iter()
+        .filter(|(_, e)| matches!(&e.input, Input::Result(r) if ids.contains(&r.job_id)))
+        .map(|(_, e)| (e.cause.topic, e.cause.partition))
+        .collect();
+    assert_eq!(
+        answered.len(),
+        1,
+        "every result on one partition: {answered:?}"
+    );
+    assert_eq!(answered.into_iter().next().map(|(_, p)| p), Some(reply));
     w.stop().await;
 }
 

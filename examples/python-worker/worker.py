@@ -84,8 +84,8 @@ class PyWorker:
         })
 
     def send(self, topic, key, name, record, partition=None, keep=True):
-        # A Dispatch names the results partition its shard reads (reply_partition); None:
-        # the partitioner's choice by key (a scheduler with one shard).
+        # A Dispatch names the results partition its shard reads (reply_partition), the
+        # same for every dispatch to this worker; None: the partitioner's choice by key.
         value = self.codec.encode(name, record)
         with self.lock:
             if self.sent == self.reported:

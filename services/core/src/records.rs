@@ -594,7 +594,8 @@ pub struct Dispatch {
     pub deadline_at: Option<Millis>,
     pub dispatched_at: Millis,
     /// The results partition to write JobStarted, JobProgress and JobResult to (the
-    /// partition the job's shard reads); None: any (a scheduler with one shard).
+    /// partition the job's shard reads, one per worker); None: any, keyed by job id (a
+    /// scheduler before that named one only with several shards).
     pub reply_partition: Option<i32>,
 }
 

@@ -97,17 +97,24 @@ impl Shard {
         u32::try_from(p).is_ok_and(|p| p % self.count == self.id)
     }
 
-    /// The results partition a Dispatch of `job_id` asks its worker to answer on: one of
-    /// this shard's (spread by job id), or None when the topic has too few partitions (the
+    /// The results partition a Dispatch to `worker_id` asks it to answer on: one of this
+    /// shard's, the same for every job the worker takes from this shard (spread over the
+    /// shard's partitions by worker id), or None when the topic has too few partitions (the
     /// start refuses that, [`Shard::check_results_partitions`]).
-    pub fn reply_partition(&self, job_id: &str, results_partitions: i32) -> Option<i32> {
+    ///
+    /// By worker, not by job: librdkafka writes each partition in a request of its own, so
+    /// a worker whose reports went to every partition its jobs hash to would send that many
+    /// requests a flush. A worker's reports on one job still stay in order (one producer, one
+    /// partition); reports of another attempt come from another worker in any case, and the
+    /// scheduler fences attempts by number, not by order of arrival.
+    pub fn reply_partition(&self, worker_id: &str, results_partitions: i32) -> Option<i32> {
         let own: Vec<i32> = (0..results_partitions)
             .filter(|p| self.owns_results_partition(*p))
             .collect();
         if own.is_empty() {
             return None;
         }
-        let h = ksched_core::hash::fnv1a64(&[job_id.as_bytes()]);
+        let h = ksched_core::hash::fnv1a64(&[worker_id.as_bytes()]);
         let i = usize::try_from(h % own.len() as u64).unwrap_or(0);
         Some(own[i])
     }
@@ -377,6 +384,8 @@ fn positions_behind(
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeSet;
+
     use super::*;
     use ksched_core::records::{ApproveJob, Heartbeat, Tick};
     use ksched_core::rules::PoolRules;
@@ -493,15 +502,33 @@ mod tests {
     fn a_dispatch_asks_for_answers_on_a_results_partition_of_its_shard() {
         for id in 0..3 {
             let s = Shard::new(id, 3);
-            for job in ["j-1", "j-2", "j-3", "j-4"] {
-                let p = s.reply_partition(job, 7).unwrap();
-                assert_eq!(p as u32 % 3, s.id, "{job}");
-                assert_eq!(s.reply_partition(job, 7), Some(p), "stable");
+            for worker in ["w-1", "w-2", "w-3", "w-4"] {
+                let p = s.reply_partition(worker, 7).unwrap();
+                assert_eq!(p as u32 % 3, s.id, "{worker}");
+                assert_eq!(s.reply_partition(worker, 7), Some(p), "stable");
             }
         }
-        assert_eq!(Shard::new(2, 3).reply_partition("j", 2), None);
+        assert_eq!(Shard::new(2, 3).reply_partition("w", 2), None);
         assert!(Shard::check_results_partitions(3, 2).is_some());
         assert!(Shard::check_results_partitions(3, 3).is_none());
+    }
+
+    #[test]
+    fn a_fleet_answers_on_every_partition_of_a_shard_each_worker_on_one() {
+        let only = Shard::new(0, 1);
+        let used: BTreeSet<i32> = (0..64)
+            .map(|w| only.reply_partition(&format!("worker-{w}"), 4).unwrap())
+            .collect();
+        assert_eq!(
+            used,
+            (0..4).collect(),
+            "64 workers spread over the 4 partitions"
+        );
+        let s = Shard::new(1, 2);
+        let used: BTreeSet<i32> = (0..64)
+            .map(|w| s.reply_partition(&format!("worker-{w}"), 8).unwrap())
+            .collect();
+        assert_eq!(used, [1, 3, 5, 7].into(), "the shard's partitions only");
     }
 
     #[test]

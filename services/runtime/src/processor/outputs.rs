@@ -125,11 +125,9 @@ impl Processor {
                 if payload_len > 0 {
                     record.job.payload = self.payload(&payload_of)?;
                 }
-                if self.shard.count > 1 {
-                    record.reply_partition = self
-                        .shard
-                        .reply_partition(&record.job.job_id, self.results_partitions);
-                }
+                record.reply_partition = self
+                    .shard
+                    .reply_partition(&record.worker_id, self.results_partitions);
                 let topic = self.topics.dispatch(&pool);
                 let bytes = encode_or_fail(&self.config.framing, &topic, record.as_ref())?;
                 let trace = self.spans.dispatched(&record, &topic);
