@@ -172,6 +172,25 @@ fn the_rates_benchmark_times_every_job_of_every_rate_to_its_handler() {
             stdout.contains(&format!("{rate:.0} jobs/s offered")),
             "{stdout}"
         );
+        // The slowest jobs, slowest first, none faster than the p999; each one's steps add
+        // up to its total.
+        let slowest = level["slowest_to_handler"].as_array().unwrap();
+        assert_eq!(slowest.len(), 3, "{level}");
+        let totals: Vec<f64> = slowest
+            .iter()
+            .map(|j| j["total_ms"].as_f64().unwrap())
+            .collect();
+        assert!(totals.windows(2).all(|w| w[0] >= w[1]), "{totals:?}");
+        let p999 = level["submit_to_handler_ms"]["p999"].as_f64().unwrap();
+        assert!(totals[0] >= p999, "{totals:?} against p999 {p999}");
+        for j in slowest {
+            let steps: f64 = ["to_log_ms", "deciding_ms", "committing_ms", "to_handler_ms"]
+                .iter()
+                .map(|k| j[*k].as_f64().unwrap_or_else(|| panic!("{k}: {j}")))
+                .sum();
+            let total = j["total_ms"].as_f64().unwrap();
+            assert!((steps - total).abs() < 1e-6, "{steps} against {total}: {j}");
+        }
     }
 }
 

@@ -70,6 +70,47 @@ pub(super) struct Level {
     pub phase_ms_per_batch: BTreeMap<String, f64>,
     /// The machine and the scheduler's threads during the level (Linux only).
     pub machine: Option<super::machine::Usage>,
+    /// The [`SLOWEST_LISTED`] jobs slowest from submit to handler start, slowest first:
+    /// where a stall was (the scheduler, the commit, or the worker's fetch) and when.
+    pub slowest_to_handler: Vec<SlowJob>,
+}
+
+/// How many of a level's slowest jobs [`Level::slowest_to_handler`] lists.
+const SLOWEST_LISTED: usize = 3;
+
+/// One job's way from submit to handler start, ms: when it was sent (from the level's
+/// start), then each step from the previous one: `to_log` and `deciding` as in
+/// [`DispatchParts`]; `committing`, from the journal record's creation to the tailer reading
+/// the dispatch committed; `to_handler`, from there to an SDK worker's handler starting (the
+/// worker's fetch and its queue). A step without its timestamps is absent.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub(super) struct SlowJob {
+    pub sent_at_ms: f64,
+    pub total_ms: f64,
+    pub to_log_ms: Option<f64>,
+    pub deciding_ms: Option<f64>,
+    pub committing_ms: Option<f64>,
+    pub to_handler_ms: Option<f64>,
+}
+
+impl SlowJob {
+    /// One line: the total, when, and its steps.
+    pub(super) fn figures(&self) -> String {
+        let step = |name: &str, v: Option<f64>| v.map(|v| format!(", {name} {v:.1}"));
+        let steps: String = [
+            step("to the log", self.to_log_ms),
+            step("deciding", self.deciding_ms),
+            step("committing", self.committing_ms),
+            step("to the handler", self.to_handler_ms),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        format!(
+            "{:.1} ms, sent {:.0} ms into the level{steps} ms",
+            self.total_ms, self.sent_at_ms
+        )
+    }
 }
 
 /// Submit -> dispatch in three parts, from timestamps on one clock (the bench and the broker
@@ -755,11 +796,13 @@ impl Rig {
         let mut parts = Vec::new();
         let mut completed = Vec::new();
         let mut started = Vec::new();
+        let mut slowest: Vec<(f64, &String)> = Vec::new();
         let mut last = t0;
         for id in &ids {
             let sent = t.sent[id];
             if let Some(h) = t.started.get(id) {
                 started.push(h - sent);
+                slowest.push((h - sent, id));
             }
             if let Some(d) = t.dispatched.get(id) {
                 dispatch.push(d - sent);
@@ -777,9 +820,26 @@ impl Rig {
                 last = last.max(*c);
             }
         }
+        slowest.sort_by(|a, b| b.0.total_cmp(&a.0));
+        let slowest_to_handler = (slowest.iter().take(SLOWEST_LISTED))
+            .map(|(total, id)| {
+                let sent = t.sent[*id];
+                let marks = t.dispatch_marks.get(*id);
+                let visible = t.dispatched.get(*id).copied();
+                SlowJob {
+                    sent_at_ms: sent - t0,
+                    total_ms: *total,
+                    to_log_ms: marks.map(|(logged, _, _)| logged - sent),
+                    deciding_ms: marks.map(|(logged, created, _)| created - logged),
+                    committing_ms: marks.zip(visible).map(|((_, created, _), d)| d - created),
+                    to_handler_ms: visible.map(|d| sent + total - d),
+                }
+            })
+            .collect();
         let (b1, n1, c1, _) = self.batch_totals();
         let batches = (n1 - n0).max(1) as f64;
         Ok(Level {
+            slowest_to_handler,
             phase_ms_per_batch: per_batch_ms(&phases0, &self.phases(), batches),
             machine,
             mean_batch: (b1 - b0) / batches,

@@ -749,6 +749,9 @@ fn rate_level(rig: &mut e2e::Rig, rate: f64, saturation: f64, seconds: f64) -> R
     if let Some(m) = &l.machine {
         eprintln!("        {}", m.level_figures());
     }
+    if let Some(j) = l.slowest_to_handler.first() {
+        eprintln!("        slowest to a handler: {}", j.figures());
+    }
     Ok(l)
 }
 
