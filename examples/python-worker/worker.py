@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 
 from ksched_avro import Codec
 from ksched_secrets import Keyring, Unavailable, open_job
@@ -110,7 +110,16 @@ class PyWorker:
                     self.pending.pop(seq, None)
                     self.last_delivered = time.monotonic()
 
-        producer.produce(topic, key=key, value=value, on_delivery=done, **extra)
+        try:
+            producer.produce(topic, key=key, value=value, on_delivery=done, **extra)
+        except KafkaException as e:
+            if e.args[0].code() != KafkaError._UNKNOWN_PARTITION:
+                raise
+            # A partition added to the results topic since this producer read its partitions
+            # (a Dispatch names it at once; librdkafka reads them every 5 minutes): read
+            # them again and send once more.
+            producer.list_topics(topic, timeout=10)
+            producer.produce(topic, key=key, value=value, on_delivery=done, **extra)
         self.sent += 1
 
     def replace_if_stalled(self):

@@ -594,8 +594,8 @@ pub struct Dispatch {
     pub deadline_at: Option<Millis>,
     pub dispatched_at: Millis,
     /// The results partition to write JobStarted, JobProgress and JobResult to (the
-    /// partition the job's shard reads, one per worker); None: any, keyed by job id (a
-    /// scheduler before that named one only with several shards).
+    /// partition the job's shard reads, the same for every dispatch to one worker); None: any
+    /// partition, chosen by the job id key.
     pub reply_partition: Option<i32>,
 }
 

@@ -104,19 +104,19 @@ impl Shard {
     ///
     /// By worker, not by job: librdkafka writes each partition in a request of its own, so
     /// a worker whose reports went to every partition its jobs hash to would send that many
-    /// requests a flush. A worker's reports on one job still stay in order (one producer, one
-    /// partition); reports of another attempt come from another worker in any case, and the
-    /// scheduler fences attempts by number, not by order of arrival.
+    /// requests a flush. A worker's reports on one job stay in order (one producer, one
+    /// partition); reports of another attempt may come from another worker on another
+    /// partition, in any order, and the scheduler fences attempts by number.
     pub fn reply_partition(&self, worker_id: &str, results_partitions: i32) -> Option<i32> {
-        let own: Vec<i32> = (0..results_partitions)
-            .filter(|p| self.owns_results_partition(*p))
-            .collect();
-        if own.is_empty() {
+        // This shard's partitions are id, id + count, id + 2 count, ... below the topic's.
+        let (id, count) = (u64::from(self.id), u64::from(self.count.max(1)));
+        let total = u64::try_from(results_partitions).ok()?;
+        let own = total.checked_sub(id)?.div_ceil(count);
+        if own == 0 {
             return None;
         }
-        let h = ksched_core::hash::fnv1a64(&[worker_id.as_bytes()]);
-        let i = usize::try_from(h % own.len() as u64).unwrap_or(0);
-        Some(own[i])
+        let i = mixed(ksched_core::hash::fnv1a64(&[worker_id.as_bytes()])) % own;
+        i32::try_from(id + i * count).ok()
     }
 
     /// Why a results topic of `results_partitions` partitions cannot serve the shards, if it
@@ -382,6 +382,17 @@ fn positions_behind(
     Ok((!missing.is_empty()).then_some(missing))
 }
 
+/// A 64-bit hash with every input bit spread over every output bit (the finaliser of
+/// MurmurHash3): FNV-1a's low bits follow only the low bits of the last bytes, so ids such as
+/// `node-a`, `node-e` and `node-i` would share a partition of four.
+fn mixed(mut h: u64) -> u64 {
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    h ^ (h >> 33)
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeSet;
@@ -529,6 +540,12 @@ mod tests {
             .map(|w| s.reply_partition(&format!("worker-{w}"), 8).unwrap())
             .collect();
         assert_eq!(used, [1, 3, 5, 7].into(), "the shard's partitions only");
+        // Ids that differ only in a last byte of the same low bits spread too.
+        let used: BTreeSet<i32> = ["node-a", "node-e", "node-i", "node-m"]
+            .iter()
+            .map(|w| only.reply_partition(w, 4).unwrap())
+            .collect();
+        assert!(used.len() > 1, "{used:?}");
     }
 
     #[test]

@@ -712,6 +712,55 @@ mod tests {
         assert_eq!(read.len(), 1, "the report was not sent again: {read:?}");
     }
 
+    /// A report to a partition added to the results topic after the report producer read
+    /// its partitions is delivered: a Dispatch names its worker's results partition, and
+    /// one added while both run is named at once. (Before, librdkafka refused it as an
+    /// unknown partition every second for up to five minutes, its metadata refresh.)
+    #[tokio::test]
+    async fn a_report_to_a_partition_added_since_the_producer_started_is_delivered() {
+        let bootstrap = ksched_testkit::bootstrap_servers().expect("a broker");
+        let topic = ksched_testkit::unique("reports-grown");
+        ksched_testkit::create_topic(&bootstrap, &topic, 1)
+            .await
+            .unwrap();
+        let mut config = ksched_testkit::client_config(&bootstrap);
+        config
+            .set("enable.idempotence", "true")
+            .set("message.timeout.ms", "10000");
+        let mut reporter = Reporter::new(config, "w-grown", "test.").unwrap();
+        reporter.timeout = Duration::from_secs(10);
+        let report = |job: &str| JobStarted {
+            job_id: job.into(),
+            attempt: 1,
+            worker_id: "w-grown".into(),
+            started_at: now_ms(),
+        };
+        let sent = reporter
+            .send_to(&topic, Some(0), "j-1", &report("j-1"), None)
+            .await;
+        assert!(sent, "the first report, to the partition the topic had");
+
+        let admin: rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> =
+            ksched_testkit::client_config(&bootstrap).create().unwrap();
+        let grown = admin
+            .create_partitions(
+                &[rdkafka::admin::NewPartitions::new(&topic, 3)],
+                &rdkafka::admin::AdminOptions::new(),
+            )
+            .await
+            .unwrap();
+        assert!(grown.iter().all(Result::is_ok), "{grown:?}");
+
+        let sent = reporter
+            .send_to(&topic, Some(2), "j-2", &report("j-2"), None)
+            .await;
+        assert!(sent, "the report to the added partition was not delivered");
+        assert_eq!(reporter.current().1, 0, "the producer was replaced instead");
+        let read = ksched_testkit::read_to_end(&bootstrap, &topic).unwrap();
+        let partitions: Vec<i32> = read.iter().map(|r| r.partition).collect();
+        assert_eq!(partitions, [0, 2], "{read:?}");
+    }
+
     /// A result is not given up when a send times out (before, a broker outage longer than
     /// the report timeout lost it, and its job stayed RUNNING until the running timeout);
     /// once the drain is over it is tried once more and left to the scheduler's timeouts.

@@ -8,8 +8,9 @@ use ksched_codec::trace_context;
 use rdkafka::ClientConfig;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::types::RDKafkaErrorCode;
 use tokio_util::sync::CancellationToken;
-use tracing::warn;
+use tracing::{debug, warn};
 
 use crate::{Result, kafka};
 
@@ -48,6 +49,30 @@ pub(crate) struct Producer {
     pub(crate) inner: FutureProducer,
     pub(crate) generation: u64,
     pub(crate) last_delivered: Instant,
+}
+
+/// Reads `topic`'s partitions into `producer`'s metadata (librdkafka refuses a record for a
+/// partition it does not know at once, and reads metadata on its own only every
+/// `topic.metadata.refresh.interval.ms`).
+async fn reread_partitions(producer: &FutureProducer, topic: &str, timeout: Duration) {
+    use rdkafka::producer::Producer as _;
+    let (producer, topic_name) = (producer.clone(), topic.to_owned());
+    let read = tokio::task::spawn_blocking(move || {
+        (producer.client())
+            .fetch_metadata(Some(&topic_name), timeout)
+            .map(|m| m.topics().first().map_or(0, |t| t.partitions().len()))
+    })
+    .await;
+    match read {
+        Ok(Ok(partitions)) => {
+            debug!(
+                topic,
+                partitions, "read the topic's partitions again for a report"
+            )
+        }
+        Ok(Err(e)) => warn!(error = %e, topic, "reading the topic's partitions failed"),
+        Err(e) => warn!(error = %e, topic, "reading the topic's partitions failed"),
+    }
 }
 
 /// A producer that delivered nothing for this long (every report given up meanwhile) is
@@ -194,8 +219,13 @@ impl Reporter {
                 return false;
             }
         };
-        // Once more on a new producer when the first one turns out broken.
-        for _ in 0..2 {
+        // Once more on a new producer when the first one turns out broken; once more after
+        // reading the topic's partitions again when a Dispatch named one this producer does
+        // not know yet (added to the results topic since it last read them: the scheduler
+        // reads its partitions every 30 s, librdkafka every 5 minutes).
+        let (mut tries, mut reread) = (2, false);
+        while tries > 0 {
+            tries -= 1;
             let (producer, generation) = self.current();
             let mut record = FutureRecord::to(topic).key(key).payload(&bytes);
             if let Some(p) = partition {
@@ -214,6 +244,15 @@ impl Reporter {
                 Ok(Ok(_)) => {
                     self.delivered(generation);
                     return true;
+                }
+                Ok(Err((e, _)))
+                    if e.rdkafka_error_code() == Some(RDKafkaErrorCode::UnknownPartition)
+                        && !reread =>
+                {
+                    reread = true;
+                    tries += 1;
+                    reread_partitions(&producer, topic, timeout).await;
+                    continue;
                 }
                 Ok(Err((e, _))) => warn!(error = %e, topic, key, "report not delivered"),
                 Err(_) => warn!(
